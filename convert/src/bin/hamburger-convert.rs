@@ -1,0 +1,97 @@
+//! `hamburger-convert`: HAMburger checkpoint -> GGUF.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use convert::hf::HamburgerJson;
+use convert::{ConvertOptions, OUTTYPES};
+
+/// Packs a HAMburger checkpoint plus its base model's config and tokenizer into one GGUF.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// The checkpoint: a Lightning .ckpt, a .safetensors file, a
+    /// model.safetensors.index.json, or a directory holding one.
+    checkpoint: PathBuf,
+    /// The GGUF file to write.
+    #[arg(long, short = 'o')]
+    outfile: PathBuf,
+    /// Type of the weight matrices (norms, biases and small tables stay f32).
+    #[arg(long, default_value = "f16", value_parser = parse_outtype)]
+    outtype: ggml::Type,
+    /// Directory with the base model's config.json, tokenizer.json and
+    /// tokenizer_config.json (and optionally hamburger.json); default: the checkpoint's.
+    #[arg(long)]
+    base_dir: Option<PathBuf>,
+    /// Write only the base model, as a plain llama GGUF that llama.cpp runs.
+    #[arg(long)]
+    base_only: bool,
+    /// Base layers whose outputs feed the micro decoder (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    feature_layers: Option<Vec<usize>>,
+    /// Micro-step decoder layers.
+    #[arg(long)]
+    micro_layers: Option<usize>,
+    /// Merger attention heads.
+    #[arg(long)]
+    merger_heads: Option<usize>,
+    /// Most tokens one macro step may emit.
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// llama.cpp pre-tokenizer name (gpt-2, llama-bpe, smollm...) when it cannot be recognised.
+    #[arg(long)]
+    vocab_pre: Option<String>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn parse_outtype(s: &str) -> Result<ggml::Type, String> {
+    if !OUTTYPES.contains(&s.to_ascii_lowercase().as_str()) {
+        return Err(format!("unknown output type '{s}' (expected one of {})", OUTTYPES.join(", ")));
+    }
+    ggml::Type::from_name(s).ok_or_else(|| format!("unknown output type '{s}'"))
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args = Args::parse();
+    let opts = ConvertOptions {
+        checkpoint: args.checkpoint,
+        outfile: args.outfile,
+        outtype: args.outtype,
+        base_dir: args.base_dir,
+        base_only: args.base_only,
+        overrides: HamburgerJson {
+            max_steps: args.max_steps,
+            micro_layers: args.micro_layers,
+            feature_layers: args.feature_layers,
+            merger_heads: args.merger_heads,
+        },
+        vocab_pre: args.vocab_pre,
+        progress: !args.no_progress,
+    };
+    match convert::convert(&opts) {
+        Ok(r) => {
+            for f in &r.fallbacks {
+                log::warn!("{f}");
+            }
+            let mb = r.bytes_out as f64 / 1e6;
+            println!(
+                "wrote {} ({} tensors, {:.1} MB) in {:.2} s: {:.0} MB/s read, {:.0} MB/s written",
+                opts.outfile.display(),
+                r.n_tensors,
+                mb,
+                r.seconds,
+                r.bytes_in as f64 / 1e6 / r.seconds,
+                mb / r.seconds
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hamburger-convert: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

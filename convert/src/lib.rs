@@ -1,0 +1,241 @@
+//! `hamburger-convert`: packs a HAMburger checkpoint (Lightning `.ckpt` or
+//! safetensors) plus the base model's config and tokenizer into one GGUF,
+//! or exports the base alone as a plain llama GGUF.
+//!
+//! The pipeline: open the checkpoint (memory-mapped) -> read the configs into
+//! [`HParams`] -> plan every tensor (name map, shape check, type policy) ->
+//! write metadata -> convert tensors in parallel chunks and stream them, in
+//! order, to a temporary file renamed only on success.
+
+pub mod checkpoint;
+mod error;
+pub mod hf;
+pub mod pickle;
+pub mod plan;
+pub mod testmodel;
+pub mod vocab;
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ggml::gguf::{GgufBuilder, Value};
+use ggml::Type;
+use hamburger::arch::{keys, ARCH_HAMBURGER, ARCH_LLAMA};
+use hamburger::hparams::HParams;
+use rayon::prelude::*;
+
+pub use error::ConvertError;
+
+use checkpoint::Checkpoint;
+use hf::{HamburgerJson, HfConfig};
+use plan::{PlannedTensor, Source};
+
+/// Options of one conversion.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// The checkpoint: `.ckpt`, `.safetensors`, index, or directory.
+    pub checkpoint: PathBuf,
+    /// The GGUF to write.
+    pub outfile: PathBuf,
+    /// Type of the weight matrices (vectors stay F32; see `quant::policy`).
+    pub outtype: Type,
+    /// Where `config.json`, `tokenizer.json`, `tokenizer_config.json` and
+    /// `hamburger.json` are (default: next to the checkpoint).
+    pub base_dir: Option<PathBuf>,
+    /// Write the base model alone as a llama GGUF.
+    pub base_only: bool,
+    /// Hyper-parameters given on the command line (win over `hamburger.json`).
+    pub overrides: HamburgerJson,
+    /// llama.cpp pre-tokenizer name, when it cannot be recognised.
+    pub vocab_pre: Option<String>,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// What a conversion did.
+#[derive(Debug, Clone)]
+pub struct ConvertReport {
+    /// The hyper-parameters written.
+    pub hparams: HParams,
+    /// Tensors written.
+    pub n_tensors: usize,
+    /// Bytes of source tensor data read.
+    pub bytes_in: u64,
+    /// Bytes of the output file.
+    pub bytes_out: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Tensors that had to fall back to another type, with why.
+    pub fallbacks: Vec<String>,
+}
+
+/// The types `hamburger-convert --outtype` accepts (any ggml type `quant` can
+/// produce without an importance matrix works; these are the documented ones).
+pub const OUTTYPES: &[&str] = &["f32", "f16", "bf16", "q8_0"];
+
+/// llama.cpp's `general.file_type` for an all-`ty` file.
+fn file_type(ty: Type) -> u32 {
+    match ty {
+        Type::F32 => 0,
+        Type::F16 => 1,
+        Type::BF16 => 32,
+        Type::Q8_0 => 7,
+        Type::Q4_0 => 2,
+        Type::Q4_1 => 3,
+        Type::Q5_0 => 8,
+        Type::Q5_1 => 9,
+        _ => 1024,
+    }
+}
+
+fn base_dir(opts: &ConvertOptions) -> PathBuf {
+    opts.base_dir.clone().unwrap_or_else(|| {
+        if opts.checkpoint.is_dir() {
+            opts.checkpoint.clone()
+        } else {
+            opts.checkpoint.parent().map(Path::to_path_buf).unwrap_or_default()
+        }
+    })
+}
+
+/// Elements converted per parallel job (rows are kept whole).
+const JOB_ELEMENTS: usize = 1 << 22;
+
+/// One unit of parallel work: rows `[row0, row1)` of a planned tensor.
+struct Job<'a> {
+    tensor: &'a PlannedTensor,
+    row0: usize,
+    row1: usize,
+}
+
+/// Converts a checkpoint to GGUF.
+///
+/// # Errors
+/// Any bad input (see [`ConvertError`]); no output file is left behind.
+pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
+    let t0 = Instant::now();
+    let ck = Checkpoint::open(&opts.checkpoint)?;
+    let dir = base_dir(opts);
+    let config_path = dir.join("config.json");
+    let config: HfConfig = hf::read_json(&config_path)?;
+    config.check(&config_path)?;
+    let hjson_path = dir.join("hamburger.json");
+    let hjson: HamburgerJson = if hjson_path.exists() { hf::read_json(&hjson_path)? } else { HamburgerJson::default() };
+    let hp = config.hparams(&hjson, &opts.overrides, ck.max_steps);
+    hp.validate(&config_path.display().to_string())?;
+
+    let base = plan::base_prefix(&ck);
+    let tied = plan::detect_tied(&ck, base, config.tie_word_embeddings)?;
+    let notes = RefCell::new(Vec::new());
+    let choose = |name, row_len| {
+        let (ty, note) = quant::conversion_type(name, row_len, opts.outtype);
+        if let Some(n) = note {
+            notes.borrow_mut().push(format!("{name}: {n}; using {ty}"));
+        }
+        ty
+    };
+    let planned = plan::plan(&ck, &hp, config.llama3_rope_freqs(), tied, opts.base_only, choose)?;
+    let fallbacks = notes.into_inner();
+    let first = |c: &Option<hf::OneOrMany>| c.as_ref().and_then(|v| v.ids().first().copied());
+    let vocab = vocab::Vocab::from_files(
+        &dir.join("tokenizer.json"),
+        Some(&dir.join("tokenizer_config.json")),
+        first(&config.bos_token_id),
+        first(&config.eos_token_id),
+        hp.n_vocab,
+        opts.vocab_pre.as_deref(),
+    )?;
+
+    let arch = if opts.base_only { ARCH_LLAMA } else { ARCH_HAMBURGER };
+    let mut gguf = GgufBuilder::new(planned.len())?;
+    let name = ck
+        .base_model_name
+        .clone()
+        .unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let mut metadata = vec![
+        (keys::ARCHITECTURE.to_string(), Value::Str(arch.into())),
+        (keys::NAME.to_string(), Value::Str(name)),
+        (keys::FILE_TYPE.to_string(), Value::U32(file_type(opts.outtype))),
+        (keys::QUANTIZATION_VERSION.to_string(), Value::U32(2)),
+    ];
+    metadata.extend(hp.to_metadata(arch));
+    metadata.extend(vocab.metadata);
+    for (k, v) in &metadata {
+        gguf.set(k, v)?;
+    }
+    for t in &planned {
+        gguf.add_tensor(&t.name.to_string(), t.ty, &t.ne)?;
+    }
+    let mut out = gguf.write(&opts.outfile)?;
+
+    let jobs: Vec<Job> = planned
+        .iter()
+        .flat_map(|t| {
+            let rows = t.n_elements() / t.row_len();
+            // Permuted tensors move rows across the whole tensor: one job.
+            let step = match &t.source {
+                Source::Checkpoint { transform: plan::Transform::RopePermute { .. }, .. } => rows,
+                _ => (JOB_ELEMENTS / t.row_len()).max(1),
+            };
+            (0..rows).step_by(step).map(move |r| Job { tensor: t, row0: r, row1: (r + step).min(rows) })
+        })
+        .collect();
+    let total: u64 = planned.iter().map(|t| t.n_elements() as u64).sum();
+    let bar = progress_bar(opts.progress, total);
+    let window = rayon::current_num_threads().max(1) * 2;
+    let mut bytes_in = 0u64;
+    for batch in jobs.chunks(window) {
+        let results: Vec<Result<(Vec<u8>, u64), ConvertError>> =
+            batch.par_iter().map(|job| convert_job(&ck, job)).collect();
+        for (r, job) in results.into_iter().zip(batch) {
+            let (bytes, read) = r?;
+            out.write_data(&bytes)?;
+            bytes_in += read;
+            bar.inc(((job.row1 - job.row0) * job.tensor.row_len()) as u64);
+        }
+    }
+    bar.finish_and_clear();
+    out.finish()?;
+    let bytes_out = std::fs::metadata(&opts.outfile).map_err(|e| ConvertError::io(&opts.outfile, e))?.len();
+    Ok(ConvertReport {
+        hparams: hp,
+        n_tensors: planned.len(),
+        bytes_in,
+        bytes_out,
+        seconds: t0.elapsed().as_secs_f64(),
+        fallbacks,
+    })
+}
+
+/// Reads, transforms and converts one job's rows; returns the bytes and the
+/// source bytes read.
+fn convert_job(ck: &Checkpoint, job: &Job) -> Result<(Vec<u8>, u64), ConvertError> {
+    let t = job.tensor;
+    let row_len = t.row_len();
+    let (values, read) = match &t.source {
+        Source::Computed(v) => (v[job.row0 * row_len..job.row1 * row_len].to_vec(), 0),
+        Source::Checkpoint { key, transform } => {
+            let src = &ck.tensors[key];
+            let v = ck.read_f32(src, job.row0 * row_len, job.row1 * row_len);
+            let size = src.dtype.as_ref().map_or(0, |d| d.size());
+            let read = (v.len() * size) as u64;
+            (plan::apply(*transform, v, row_len, false), read)
+        }
+    };
+    let bytes = quant::quantize(t.ty, &values, row_len)
+        .map_err(|e| ConvertError::Tensor { name: t.name.to_string(), msg: e.to_string() })?;
+    Ok((bytes, read))
+}
+
+fn progress_bar(show: bool, total: u64) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {percent}% ({eta} left)")
+            .expect("valid template"),
+    );
+    bar
+}

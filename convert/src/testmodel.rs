@@ -1,0 +1,1 @@
+//! Test-model builders (filled in below).

@@ -1,0 +1,310 @@
+//! libllama (llama.cpp's own model runner, linked from the same ggml build) as
+//! an in-process baseline: the parity tests and `hamburger-bench --baseline`
+//! compare against it, and the quantizer is timed against its quantizer.
+
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Once;
+
+use crate::log_bridge::{clear_last_error, last_error};
+use crate::{sys, Error, Result, Type};
+
+fn backend_init() {
+    static ONCE: Once = Once::new();
+    crate::init_logging();
+    // SAFETY: one-time global initialisation.
+    ONCE.call_once(|| unsafe { sys::llama_backend_init() });
+}
+
+fn path_cstring(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::Invalid(format!("{}: path contains NUL", path.display())))
+}
+
+/// A model loaded by libllama.
+pub struct LlamaModel(NonNull<sys::llama_model>);
+
+impl Drop for LlamaModel {
+    fn drop(&mut self) {
+        // SAFETY: freed once; contexts borrow the model, so none outlives it.
+        unsafe { sys::llama_model_free(self.0.as_ptr()) }
+    }
+}
+
+impl LlamaModel {
+    /// Loads a llama.cpp GGUF, offloading `n_gpu_layers` layers when a GPU backend exists.
+    ///
+    /// # Errors
+    /// When libllama rejects the file (its reason is included).
+    pub fn load(path: &Path, n_gpu_layers: i32) -> Result<LlamaModel> {
+        backend_init();
+        let c = path_cstring(path)?;
+        // SAFETY: default params by value.
+        let mut params = unsafe { sys::llama_model_default_params() };
+        params.n_gpu_layers = n_gpu_layers;
+        clear_last_error();
+        // SAFETY: c is NUL-terminated; params is initialised.
+        let ptr = unsafe { sys::llama_model_load_from_file(c.as_ptr(), params) };
+        NonNull::new(ptr).map(LlamaModel).ok_or_else(|| {
+            Error::Llama(format!(
+                "{}: {}",
+                path.display(),
+                last_error().unwrap_or_else(|| "failed to load model".into())
+            ))
+        })
+    }
+
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: the model is live.
+        unsafe { sys::llama_model_get_vocab(self.0.as_ptr()) }
+    }
+
+    /// Vocabulary size.
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: the vocab belongs to the live model.
+        unsafe { sys::llama_vocab_n_tokens(self.vocab()) as usize }
+    }
+
+    /// Whether `token` ends generation.
+    pub fn is_eog(&self, token: i32) -> bool {
+        // SAFETY: the vocab belongs to the live model; any id is accepted.
+        unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
+    }
+
+    /// Tokenizes with llama.cpp's tokenizer.
+    ///
+    /// # Errors
+    /// When the text is too long to tokenize.
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<i32>> {
+        let mut out = vec![0i32; text.len() + 8];
+        // SAFETY: text bytes and out buffer are valid for their stated lengths.
+        let n = unsafe {
+            sys::llama_tokenize(
+                self.vocab(),
+                text.as_ptr().cast(),
+                text.len() as i32,
+                out.as_mut_ptr(),
+                out.len() as i32,
+                add_special,
+                parse_special,
+            )
+        };
+        if n < 0 {
+            return Err(Error::Llama(format!("tokenization needs {} tokens", -n)));
+        }
+        out.truncate(n as usize);
+        Ok(out)
+    }
+
+    /// The text of `token` (special tokens rendered).
+    pub fn token_to_piece(&self, token: i32) -> Vec<u8> {
+        let mut buf = vec![0u8; 256];
+        // SAFETY: buf is valid for its length.
+        let n = unsafe {
+            sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr().cast(), buf.len() as i32, 0, true)
+        };
+        buf.truncate(n.max(0) as usize);
+        buf
+    }
+}
+
+/// Options of a [`LlamaContext`].
+#[derive(Debug, Clone, Copy)]
+pub struct LlamaContextParams {
+    /// KV cache size in tokens.
+    pub n_ctx: u32,
+    /// Largest batch passed to decode.
+    pub n_batch: u32,
+    /// CPU threads.
+    pub n_threads: i32,
+    /// Flash attention: `None` lets llama.cpp decide.
+    pub flash_attn: Option<bool>,
+    /// KV cache element type.
+    pub kv_type: Type,
+}
+
+impl Default for LlamaContextParams {
+    fn default() -> Self {
+        LlamaContextParams {
+            n_ctx: 2048,
+            n_batch: 512,
+            n_threads: 2,
+            flash_attn: None,
+            kv_type: Type::F16,
+        }
+    }
+}
+
+/// An inference context of libllama over a borrowed [`LlamaModel`].
+pub struct LlamaContext<'m> {
+    ptr: NonNull<sys::llama_context>,
+    n_vocab: usize,
+    _model: PhantomData<&'m LlamaModel>,
+}
+
+impl Drop for LlamaContext<'_> {
+    fn drop(&mut self) {
+        // SAFETY: freed once, before the model (lifetime 'm).
+        unsafe { sys::llama_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl<'m> LlamaContext<'m> {
+    /// A new context.
+    ///
+    /// # Errors
+    /// When libllama cannot create it.
+    pub fn new(model: &'m LlamaModel, p: LlamaContextParams) -> Result<LlamaContext<'m>> {
+        // SAFETY: default params by value.
+        let mut params = unsafe { sys::llama_context_default_params() };
+        params.n_ctx = p.n_ctx;
+        params.n_batch = p.n_batch;
+        params.n_ubatch = p.n_batch;
+        params.n_threads = p.n_threads;
+        params.n_threads_batch = p.n_threads;
+        params.type_k = p.kv_type.raw();
+        params.type_v = p.kv_type.raw();
+        params.flash_attn_type = match p.flash_attn {
+            None => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            Some(true) => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            Some(false) => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
+        params.no_perf = true;
+        clear_last_error();
+        // SAFETY: the model is live for 'm; params is initialised.
+        let ptr = unsafe { sys::llama_init_from_model(model.0.as_ptr(), params) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::Llama(last_error().unwrap_or_else(|| "failed to create context".into()))
+        })?;
+        Ok(LlamaContext {
+            ptr,
+            n_vocab: model.n_vocab(),
+            _model: PhantomData,
+        })
+    }
+
+    /// Feeds `tokens` (at the next positions) and computes the logits of the last one.
+    ///
+    /// # Errors
+    /// When decoding fails (context full, ...).
+    pub fn decode(&mut self, tokens: &[i32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::Invalid("decode of no tokens".into()));
+        }
+        // llama_batch_get_one only reads the tokens.
+        let mut toks = tokens.to_vec();
+        // SAFETY: toks outlives the call; the batch only borrows it.
+        let rc = unsafe {
+            let batch = sys::llama_batch_get_one(toks.as_mut_ptr(), toks.len() as i32);
+            sys::llama_decode(self.ptr.as_ptr(), batch)
+        };
+        if rc != 0 {
+            return Err(Error::Llama(format!("llama_decode returned {rc}")));
+        }
+        Ok(())
+    }
+
+    /// The logits of the last decoded token.
+    pub fn logits(&self) -> Vec<f32> {
+        // SAFETY: after a successful decode the last token has n_vocab logits.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), -1);
+            std::slice::from_raw_parts(p, self.n_vocab).to_vec()
+        }
+    }
+
+    /// Forgets everything in the KV cache.
+    pub fn clear(&mut self) {
+        // SAFETY: the context and its memory are live.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
+    }
+
+    /// Waits for pending computation.
+    pub fn synchronize(&self) {
+        // SAFETY: the context is live.
+        unsafe { sys::llama_synchronize(self.ptr.as_ptr()) }
+    }
+
+    /// Greedy generation of up to `n` tokens after `prompt`, stopping after an
+    /// end-of-generation token when `model` is given.
+    ///
+    /// # Errors
+    /// When a decode fails.
+    pub fn greedy(&mut self, prompt: &[i32], n: usize, model: Option<&LlamaModel>) -> Result<Vec<i32>> {
+        self.clear();
+        self.decode(prompt)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let tok = argmax(&self.logits()) as i32;
+            out.push(tok);
+            if model.is_some_and(|m| m.is_eog(tok)) || out.len() == n {
+                break;
+            }
+            self.decode(&[tok])?;
+        }
+        Ok(out)
+    }
+}
+
+/// Index of the largest value (the first one on ties).
+pub fn argmax(values: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// llama.cpp's file-type (quantization mix) id for a mix name such as
+/// `Q4_K_M`, `Q8_0` or `F16`.
+pub fn ftype_from_name(name: &str) -> Option<u32> {
+    let n = name.to_ascii_uppercase();
+    Some(match n.as_str() {
+        "F32" => sys::LLAMA_FTYPE_ALL_F32,
+        "F16" => sys::LLAMA_FTYPE_MOSTLY_F16,
+        "BF16" => sys::LLAMA_FTYPE_MOSTLY_BF16,
+        "Q8_0" => sys::LLAMA_FTYPE_MOSTLY_Q8_0,
+        "Q6_K" => sys::LLAMA_FTYPE_MOSTLY_Q6_K,
+        "Q5_K_M" => sys::LLAMA_FTYPE_MOSTLY_Q5_K_M,
+        "Q5_K_S" => sys::LLAMA_FTYPE_MOSTLY_Q5_K_S,
+        "Q5_1" => sys::LLAMA_FTYPE_MOSTLY_Q5_1,
+        "Q5_0" => sys::LLAMA_FTYPE_MOSTLY_Q5_0,
+        "Q4_K_M" => sys::LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        "Q4_K_S" => sys::LLAMA_FTYPE_MOSTLY_Q4_K_S,
+        "Q4_1" => sys::LLAMA_FTYPE_MOSTLY_Q4_1,
+        "Q4_0" => sys::LLAMA_FTYPE_MOSTLY_Q4_0,
+        "IQ4_NL" => sys::LLAMA_FTYPE_MOSTLY_IQ4_NL,
+        "IQ4_XS" => sys::LLAMA_FTYPE_MOSTLY_IQ4_XS,
+        "Q3_K_L" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_L,
+        "Q3_K_M" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_M,
+        "Q3_K_S" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_S,
+        "Q2_K" => sys::LLAMA_FTYPE_MOSTLY_Q2_K,
+        _ => return None,
+    } as u32)
+}
+
+/// Quantizes a llama GGUF with libllama's `llama_model_quantize` to the mix
+/// named `mix` (see [`ftype_from_name`]).
+///
+/// # Errors
+/// On an unknown mix or when libllama fails.
+pub fn quantize_model(input: &Path, output: &Path, mix: &str, n_threads: i32) -> Result<()> {
+    backend_init();
+    let ftype = ftype_from_name(mix).ok_or_else(|| Error::Invalid(format!("unknown mix {mix}")))?;
+    let (i, o) = (path_cstring(input)?, path_cstring(output)?);
+    // SAFETY: default params by value.
+    let mut params = unsafe { sys::llama_model_quantize_default_params() };
+    params.nthread = n_threads;
+    params.ftype = ftype as _;
+    clear_last_error();
+    // SAFETY: paths are NUL-terminated; params initialised and outlive the call.
+    let rc = unsafe { sys::llama_model_quantize(i.as_ptr(), o.as_ptr(), &params) };
+    if rc != 0 {
+        return Err(Error::Llama(last_error().unwrap_or_else(|| format!("quantization failed ({rc})"))));
+    }
+    Ok(())
+}
