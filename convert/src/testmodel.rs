@@ -1,1 +1,0 @@
-//! Test-model builders (filled in below).

