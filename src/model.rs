@@ -1,0 +1,125 @@
+//! A loaded HAMburger model: hyper-parameters, vocabulary metadata and
+//! weights, read from one GGUF file (memory-mapped).
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use ggml::gguf::{Array, Gguf, Value};
+use ggml::MappedFile;
+
+use crate::arch::{keys, TensorName, ARCH_HAMBURGER};
+use crate::hparams::HParams;
+use crate::weights::{self, Placement, Weights};
+use crate::{Error, Result};
+
+/// Token texts that end a turn or a text, as llama.cpp recognises them.
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<|eom_id|>", "<EOT>",
+];
+
+/// The vocabulary facts the runtime needs (the tokenizer itself is built from
+/// `tokenizer_json`, see [`crate::tokenizer`]).
+#[derive(Debug, Clone)]
+pub struct VocabInfo {
+    /// Beginning-of-sequence token.
+    pub bos: Option<u32>,
+    /// End-of-sequence token.
+    pub eos: Option<u32>,
+    /// Every end-of-generation token (eos, eot, eom and the usual end-of-turn specials).
+    pub eog: Vec<u32>,
+    /// Whether prompts start with BOS.
+    pub add_bos: bool,
+    /// The Hugging Face tokenizer JSON.
+    pub tokenizer_json: Option<String>,
+    /// The Jinja chat template.
+    pub chat_template: Option<String>,
+    /// Token texts by id.
+    pub tokens: Vec<String>,
+}
+
+impl VocabInfo {
+    fn from_gguf(g: &Gguf) -> Result<VocabInfo> {
+        let id = |k: &str| g.get(k).and_then(Value::as_int).map(|v| v as u32);
+        let tokens = match g.get(keys::TOKENIZER_TOKENS) {
+            Some(Value::Array(Array::Str(t))) => t.clone(),
+            _ => Vec::new(),
+        };
+        let types = match g.get(keys::TOKENIZER_TOKEN_TYPE) {
+            Some(Value::Array(a)) => a.as_ints().unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let mut eog: Vec<u32> = [keys::TOKENIZER_EOS_ID, keys::TOKENIZER_EOT_ID, keys::TOKENIZER_EOM_ID]
+            .iter()
+            .filter_map(|k| id(k))
+            .collect();
+        for (i, t) in tokens.iter().enumerate() {
+            let control = types.get(i).is_some_and(|&ty| ty == 3 || ty == 4);
+            if control && EOG_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
+                eog.push(i as u32);
+            }
+        }
+        Ok(VocabInfo {
+            bos: id(keys::TOKENIZER_BOS_ID),
+            eos: id(keys::TOKENIZER_EOS_ID),
+            eog,
+            add_bos: matches!(g.get(keys::TOKENIZER_ADD_BOS), Some(Value::Bool(true))),
+            tokenizer_json: g.get_str(keys::TOKENIZER_HF_JSON)?.map(str::to_string),
+            chat_template: g.get_str(keys::CHAT_TEMPLATE)?.map(str::to_string),
+            tokens,
+        })
+    }
+}
+
+/// A HAMburger model.
+pub struct Model {
+    /// The GGUF file.
+    pub path: PathBuf,
+    /// `general.name`.
+    pub name: String,
+    /// Hyper-parameters.
+    pub hp: HParams,
+    /// Vocabulary metadata.
+    pub vocab: VocabInfo,
+    /// Weights.
+    pub weights: Weights,
+    /// Bytes of tensor data in the file.
+    pub size_bytes: u64,
+}
+
+impl Model {
+    /// Loads a HAMburger GGUF with every weight on the memory-mapped file.
+    ///
+    /// # Errors
+    /// When the file is not a valid HAMburger GGUF (wrong architecture, missing
+    /// keys, missing/misshapen tensors), naming the file and the culprit.
+    pub fn load(path: &Path) -> Result<Model> {
+        Model::load_with(path, |_, _, _| Placement::Mapped)
+    }
+
+    /// Loads with a custom weight placement (GPU offload, repacked CPU layouts).
+    ///
+    /// # Errors
+    /// As [`Model::load`], plus allocation failures.
+    pub fn load_with(path: &Path, placement: impl Fn(TensorName, ggml::Type, &[i64]) -> Placement) -> Result<Model> {
+        let gguf = Gguf::open(path)?;
+        let arch = gguf.get_str(keys::ARCHITECTURE)?.unwrap_or("").to_string();
+        if arch != ARCH_HAMBURGER {
+            return Err(Error::WrongArchitecture { path: path.into(), found: arch });
+        }
+        let mut hp = HParams::from_gguf(&gguf, ARCH_HAMBURGER)?;
+        let vocab = VocabInfo::from_gguf(&gguf)?;
+        if hp.n_vocab == 0 {
+            hp.n_vocab = vocab.tokens.len();
+        }
+        let map = Rc::new(MappedFile::open(path)?);
+        let weights = weights::load(&gguf, map, &hp, placement)?;
+        Ok(Model {
+            path: path.into(),
+            name: gguf.get_str(keys::NAME)?.unwrap_or("").to_string(),
+            hp,
+            vocab,
+            weights,
+            size_bytes: gguf.tensors.iter().map(|t| t.size).sum(),
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! The model's weights as ggml tensors: each one created from the name table
+//! with the shape the hyper-parameters demand, checked against the file, and
+//! placed either on the memory-mapped file itself (host, no copy) or in a
+//! device buffer (copied once).
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use ggml::gguf::Gguf;
+use ggml::{Buffer, BufferType, Context, MappedFile, Tensor, Type};
+
+use crate::arch::{LayerTensor, MergerLinear, Part, StopLinear, TensorName};
+use crate::hparams::HParams;
+use crate::{Error, Result};
+
+/// One transformer layer (base or micro decoder).
+pub struct LayerWeights {
+    /// RMSNorm before attention `[D]`.
+    pub attn_norm: Tensor,
+    /// Query projection `[D, H*hd]`.
+    pub wq: Tensor,
+    /// Key projection `[D, Hkv*hd]`.
+    pub wk: Tensor,
+    /// Value projection `[D, Hkv*hd]`.
+    pub wv: Tensor,
+    /// Output projection `[H*hd, D]`.
+    pub wo: Tensor,
+    /// RMSNorm before the MLP `[D]`.
+    pub ffn_norm: Tensor,
+    /// Gate projection `[D, FF]`.
+    pub w_gate: Tensor,
+    /// Up projection `[D, FF]`.
+    pub w_up: Tensor,
+    /// Down projection `[FF, D]`.
+    pub w_down: Tensor,
+}
+
+/// A linear layer with bias.
+pub struct Linear {
+    /// Weight `[in, out]` (ggml order).
+    pub w: Tensor,
+    /// Bias `[out]`.
+    pub b: Tensor,
+}
+
+/// The compositional embedder.
+pub struct MergerWeights {
+    /// Query from the mean embedding.
+    pub q: Linear,
+    /// Keys from `[e_j, P_j]`.
+    pub k: Linear,
+    /// Values from `[e_j, P_j]`.
+    pub v: Linear,
+    /// Output projection.
+    pub out: Linear,
+    /// In-chunk position table `[D/2, S]`.
+    pub pos: Tensor,
+}
+
+/// The stop head: Linear, SiLU, Linear, SiLU, Linear (then a sigmoid).
+pub struct StopHeadWeights {
+    /// First hidden layer.
+    pub fc1: Linear,
+    /// Second hidden layer.
+    pub fc2: Linear,
+    /// Output logit.
+    pub out: Linear,
+}
+
+/// Where a tensor's memory lives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On the memory-mapped file (host memory, no copy).
+    Mapped,
+    /// Copied into a buffer of this type (a GPU's, or the CPU's repacked layouts).
+    Buffer(BufferType),
+}
+
+/// All weights of a HAMburger model.
+pub struct Weights {
+    /// Token embedding `[D, V]`.
+    pub tok_embd: Tensor,
+    /// Final norm `[D]`.
+    pub output_norm: Tensor,
+    /// Untied lm_head `[D, V]`, or `None` when tied to `tok_embd`.
+    pub output: Option<Tensor>,
+    /// Llama-3 rope frequency divisors.
+    pub rope_freqs: Option<Tensor>,
+    /// Base layers.
+    pub layers: Vec<LayerWeights>,
+    /// Micro-step decoder layers.
+    pub micro: Vec<LayerWeights>,
+    /// The merger.
+    pub merger: MergerWeights,
+    /// The stop head.
+    pub stop: StopHeadWeights,
+    /// Bytes of weights per buffer type name.
+    pub bytes_by_buffer: Vec<(String, usize)>,
+}
+
+impl Weights {
+    /// The lm_head matrix (the embedding when tied).
+    pub fn lm_head(&self) -> &Tensor {
+        self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+}
+
+/// Whether type `ty` is allowed for tensor `name` (vectors and tables are added,
+/// not multiplied, so they must be F32).
+fn type_allowed(name: TensorName, ty: Type) -> bool {
+    let vector = matches!(
+        name,
+        TensorName::OutputNorm
+            | TensorName::RopeFreqs
+            | TensorName::MergerPos
+            | TensorName::Base(_, LayerTensor::AttnNorm | LayerTensor::FfnNorm)
+            | TensorName::Micro(_, LayerTensor::AttnNorm | LayerTensor::FfnNorm)
+            | TensorName::Merger(_, Part::Bias)
+            | TensorName::Stop(_, Part::Bias)
+    );
+    if vector {
+        ty == Type::F32
+    } else {
+        matches!(ty, Type::F32 | Type::F16 | Type::BF16) || (ty.is_quantized() && ty.can_dequantize())
+    }
+}
+
+/// Loads and checks every weight of `gguf` (already mapped as `map`),
+/// placing each according to `placement`.
+///
+/// # Errors
+/// A missing, unexpected, misshapen or mistyped tensor, or a failed allocation.
+pub fn load(
+    gguf: &Gguf,
+    map: Rc<MappedFile>,
+    hp: &HParams,
+    placement: impl Fn(TensorName, Type, &[i64]) -> Placement,
+) -> Result<Weights> {
+    let path = &gguf.path;
+    let tied = gguf.tensor(&TensorName::Output.to_string()).is_none();
+    let rope = gguf.tensor(&TensorName::RopeFreqs.to_string()).is_some();
+    let expected = hp.tensor_shapes(tied, rope, false);
+    for t in &gguf.tensors {
+        if !expected.iter().any(|(n, _)| n.to_string() == t.name) {
+            return Err(Error::UnexpectedTensor { path: path.clone(), name: t.name.clone() });
+        }
+    }
+    // One metadata context per placement, so device buffers hold exactly their tensors.
+    let mut contexts: Vec<(Placement, Context)> = Vec::new();
+    let mut tensors: HashMap<TensorName, Tensor> = HashMap::new();
+    let mut offsets: Vec<(Tensor, u64, u64, Placement)> = Vec::new();
+    for (name, ne) in &expected {
+        let s = name.to_string();
+        let info = gguf.tensor(&s).ok_or_else(|| Error::MissingTensor { path: path.clone(), name: s.clone() })?;
+        let mut want = [1i64; 4];
+        want[..ne.len()].copy_from_slice(ne);
+        if info.ne != want {
+            let n = info.ne.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1).max(ne.len());
+            return Err(Error::TensorShape { path: path.clone(), name: s, expected: ne.clone(), got: info.ne[..n].to_vec() });
+        }
+        if !type_allowed(*name, info.ty) || info.ty.row_size(ne[0] as usize).is_none() {
+            return Err(Error::TensorType { path: path.clone(), name: s, ty: info.ty });
+        }
+        let place = placement(*name, info.ty, ne);
+        let ctx = match contexts.iter().find(|(p, _)| *p == place) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = Context::new(expected.len(), 0)?;
+                contexts.push((place, c.clone()));
+                c
+            }
+        };
+        let t = ctx.new_tensor(info.ty, ne).named(&s);
+        offsets.push((t.clone(), info.offset, info.size, place));
+        tensors.insert(*name, t);
+    }
+    let mut bytes_by_buffer = Vec::new();
+    for (place, ctx) in &contexts {
+        match place {
+            Placement::Mapped => {
+                let buf = Buffer::from_host_memory(map.clone())?;
+                for (t, off, _, p) in &offsets {
+                    if p == place {
+                        buf.place(t, *off as usize)?;
+                    }
+                }
+                buf.set_weights_usage();
+                let bytes = offsets.iter().filter(|o| o.3 == *place).map(|o| o.2 as usize).sum();
+                bytes_by_buffer.push(("CPU (mapped)".to_string(), bytes));
+            }
+            Placement::Buffer(buft) => {
+                let buf = Buffer::alloc_context(ctx, *buft)?;
+                buf.set_weights_usage();
+                for (t, off, size, p) in &offsets {
+                    if p == place {
+                        t.write_bytes(0, &map[*off as usize..(*off + *size) as usize])?;
+                    }
+                }
+                bytes_by_buffer.push((buft.name(), buf.size()));
+            }
+        }
+    }
+    let mut take = |n: TensorName| tensors.remove(&n).expect("every expected tensor was created");
+    let layer = |take: &mut dyn FnMut(TensorName) -> Tensor, f: &dyn Fn(LayerTensor) -> TensorName| LayerWeights {
+        attn_norm: take(f(LayerTensor::AttnNorm)),
+        wq: take(f(LayerTensor::AttnQ)),
+        wk: take(f(LayerTensor::AttnK)),
+        wv: take(f(LayerTensor::AttnV)),
+        wo: take(f(LayerTensor::AttnOutput)),
+        ffn_norm: take(f(LayerTensor::FfnNorm)),
+        w_gate: take(f(LayerTensor::FfnGate)),
+        w_up: take(f(LayerTensor::FfnUp)),
+        w_down: take(f(LayerTensor::FfnDown)),
+    };
+    let layers = (0..hp.n_layer).map(|i| layer(&mut take, &|lt| TensorName::Base(i, lt))).collect();
+    let micro = (0..hp.n_micro_layer).map(|i| layer(&mut take, &|lt| TensorName::Micro(i, lt))).collect();
+    let mut linear = |m: MergerLinear| Linear {
+        w: take(TensorName::Merger(m, Part::Weight)),
+        b: take(TensorName::Merger(m, Part::Bias)),
+    };
+    let merger = MergerWeights {
+        q: linear(MergerLinear::Q),
+        k: linear(MergerLinear::K),
+        v: linear(MergerLinear::V),
+        out: linear(MergerLinear::Out),
+        pos: take(TensorName::MergerPos),
+    };
+    let mut stop = |s: StopLinear| Linear { w: take(TensorName::Stop(s, Part::Weight)), b: take(TensorName::Stop(s, Part::Bias)) };
+    let stop = StopHeadWeights { fc1: stop(StopLinear::Fc1), fc2: stop(StopLinear::Fc2), out: stop(StopLinear::Out) };
+    Ok(Weights {
+        tok_embd: take(TensorName::TokenEmbd),
+        output_norm: take(TensorName::OutputNorm),
+        output: (!tied).then(|| take(TensorName::Output)),
+        rope_freqs: rope.then(|| take(TensorName::RopeFreqs)),
+        layers,
+        micro,
+        merger,
+        stop,
+        bytes_by_buffer,
+    })
+}
