@@ -8,6 +8,8 @@
 //! ([`tokenizer`], [`chat`]).
 
 pub mod arch;
+pub mod chat;
+pub mod cli;
 mod error;
 pub mod graph;
 pub mod hparams;
@@ -15,6 +17,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod sampling;
 pub mod session;
+pub mod tokenizer;
 pub mod weights;
 
 pub use error::{Error, Result};

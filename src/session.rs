@@ -365,6 +365,20 @@ impl<'m> Session<'m> {
         out.ok_or_else(|| Error::Invalid("nothing to feed: the prompt is empty".into()))
     }
 
+    /// Feeds `tokens` as the output of one macro step: merged into ONE input at
+    /// the position of the last token (what [`Session::generate`] does between steps).
+    ///
+    /// # Errors
+    /// When the context is full or a computation fails.
+    pub fn feed_merged(&mut self, tokens: &[u32], want_logits: bool) -> Result<StepOut> {
+        if !self.pending.is_empty() {
+            return Err(Error::Invalid("the last macro step's tokens are still pending".into()));
+        }
+        self.history.extend_from_slice(tokens);
+        self.pending = tokens.to_vec();
+        self.feed(&[], want_logits)
+    }
+
     /// Generates up to `n_predict` tokens after `prompt` (which continues the
     /// conversation so far). `on_step` sees each macro step's kept tokens as
     /// soon as it completes and may return false to stop.

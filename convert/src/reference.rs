@@ -227,6 +227,17 @@ impl Reference {
         merged
     }
 
+    /// The logits after feeding `prompt` token by token and then the merge of
+    /// `step` as one input at rope position `pos` (a test hook for positions).
+    pub fn logits_after_merge(&self, prompt: &[u32], step: &[u32], pos: usize) -> Vec<f32> {
+        let mut caches = vec![Cache::default(); self.hp.n_layer];
+        for (p, &t) in prompt.iter().enumerate() {
+            self.base_forward(self.embed(t), p, &mut caches);
+        }
+        let feats = self.base_forward(self.merge(step), pos, &mut caches);
+        self.logits(feats.last().expect("features"))
+    }
+
     /// Greedy decoding of the base model alone (one token per forward).
     pub fn base_greedy(&self, prompt: &[u32], n: usize) -> Vec<u32> {
         let mut caches = vec![Cache::default(); self.hp.n_layer];
@@ -248,6 +259,12 @@ impl Reference {
     /// Greedy HAMburger generation: macro steps until `max_new` tokens or `eos`
     /// (the last step is kept whole).
     pub fn generate(&self, prompt: &[u32], confidence: f32, max_new: usize, eos: &[u32]) -> Vec<RefStep> {
+        self.generate_with(prompt, confidence, None, max_new, eos)
+    }
+
+    /// [`Reference::generate`], optionally with every macro step forced to emit
+    /// `forced` tokens (the stop head ignored).
+    pub fn generate_with(&self, prompt: &[u32], confidence: f32, forced: Option<usize>, max_new: usize, eos: &[u32]) -> Vec<RefStep> {
         let hp = &self.hp;
         let mut caches = vec![Cache::default(); hp.n_layer];
         let mut feats = Vec::new();
@@ -266,7 +283,12 @@ impl Reference {
                 step.tokens.push(tok);
                 step.p_stop.push(p);
                 step.logits.push(logits);
-                if 1.0 - p < confidence || step.tokens.len() == hp.max_steps {
+                let n = step.tokens.len();
+                let stop = match forced {
+                    Some(k) => n >= k.min(hp.max_steps),
+                    None => 1.0 - p < confidence || n == hp.max_steps,
+                };
+                if stop {
                     break;
                 }
                 // Micro step: features then embed(t_0) at positions 0..F; later tokens at F+s.

@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-use crate::log_bridge::{clear_last_error, last_error};
+use crate::log_bridge::capture_errors;
 use crate::{sys, Context, Error, Result, Type};
 
 /// An array value of GGUF metadata.
@@ -259,12 +259,9 @@ impl Gguf {
             no_alloc: true,
             ctx: std::ptr::null_mut(),
         };
-        clear_last_error();
         // SAFETY: cpath is NUL-terminated; with ctx null no tensor data is loaded.
-        let raw = unsafe { sys::gguf_init_from_file(cpath.as_ptr(), params) };
-        let ctx = GgufCtx(NonNull::new(raw).ok_or_else(|| {
-            bad(last_error().unwrap_or_else(|| "unreadable header".into()))
-        })?);
+        let (raw, why) = capture_errors(|| unsafe { sys::gguf_init_from_file(cpath.as_ptr(), params) });
+        let ctx = GgufCtx(NonNull::new(raw).ok_or_else(|| bad(why.unwrap_or_else(|| "unreadable header".into())))?);
         let c = ctx.0.as_ptr();
         // SAFETY: c is a live context for all calls below; indices are in range.
         let (version, alignment, data_offset, n_kv, n_tensors) = unsafe {

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Once;
 
-use crate::log_bridge::{clear_last_error, last_error};
+use crate::log_bridge::capture_errors;
 use crate::{sys, Error, Result, Type};
 
 fn backend_init() {
@@ -44,15 +44,10 @@ impl LlamaModel {
         // SAFETY: default params by value.
         let mut params = unsafe { sys::llama_model_default_params() };
         params.n_gpu_layers = n_gpu_layers;
-        clear_last_error();
         // SAFETY: c is NUL-terminated; params is initialised.
-        let ptr = unsafe { sys::llama_model_load_from_file(c.as_ptr(), params) };
+        let (ptr, why) = capture_errors(|| unsafe { sys::llama_model_load_from_file(c.as_ptr(), params) });
         NonNull::new(ptr).map(LlamaModel).ok_or_else(|| {
-            Error::Llama(format!(
-                "{}: {}",
-                path.display(),
-                last_error().unwrap_or_else(|| "failed to load model".into())
-            ))
+            Error::Llama(format!("{}: {}", path.display(), why.unwrap_or_else(|| "failed to load model".into())))
         })
     }
 
@@ -172,12 +167,9 @@ impl<'m> LlamaContext<'m> {
             Some(false) => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
         };
         params.no_perf = true;
-        clear_last_error();
         // SAFETY: the model is live for 'm; params is initialised.
-        let ptr = unsafe { sys::llama_init_from_model(model.0.as_ptr(), params) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| {
-            Error::Llama(last_error().unwrap_or_else(|| "failed to create context".into()))
-        })?;
+        let (ptr, why) = capture_errors(|| unsafe { sys::llama_init_from_model(model.0.as_ptr(), params) });
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Llama(why.unwrap_or_else(|| "failed to create context".into())))?;
         Ok(LlamaContext {
             ptr,
             n_vocab: model.n_vocab(),
@@ -300,11 +292,10 @@ pub fn quantize_model(input: &Path, output: &Path, mix: &str, n_threads: i32) ->
     let mut params = unsafe { sys::llama_model_quantize_default_params() };
     params.nthread = n_threads;
     params.ftype = ftype as _;
-    clear_last_error();
     // SAFETY: paths are NUL-terminated; params initialised and outlive the call.
-    let rc = unsafe { sys::llama_model_quantize(i.as_ptr(), o.as_ptr(), &params) };
+    let (rc, why) = capture_errors(|| unsafe { sys::llama_model_quantize(i.as_ptr(), o.as_ptr(), &params) });
     if rc != 0 {
-        return Err(Error::Llama(last_error().unwrap_or_else(|| format!("quantization failed ({rc})"))));
+        return Err(Error::Llama(why.unwrap_or_else(|| format!("quantization failed ({rc})"))));
     }
     Ok(())
 }

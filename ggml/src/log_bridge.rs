@@ -8,7 +8,9 @@ use std::sync::Once;
 use crate::sys;
 
 thread_local! {
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// Error lines gathered while a caller is capturing (`Some`), to be folded
+    /// into that caller's error value instead of being logged.
+    static CAPTURED: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
     static PARTIAL: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
@@ -33,8 +35,12 @@ extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _use
     let line = line.trim_end();
     match level {
         sys::GGML_LOG_LEVEL_ERROR => {
-            LAST_ERROR.with(|e| *e.borrow_mut() = line.to_string());
-            log::error!(target: "ggml", "{line}");
+            let captured = CAPTURED.with(|c| c.borrow_mut().as_mut().map(|v| v.push(strip_function(line))).is_some());
+            if captured {
+                log::debug!(target: "ggml", "{line}");
+            } else {
+                log::error!(target: "ggml", "{line}");
+            }
         }
         sys::GGML_LOG_LEVEL_WARN => log::warn!(target: "ggml", "{line}"),
         sys::GGML_LOG_LEVEL_INFO => log::debug!(target: "ggml", "{line}"),
@@ -56,22 +62,21 @@ pub fn init_logging() {
     });
 }
 
-/// Clears the remembered error line before a call whose failure we want to explain.
-pub(crate) fn clear_last_error() {
-    LAST_ERROR.with(|e| e.borrow_mut().clear());
+/// Runs `f` (a ggml call that may fail) while gathering the error lines ggml
+/// logs on this thread; returns its result and those lines joined with `; `
+/// (most specific first), if any. The lines are logged at debug level only,
+/// since the caller reports them in its error value.
+pub(crate) fn capture_errors<T>(f: impl FnOnce() -> T) -> (T, Option<String>) {
+    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let out = f();
+    let lines = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (out, (!lines.is_empty()).then(|| lines.join("; ")))
 }
 
-/// The last error line ggml logged on this thread, without its `function: ` prefix.
-pub(crate) fn last_error() -> Option<String> {
-    LAST_ERROR.with(|e| {
-        let e = e.borrow();
-        if e.is_empty() {
-            return None;
-        }
-        let msg = match e.split_once(": ") {
-            Some((func, rest)) if !func.contains(' ') => rest,
-            _ => e.as_str(),
-        };
-        Some(msg.to_string())
-    })
+/// Drops ggml's `function_name: ` prefix.
+fn strip_function(line: &str) -> String {
+    match line.split_once(": ") {
+        Some((func, rest)) if !func.contains(' ') => rest.to_string(),
+        _ => line.to_string(),
+    }
 }

@@ -56,7 +56,7 @@ fn parse_outtype(s: &str) -> Result<ggml::Type, String> {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args = Args::parse();
+    let args: Args = hamburger::cli::parse_or_exit("hamburger-convert", std::env::args());
     let opts = ConvertOptions {
         checkpoint: args.checkpoint,
         outfile: args.outfile,

@@ -46,7 +46,8 @@ enum Cmd {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let result = match Args::parse().cmd {
+    let args: Args = hamburger::cli::parse_or_exit("hamburger-testmodel", std::env::args());
+    let result = match args.cmd {
         Cmd::Smollm2 { out, gguf, seed } => (|| {
             let gguf = match gguf {
                 Some(g) => g,

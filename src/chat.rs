@@ -1,0 +1,129 @@
+//! Chat templates (the GGUF's Jinja `tokenizer.chat_template`, rendered with
+//! minijinja and Python-compatible string methods) and the bookkeeping of a
+//! multi-turn chat whose history stays in the KV cache.
+
+use minijinja::{context, Environment};
+
+use crate::{Error, Result};
+
+/// One chat message.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+}
+
+fn strftime_now(_fmt: String) -> String {
+    // Templates use it to print today's date; a fixed, neutral one keeps prompts reproducible.
+    "26 Jul 2024".to_string()
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos`/`eos` are the texts templates may insert.
+    ///
+    /// # Errors
+    /// When the template does not parse.
+    pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned("chat", source.to_string()).map_err(|e| Error::Template(e.to_string()))?;
+        Ok(ChatTemplate { env, bos: bos.into(), eos: eos.into() })
+    }
+
+    /// Renders `messages`, ending with the assistant's turn header when `add_generation_prompt`.
+    ///
+    /// # Errors
+    /// When rendering fails (the template may raise).
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let t = self.env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
+        t.render(context! {
+            messages => messages.iter().map(|m| context! { role => &m.role, content => &m.content }).collect::<Vec<_>>(),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos,
+            eos_token => &self.eos,
+        })
+        .map_err(|e| Error::Template(e.to_string()))
+    }
+}
+
+/// A chat whose past turns are already in the KV cache: each user turn yields
+/// only the text to feed next.
+pub struct Chat {
+    template: ChatTemplate,
+    messages: Vec<Message>,
+    /// The text in the context so far (rendered turns plus generated text).
+    fed: String,
+}
+
+impl Chat {
+    /// A new chat, optionally with a system prompt.
+    pub fn new(template: ChatTemplate, system: Option<&str>) -> Chat {
+        let messages = system.map(|s| vec![Message { role: "system".into(), content: s.into() }]).unwrap_or_default();
+        Chat { template, messages, fed: String::new() }
+    }
+
+    /// Adds a user message and returns the text to feed: the rendered
+    /// conversation minus what the context already holds.
+    ///
+    /// # Errors
+    /// When the template fails.
+    pub fn user(&mut self, text: &str) -> Result<String> {
+        self.messages.push(Message { role: "user".into(), content: text.into() });
+        let full = self.template.render(&self.messages, true)?;
+        let delta = match full.strip_prefix(self.fed.as_str()) {
+            Some(rest) => rest.to_string(),
+            // The template rewrote history (some strip past reasoning): feed the
+            // difference between renderings without and with the new turn.
+            None => {
+                let before = self.template.render(&self.messages[..self.messages.len() - 1], false)?;
+                full.strip_prefix(before.as_str()).unwrap_or(&full).to_string()
+            }
+        };
+        self.fed = full;
+        Ok(delta)
+    }
+
+    /// Records the assistant's reply: `generated` is the text the model produced
+    /// (including an end-of-turn token's text when it emitted one).
+    pub fn assistant(&mut self, generated: &str, content: &str) {
+        self.fed.push_str(generated);
+        self.messages.push(Message { role: "assistant".into(), content: content.into() });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    #[test]
+    fn second_turn_feeds_only_the_new_text() {
+        let mut chat = Chat::new(ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap(), None);
+        assert_eq!(chat.user("Hi").unwrap(), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        chat.assistant("Hello!<|im_end|>", "Hello!");
+        assert_eq!(chat.user("Bye").unwrap(), "\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn python_string_methods_work() {
+        let t = ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}", "", "").unwrap();
+        let m = [Message { role: "user".into(), content: "  hi ".into() }];
+        assert_eq!(t.render(&m, false).unwrap(), "HI");
+    }
+}

@@ -1,0 +1,79 @@
+//! Text to tokens and back, from the GGUF alone: the Hugging Face tokenizer
+//! embedded as `tokenizer.huggingface.json`, with llama.cpp's BOS rule.
+
+use crate::model::Model;
+use crate::{Error, Result};
+
+/// The model's tokenizer.
+pub struct Tokenizer {
+    hf: tokenizers::Tokenizer,
+    bos: Option<u32>,
+    add_bos: bool,
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer embedded in `model`'s file.
+    ///
+    /// # Errors
+    /// When the file has no tokenizer JSON or it does not parse.
+    pub fn from_model(model: &Model) -> Result<Tokenizer> {
+        let json = model.vocab.tokenizer_json.as_deref().ok_or_else(|| {
+            Error::Tokenizer(format!("{} has no tokenizer.huggingface.json (use --prompt-ids)", model.path.display()))
+        })?;
+        let hf = tokenizers::Tokenizer::from_bytes(json.as_bytes()).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(Tokenizer { hf, bos: model.vocab.bos, add_bos: model.vocab.add_bos })
+    }
+
+    /// Tokenizes `text`; special tokens written in the text are recognised. With
+    /// `at_start`, BOS is prepended when the model wants it and the text lacks it.
+    ///
+    /// # Errors
+    /// When the tokenizer fails.
+    pub fn encode(&self, text: &str, at_start: bool) -> Result<Vec<u32>> {
+        let enc = self.hf.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let mut ids = enc.get_ids().to_vec();
+        if let (true, true, Some(bos)) = (at_start, self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The text of `ids` (special tokens included).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.hf.decode(ids, false).unwrap_or_default()
+    }
+
+    /// The text of one special token, such as the BOS for chat templates.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.hf.id_to_token(id)
+    }
+}
+
+/// Turns a stream of token ids into text pieces, holding back bytes of an
+/// incomplete UTF-8 character until the token that completes it arrives.
+pub struct TextStream<'t> {
+    tok: &'t Tokenizer,
+    ids: Vec<u32>,
+    emitted: usize,
+}
+
+impl<'t> TextStream<'t> {
+    /// An empty stream.
+    pub fn new(tok: &'t Tokenizer) -> TextStream<'t> {
+        TextStream { tok, ids: Vec::new(), emitted: 0 }
+    }
+
+    /// Appends tokens and returns the new complete text.
+    pub fn push(&mut self, ids: &[u32]) -> String {
+        self.ids.extend_from_slice(ids);
+        let text = self.tok.decode(&self.ids);
+        if text.ends_with('\u{FFFD}') || text.len() < self.emitted {
+            return String::new();
+        }
+        let new = text[self.emitted..].to_string();
+        self.emitted = text.len();
+        new
+    }
+}

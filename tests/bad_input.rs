@@ -1,0 +1,125 @@
+//! Bad input to `hamburger-cli`: one clear line on stderr naming the file,
+//! tensor or flag, a non-zero exit, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use convert::testmodel::{converted, tiny_fixture};
+use ggml::gguf::{Gguf, GgufBuilder};
+
+fn tiny(base_only: bool) -> PathBuf {
+    converted(&tiny_fixture().join("model.safetensors"), "tiny-st", ggml::Type::F32, base_only).unwrap()
+}
+
+/// Runs the CLI; returns (success, stdout, stderr).
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hamburger-cli")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn assert_clean_error(args: &[&str], must_name: &[&str]) {
+    let (ok, _, err) = cli(args);
+    assert!(!ok, "accepted {args:?}");
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {err}");
+    for n in must_name {
+        assert!(err.contains(n), "error does not name {n}: {err}");
+    }
+}
+
+/// Copies `src` to `dst`, dropping tensor `drop` and giving tensor `reshape.0` shape `reshape.1`.
+fn rewrite(src: &Path, dst: &Path, drop: Option<&str>, reshape: Option<(&str, Vec<i64>)>) {
+    let g = Gguf::open(src).unwrap();
+    let bytes = std::fs::read(src).unwrap();
+    let mut b = GgufBuilder::new(g.tensors.len()).unwrap();
+    for (k, v) in &g.metadata {
+        b.set(k, v).unwrap();
+    }
+    let kept: Vec<_> = g.tensors.iter().filter(|t| Some(t.name.as_str()) != drop).collect();
+    for t in &kept {
+        let ne = match &reshape {
+            Some((n, ne)) if *n == t.name => ne.clone(),
+            _ => t.ne.to_vec(),
+        };
+        b.add_tensor(&t.name, t.ty, &ne).unwrap();
+    }
+    let mut w = b.write(dst).unwrap();
+    for t in kept {
+        w.write_data(&bytes[t.offset as usize..(t.offset + t.size) as usize]).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn missing_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("missing.gguf");
+    rewrite(&tiny(false), &p, Some("micro.blk.1.ffn_up.weight"), None);
+    assert_clean_error(&["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "4"], &["missing.gguf", "micro.blk.1.ffn_up.weight"]);
+}
+
+#[test]
+fn wrong_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("shape.gguf");
+    rewrite(&tiny(false), &p, None, Some(("blk.2.attn_k.weight", vec![64, 128])));
+    assert_clean_error(&["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3"], &["shape.gguf", "blk.2.attn_k.weight", "[128, 64]"]);
+}
+
+#[test]
+fn llama_gguf_given_as_hamburger() {
+    let p = tiny(true);
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["llama", "hamburger"]);
+}
+
+#[test]
+fn truncated_and_junk_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(tiny(false)).unwrap();
+    let p = dir.path().join("trunc.gguf");
+    std::fs::write(&p, &bytes[..bytes.len() - 4096]).unwrap();
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["trunc.gguf"]);
+    let p = dir.path().join("junk.gguf");
+    std::fs::write(&p, b"GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff").unwrap();
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["junk.gguf"]);
+    assert_clean_error(&["-m", "/nonexistent/model.gguf", "-p", "hi"], &["/nonexistent/model.gguf"]);
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let p = tiny(false);
+    let ids: Vec<String> = (3..40).map(|i| i.to_string()).collect();
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-c", "32", "--prompt-ids", &ids.join(","), "-n", "4"], &["context"]);
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-c", "32", "--prompt-ids", "1,2,3", "-n", "40"], &["context"]);
+}
+
+#[test]
+fn invalid_flags() {
+    let p = tiny(false);
+    let m = p.to_str().unwrap();
+    assert_clean_error(&["-m", m, "--prompt-ids", "1,99999"], &["99999"]);
+    assert_clean_error(&["-m", m, "-p", "hi", "--cache-type", "q4_0"], &["q4_0"]);
+    assert_clean_error(&["-m", m, "-p", "hi", "--confidence", "abc"], &["confidence"]);
+    assert_clean_error(&["-m", m, "-p", "hi", "-fa", "off", "--cache-type", "q8_0"], &["flash attention"]);
+    assert_clean_error(&["-m", m], &["prompt"]);
+}
+
+#[test]
+fn json_output_follows_the_schema() {
+    let p = tiny(false);
+    let (ok, out, err) = cli(&["-m", p.to_str().unwrap(), "-p", "The license grants", "-n", "10", "--temp", "0", "--confidence", "0.3", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim_end().lines().last().unwrap()).unwrap();
+    for k in ["prompt_ids", "output_ids", "macro_steps", "text", "timings"] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+    for k in ["prompt_tokens", "prompt_ms", "gen_tokens", "gen_ms", "macro_steps", "tokens_per_step", "kv_entries"] {
+        assert!(v["timings"].get(k).is_some(), "missing timings.{k}");
+    }
+    let steps: Vec<u64> = v["macro_steps"].as_array().unwrap().iter().flat_map(|s| s.as_array().unwrap().iter().map(|x| x.as_u64().unwrap())).collect();
+    let out_ids: Vec<u64> = v["output_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(steps, out_ids, "macro steps concatenate to the output");
+    assert_eq!(out_ids.len(), 10);
+    assert_eq!(v["timings"]["macro_steps"].as_u64().unwrap() as usize, v["macro_steps"].as_array().unwrap().len());
+}

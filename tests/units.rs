@@ -1,0 +1,99 @@
+//! Unit checks of the graph pieces against the plain-Rust f32 reference:
+//! the merger alone, the rope position of a merged input, and the micro
+//! cache over all four micro positions.
+
+use std::rc::Rc;
+
+use convert::reference::{argmax, Reference};
+use convert::testmodel::{converted, tiny_fixture};
+use ggml::{Backend, Context, Graph, Scheduler, Type};
+use hamburger::graph::merger;
+use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
+
+fn tiny() -> (Model, Reference) {
+    let ck = tiny_fixture().join("hamburger.ckpt");
+    let model = Model::load(&converted(&ck, "tiny", Type::F32, false).unwrap()).unwrap();
+    (model, Reference::load(&ck, &tiny_fixture()).unwrap())
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+#[test]
+fn merger_graph_equals_plain_rust() {
+    let (model, reference) = tiny();
+    for tokens in [vec![5u32, 300], vec![17, 17, 42], vec![1, 2, 3, 511]] {
+        let g = Context::new(256, 256).unwrap();
+        let mut gf = Graph::new(&g, 256);
+        let ids = g.new_tensor(Type::I32, &[tokens.len() as i64]);
+        ids.set_input();
+        let e = g.get_rows(&model.weights.tok_embd, &ids);
+        let merged = merger::merge(&g, &model.weights.merger, &model.hp, &e);
+        merged.set_output();
+        gf.expand(&merged);
+        let mut sched = Scheduler::new(&[Rc::new(Backend::cpu().unwrap())], 256, false).unwrap();
+        sched.alloc(&gf).unwrap();
+        ids.write(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>()).unwrap();
+        sched.compute(&gf).unwrap();
+        let got = merged.to_vec_f32().unwrap();
+        let want = reference.merge(&tokens);
+        assert!(close(&got, &want, 1e-5), "{tokens:?}: {:?} vs {:?}", &got[..4], &want[..4]);
+        // And it is not just the mean: the attention part contributes.
+        let mean: Vec<f32> = (0..want.len()).map(|i| tokens.iter().map(|&t| reference_embed(&model, t)[i]).sum::<f32>() / tokens.len() as f32).collect();
+        assert!(!close(&got, &mean, 1e-4));
+    }
+}
+
+fn reference_embed(model: &Model, t: u32) -> Vec<f32> {
+    let all = model.weights.tok_embd.to_vec_f32().unwrap();
+    let d = model.hp.n_embd;
+    all[t as usize * d..(t as usize + 1) * d].to_vec()
+}
+
+#[test]
+fn merged_input_sits_at_the_position_of_its_last_token() {
+    let (model, reference) = tiny();
+    let prompt = [54u32, 442, 437, 223, 368];
+    let step = [162u32, 12, 200];
+    let p = SessionParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, keep_logits: true, n_threads: 2, ..Default::default() };
+    let mut s = Session::new(&model, p).unwrap();
+    s.feed(&prompt, false).unwrap();
+    // Feed the step's tokens as the pending output of a macro step: merged into one input.
+    let out = s.feed_merged(&step, true).unwrap();
+    let got = out.logits.unwrap();
+    let right = reference.logits_after_merge(&prompt, &step, prompt.len() + step.len() - 1);
+    let wrong = reference.logits_after_merge(&prompt, &step, prompt.len());
+    assert!(close(&got, &right, 1e-4));
+    assert!(!close(&got, &wrong, 1e-4), "the position must matter for this check to mean anything");
+    assert_eq!(s.n_slots(), prompt.len() + 1, "a merged input writes ONE KV entry");
+}
+
+#[test]
+fn micro_cache_serves_every_micro_position() {
+    let (model, reference) = tiny();
+    let prompt = [54u32, 442, 437, 223, 368, 402, 85];
+    let p = SessionParams {
+        n_ctx: 64,
+        kv_type: Type::F32,
+        flash_attn: false,
+        keep_logits: true,
+        forced_steps: Some(4),
+        ignore_eog: true,
+        n_threads: 2,
+        ..Default::default()
+    };
+    let mut s = Session::new(&model, p).unwrap();
+    let gen = s.generate(&prompt, 12, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();
+    let want = reference.generate_with(&prompt, 0.0, Some(4), 12, &[]);
+    assert_eq!(gen.macro_steps.len(), 3);
+    for (g, w) in gen.macro_steps.iter().zip(&want) {
+        assert_eq!(g.tokens, w.tokens);
+        for (gl, wl) in g.logits.iter().zip(&w.logits) {
+            assert!(close(gl, wl, 1e-3));
+            assert_eq!(argmax(gl), argmax(wl));
+        }
+    }
+    assert_eq!(gen.timings.reached, vec![3, 3, 3, 3]);
+    assert_eq!(gen.timings.kv_entries, prompt.len() + 2);
+}
