@@ -277,6 +277,13 @@ impl Checkpoint {
         &self.maps[t.file][t.start..t.start + t.len]
     }
 
+    /// Lets the pages of elements `[begin, end)` of `t` go (see [`MappedFile::release`]).
+    pub fn release(&self, t: &SourceTensor, begin: usize, end: usize) {
+        if let Ok(d) = t.dtype {
+            self.maps[t.file].release(t.start + begin * d.size()..t.start + end * d.size());
+        }
+    }
+
     /// Elements `[begin, end)` of `t` converted to f32.
     ///
     /// # Panics

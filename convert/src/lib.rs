@@ -219,6 +219,7 @@ fn convert_job(ck: &Checkpoint, job: &Job) -> Result<(Vec<u8>, u64), ConvertErro
         Source::Checkpoint { key, transform } => {
             let src = &ck.tensors[key];
             let v = ck.read_f32(src, job.row0 * row_len, job.row1 * row_len);
+            ck.release(src, job.row0 * row_len, job.row1 * row_len);
             let size = src.dtype.as_ref().map_or(0, |d| d.size());
             let read = (v.len() * size) as u64;
             (plan::apply(*transform, v, row_len, false), read)

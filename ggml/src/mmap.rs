@@ -26,6 +26,20 @@ impl MappedFile {
         Ok(MappedFile { map, path: path.to_path_buf() })
     }
 
+    /// Tells the kernel the pages of `range` will not be needed soon, so they
+    /// stop counting towards this process's memory (a later read pages them in
+    /// again). Converters call it after each chunk to keep their footprint flat.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let page = 4096;
+        let start = range.start.next_multiple_of(page);
+        let end = range.end.min(self.map.len()) / page * page;
+        if end > start {
+            // SAFETY: the mapping is read-only and backed by the file, so dropping
+            // its pages loses nothing: a later access reads them from the file again.
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        }
+    }
+
     /// The mapped file's path.
     pub fn path(&self) -> &Path {
         &self.path
