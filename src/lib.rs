@@ -8,6 +8,7 @@
 //! ([`tokenizer`], [`chat`]).
 
 pub mod arch;
+pub mod bench;
 pub mod chat;
 pub mod cli;
 mod error;

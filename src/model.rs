@@ -87,13 +87,15 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a HAMburger GGUF with every weight on the memory-mapped file.
+    /// Loads a HAMburger GGUF for the CPU: weights stay on the memory-mapped
+    /// file, except matrices whose type has a repacked CPU layout (Q4_0, Q4_K,
+    /// IQ4_NL... on x86), which are copied into it as llama.cpp does by default.
     ///
     /// # Errors
     /// When the file is not a valid HAMburger GGUF (wrong architecture, missing
     /// keys, missing/misshapen tensors), naming the file and the culprit.
     pub fn load(path: &Path) -> Result<Model> {
-        Model::load_with(path, |_, _, _| Placement::Mapped)
+        Model::load_with(path, cpu_placement(true))
     }
 
     /// Loads with a custom weight placement (GPU offload, repacked CPU layouts).
@@ -121,5 +123,27 @@ impl Model {
             weights,
             size_bytes: gguf.tensors.iter().map(|t| t.size).sum(),
         })
+    }
+}
+
+/// Places weights for the CPU: matrix-product weights go to the first of the
+/// CPU's extra (repacked) buffer types that has a kernel for them, when
+/// `repack`; everything else stays on the mapped file. The token embedding is
+/// read by row lookups (and is the tied lm_head), so it stays mapped, as in llama.cpp.
+pub fn cpu_placement(repack: bool) -> impl Fn(TensorName, ggml::Type, &[i64]) -> Placement {
+    let cpu = ggml::Device::all().into_iter().find(|d| d.kind() == ggml::DeviceKind::Cpu);
+    let extras = match (&cpu, repack) {
+        (Some(d), true) => d.extra_buffer_types(),
+        _ => Vec::new(),
+    };
+    move |name, ty, ne| {
+        let matrix = ne.len() == 2 && ne[1] > 1 && name != TensorName::TokenEmbd;
+        match &cpu {
+            Some(dev) if matrix => extras
+                .iter()
+                .find(|b| dev.supports_weight(**b, ty, ne, ggml::WeightOp::MulMat))
+                .map_or(Placement::Mapped, |b| Placement::Buffer(*b)),
+            _ => Placement::Mapped,
+        }
     }
 }

@@ -63,7 +63,7 @@ impl Default for SessionParams {
 pub struct StepOut {
     /// The argmax token.
     pub argmax: u32,
-    /// The stop probability.
+    /// The stop probability (NaN when the step length does not depend on it).
     pub p_stop: f32,
     /// The logits, when they were read.
     pub logits: Option<Vec<f32>>,
@@ -157,7 +157,7 @@ impl AttnData {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GraphKey {
     Base(base::BaseShape),
-    Micro(usize),
+    Micro { s: usize, stop_head: bool },
 }
 
 /// Built graphs by shape, least recently used evicted first.
@@ -261,6 +261,12 @@ impl<'m> Session<'m> {
         self.params.forced_steps.map_or(m, |f| f.clamp(1, m))
     }
 
+    /// Whether step lengths depend on the stop head (not when forced, when
+    /// every step is one token, or when the confidence stops every step anyway).
+    fn needs_stop_head(&self) -> bool {
+        self.params.forced_steps.is_none() && self.max_steps() > 1 && self.params.confidence <= 1.0
+    }
+
     fn attn_cfg(&self) -> AttnConfig {
         AttnConfig { flash: self.params.flash_attn }
     }
@@ -273,7 +279,9 @@ impl<'m> Session<'m> {
         } else {
             let built = match key {
                 GraphKey::Base(shape) => base::build(self.model, &self.kv, &self.features, shape, self.attn_cfg(), &self.backends)?,
-                GraphKey::Micro(s) => micro::build(self.model, &self.micro, &self.features, s, self.attn_cfg(), &self.backends)?,
+                GraphKey::Micro { s, stop_head } => {
+                    micro::build(self.model, &self.micro, &self.features, s, stop_head, self.attn_cfg(), &self.backends)?
+                }
             };
             self.graphs.entries.insert(0, (key, built));
             self.graphs.entries.truncate(GRAPH_CACHE);
@@ -300,9 +308,11 @@ impl<'m> Session<'m> {
     }
 
     fn read_out(sg: &StepGraph, want_logits: bool) -> Result<StepOut> {
-        let (mut a, mut p) = ([0i32], [0f32]);
+        let (mut a, mut p) = ([0i32], [f32::NAN]);
         sg.argmax.read(&mut a)?;
-        sg.p_stop.read(&mut p)?;
+        if let Some(t) = &sg.p_stop {
+            t.read(&mut p)?;
+        }
         Ok(StepOut { argmax: a[0] as u32, p_stop: p[0], logits: if want_logits { Some(sg.logits.to_vec_f32()?) } else { None } })
     }
 
@@ -311,7 +321,7 @@ impl<'m> Session<'m> {
         let merged = merged && tokens.len() > 1;
         let n = if merged { 1 } else { tokens.len() };
         let n_kv = (self.n_slots + n).next_multiple_of(KV_PAD).min(self.kv.n_slots());
-        let shape = base::BaseShape { n_tokens: tokens.len(), merged, n_kv };
+        let shape = base::BaseShape { n_tokens: tokens.len(), merged, n_kv, stop_head: self.needs_stop_head() };
         // A merged input sits at the position of its last token.
         let positions: Vec<i32> = if merged {
             vec![(self.n_pos + tokens.len() - 1) as i32]
@@ -335,7 +345,7 @@ impl<'m> Session<'m> {
         let f = self.model.hp.n_features();
         let (positions, first): (Vec<i32>, usize) = if s == 0 { ((0..=f as i32).collect(), 0) } else { (vec![(f + s) as i32], f + s) };
         let data = Self::attention_data(&self.micro, &positions, first, f + s + 1, self.params.flash_attn);
-        let sg = self.graph(GraphKey::Micro(s))?;
+        let sg = self.graph(GraphKey::Micro { s, stop_head: self.needs_stop_head() })?;
         sg.tokens.write(&[token as i32])?;
         data.write(sg)?;
         sg.sched.compute(&sg.graph)?;
@@ -451,7 +461,8 @@ impl<'m> Session<'m> {
             let n = step.tokens.len();
             let stop = match self.params.forced_steps {
                 Some(_) => n >= max_steps,
-                None => 1.0 - out.p_stop < self.params.confidence || n >= max_steps,
+                // Above 1 the rule stops every step whatever p_stop (not computed then).
+                None => n >= max_steps || self.params.confidence > 1.0 || 1.0 - out.p_stop < self.params.confidence,
             };
             let eog = !self.params.ignore_eog && self.model.vocab.eog.contains(&token);
             if stop || eog || n >= budget {

@@ -24,7 +24,6 @@ use ggml::gguf::{GgufBuilder, Value};
 use ggml::Type;
 use hamburger::arch::{keys, ARCH_HAMBURGER, ARCH_LLAMA};
 use hamburger::hparams::HParams;
-use rayon::prelude::*;
 
 pub use error::ConvertError;
 
@@ -100,16 +99,6 @@ fn base_dir(opts: &ConvertOptions) -> PathBuf {
     })
 }
 
-/// Elements converted per parallel job (rows are kept whole).
-const JOB_ELEMENTS: usize = 1 << 22;
-
-/// One unit of parallel work: rows `[row0, row1)` of a planned tensor.
-struct Job<'a> {
-    tensor: &'a PlannedTensor,
-    row0: usize,
-    row1: usize,
-}
-
 /// Converts a checkpoint to GGUF.
 ///
 /// # Errors
@@ -129,12 +118,12 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let base = plan::base_prefix(&ck);
     let tied = plan::detect_tied(&ck, base, config.tie_word_embeddings)?;
     let notes = RefCell::new(Vec::new());
-    let choose = |name, row_len| {
-        let (ty, note) = quant::conversion_type(name, row_len, opts.outtype);
-        if let Some(n) = note {
-            notes.borrow_mut().push(format!("{name}: {n}; using {ty}"));
+    let choose = |name, ne: &[i64]| {
+        let c = quant::conversion_type(name, ne, tied, opts.outtype);
+        if let Some(n) = c.fallback {
+            notes.borrow_mut().push(format!("{name}: {n}; using {}", c.ty));
         }
-        ty
+        c.ty
     };
     let planned = plan::plan(&ck, &hp, config.llama3_rope_freqs(), tied, opts.base_only, choose)?;
     let fallbacks = notes.into_inner();
@@ -170,34 +159,23 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     }
     let mut out = gguf.write(&opts.outfile)?;
 
-    let jobs: Vec<Job> = planned
-        .iter()
-        .flat_map(|t| {
-            let rows = t.n_elements() / t.row_len();
-            // Permuted tensors move rows across the whole tensor: one job.
-            let step = match &t.source {
-                Source::Checkpoint { transform: plan::Transform::RopePermute { .. }, .. } => rows,
-                _ => (JOB_ELEMENTS / t.row_len()).max(1),
-            };
-            (0..rows).step_by(step).map(move |r| Job { tensor: t, row0: r, row1: (r + step).min(rows) })
-        })
-        .collect();
+    let chunks = quant::stream::chunks(planned.iter().map(|t| {
+        // Permuted tensors move rows across the whole tensor: one chunk.
+        let whole = matches!(&t.source, Source::Checkpoint { transform: plan::Transform::RopePermute { .. }, .. });
+        (t.n_elements() / t.row_len(), t.row_len(), whole)
+    }));
     let total: u64 = planned.iter().map(|t| t.n_elements() as u64).sum();
-    let bar = progress_bar(opts.progress, total);
-    let window = rayon::current_num_threads().max(1) * 2;
-    let mut bytes_in = 0u64;
-    for batch in jobs.chunks(window) {
-        let results: Vec<Result<(Vec<u8>, u64), ConvertError>> =
-            batch.par_iter().map(|job| convert_job(&ck, job)).collect();
-        for (r, job) in results.into_iter().zip(batch) {
-            let (bytes, read) = r?;
-            out.write_data(&bytes)?;
-            bytes_in += read;
-            bar.inc(((job.row1 - job.row0) * job.tensor.row_len()) as u64);
-        }
-    }
+    let bar = quant::stream::progress_bar(opts.progress, total, "converting");
+    let bytes_in = std::sync::atomic::AtomicU64::new(0);
+    let convert = |c: &quant::stream::Chunk| {
+        let (bytes, read) = convert_chunk(&ck, &planned[c.tensor], c)?;
+        bytes_in.fetch_add(read, std::sync::atomic::Ordering::Relaxed);
+        Ok::<_, ConvertError>(bytes)
+    };
+    quant::stream::write_ordered(&mut out, &chunks, convert, |c| bar.inc(((c.row1 - c.row0) * planned[c.tensor].row_len()) as u64))?;
     bar.finish_and_clear();
     out.finish()?;
+    let bytes_in = bytes_in.into_inner();
     let bytes_out = std::fs::metadata(&opts.outfile).map_err(|e| ConvertError::io(&opts.outfile, e))?.len();
     Ok(ConvertReport {
         hparams: hp,
@@ -209,35 +187,22 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     })
 }
 
-/// Reads, transforms and converts one job's rows; returns the bytes and the
+/// Reads, transforms and converts one chunk's rows; returns the bytes and the
 /// source bytes read.
-fn convert_job(ck: &Checkpoint, job: &Job) -> Result<(Vec<u8>, u64), ConvertError> {
-    let t = job.tensor;
+fn convert_chunk(ck: &Checkpoint, t: &PlannedTensor, c: &quant::stream::Chunk) -> Result<(Vec<u8>, u64), ConvertError> {
     let row_len = t.row_len();
+    let (begin, end) = (c.row0 * row_len, c.row1 * row_len);
     let (values, read) = match &t.source {
-        Source::Computed(v) => (v[job.row0 * row_len..job.row1 * row_len].to_vec(), 0),
+        Source::Computed(v) => (v[begin..end].to_vec(), 0),
         Source::Checkpoint { key, transform } => {
             let src = &ck.tensors[key];
-            let v = ck.read_f32(src, job.row0 * row_len, job.row1 * row_len);
-            ck.release(src, job.row0 * row_len, job.row1 * row_len);
-            let size = src.dtype.as_ref().map_or(0, |d| d.size());
-            let read = (v.len() * size) as u64;
+            let v = ck.read_f32(src, begin, end);
+            ck.release(src, begin, end);
+            let read = (v.len() * src.dtype.as_ref().map_or(0, |d| d.size())) as u64;
             (plan::apply(*transform, v, row_len, false), read)
         }
     };
-    let bytes = quant::quantize(t.ty, &values, row_len)
+    let bytes = quant::quantize_rows(t.ty, &values, row_len)
         .map_err(|e| ConvertError::Tensor { name: t.name.to_string(), msg: e.to_string() })?;
     Ok((bytes, read))
-}
-
-fn progress_bar(show: bool, total: u64) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {percent}% ({eta} left)")
-            .expect("valid template"),
-    );
-    bar
 }

@@ -158,13 +158,13 @@ pub fn plan(
     rope_freqs: Option<Vec<f32>>,
     tied: bool,
     base_only: bool,
-    choose_type: impl Fn(TensorName, usize) -> Type,
+    choose_type: impl Fn(TensorName, &[i64]) -> Type,
 ) -> Result<Vec<PlannedTensor>, ConvertError> {
     let base = base_prefix(ck);
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
     for (name, ne) in hp.tensor_shapes(tied, rope_freqs.is_some(), base_only) {
-        let ty = choose_type(name, ne[0] as usize);
+        let ty = choose_type(name, &ne);
         let source = match source_key(name, base) {
             None => Source::Computed(rope_freqs.clone().unwrap_or_default()),
             Some(key) => {

@@ -122,11 +122,40 @@ impl Device {
         unsafe { sys::ggml_backend_dev_supports_op(self.0, op.raw()) }
     }
 
+    /// Whether a weight of type `ty` and shape `ne` stored in a buffer of type
+    /// `buft` can feed `op` on this device (how llama.cpp picks the CPU's
+    /// repacked layouts: only some types, shapes and ops have kernels).
+    pub fn supports_weight(&self, buft: BufferType, ty: crate::Type, ne: &[i64], op: WeightOp) -> bool {
+        let Ok(ctx) = Context::new(4, 0) else { return false };
+        let w = ctx.new_tensor(ty, ne);
+        let probe = match op {
+            WeightOp::MulMat => ctx.mul_mat(&w, &ctx.new_tensor(crate::Type::F32, &[ne[0], 512])),
+            WeightOp::GetRows => ctx.get_rows(&w, &ctx.new_tensor(crate::Type::I32, &[512])),
+        };
+        let Ok(dummy) = Buffer::alloc(buft, 0) else { return false };
+        // SAFETY: the probe tensor borrows the (zero-size) buffer only for the
+        // support query; it is detached before either is freed and holds no data.
+        unsafe { (*w.raw()).buffer = dummy.raw() };
+        let ok = self.supports_op(&probe);
+        // SAFETY: as above.
+        unsafe { (*w.raw()).buffer = std::ptr::null_mut() };
+        ok
+    }
+
     /// Whether the device can compute with tensors in buffers of type `buft`.
     pub fn supports_buffer_type(&self, buft: BufferType) -> bool {
         // SAFETY: both handles are static registry entries.
         unsafe { sys::ggml_backend_dev_supports_buft(self.0, buft.0) }
     }
+}
+
+/// The operation a weight feeds, for [`Device::supports_weight`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightOp {
+    /// A matrix product (projections, lm_head).
+    MulMat,
+    /// A row lookup (the token embedding).
+    GetRows,
 }
 
 /// A buffer type (where a buffer's memory lives and how tensors are laid out in it).
@@ -375,7 +404,7 @@ impl Backend {
 
 /// A persistent pool of CPU worker threads.
 pub struct ThreadPool {
-    ptr: NonNull<sys::ggml_threadpool>,
+    pub(crate) ptr: NonNull<sys::ggml_threadpool>,
 }
 
 impl Drop for ThreadPool {

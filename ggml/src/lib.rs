@@ -25,7 +25,7 @@ mod quants;
 mod sched;
 mod types;
 
-pub use backend::{Backend, Buffer, BufferType, Device, DeviceKind, ThreadPool};
+pub use backend::{Backend, Buffer, BufferType, Device, DeviceKind, ThreadPool, WeightOp};
 pub use context::{as_bytes, Context, Pod, Tensor};
 pub use error::{Error, Result};
 pub use graph::Graph;

@@ -62,6 +62,21 @@ impl LlamaModel {
         unsafe { sys::llama_vocab_n_tokens(self.vocab()) as usize }
     }
 
+    /// Bytes one token's keys and values take in a cache of element type `ty`.
+    pub fn kv_bytes_per_token(&self, ty: Type) -> usize {
+        // SAFETY: plain getters of a live model.
+        let (n_layer, n_embd, n_head, n_head_kv) = unsafe {
+            let m = self.0.as_ptr();
+            (
+                sys::llama_model_n_layer(m) as usize,
+                sys::llama_model_n_embd(m) as usize,
+                sys::llama_model_n_head(m).max(1) as usize,
+                sys::llama_model_n_head_kv(m) as usize,
+            )
+        };
+        2 * n_layer * ty.row_size(n_embd / n_head * n_head_kv).unwrap_or(0)
+    }
+
     /// Whether `token` ends generation.
     pub fn is_eog(&self, token: i32) -> bool {
         // SAFETY: the vocab belongs to the live model; any id is accepted.
@@ -136,6 +151,8 @@ impl Default for LlamaContextParams {
 pub struct LlamaContext<'m> {
     ptr: NonNull<sys::llama_context>,
     n_vocab: usize,
+    /// The persistent CPU thread pool (as llama-bench attaches one); freed after the context.
+    _threadpool: crate::ThreadPool,
     _model: PhantomData<&'m LlamaModel>,
 }
 
@@ -170,9 +187,13 @@ impl<'m> LlamaContext<'m> {
         // SAFETY: the model is live for 'm; params is initialised.
         let (ptr, why) = capture_errors(|| unsafe { sys::llama_init_from_model(model.0.as_ptr(), params) });
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::Llama(why.unwrap_or_else(|| "failed to create context".into())))?;
+        let threadpool = crate::ThreadPool::new(p.n_threads.max(1) as usize)?;
+        // SAFETY: both live; the context keeps using the pool, which it owns (dropped after it).
+        unsafe { sys::llama_attach_threadpool(ptr.as_ptr(), threadpool.ptr.as_ptr(), threadpool.ptr.as_ptr()) };
         Ok(LlamaContext {
             ptr,
             n_vocab: model.n_vocab(),
+            _threadpool: threadpool,
             _model: PhantomData,
         })
     }

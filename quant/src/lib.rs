@@ -1,16 +1,24 @@
-//! Quantization for HAMburger GGUFs: which ggml type each tensor gets (the
-//! per-role policy) and the conversion of f32 rows to that type through ggml's
-//! own quantizers. Both `hamburger-convert --outtype` and `hamburger-quantize`
-//! go through this crate.
+//! Quantization for HAMburger GGUFs: llama.cpp's mixes for the base, a
+//! per-role policy for the grafted tensors ([`policy`]), the conversion of f32
+//! rows through ggml's own quantizers, a streaming parallel writer shared
+//! with the converter ([`stream`]), and quantization sweeps ([`sweep`]).
+//! Both `hamburger-convert --outtype` and `hamburger-quantize` go through here.
 
+mod error;
+pub mod mix;
 pub mod policy;
+pub mod quantize;
+pub mod stream;
+pub mod sweep;
 
-pub use policy::{conversion_type, Role};
+pub use error::QuantError;
+pub use mix::Mix;
+pub use policy::{conversion_type, Overrides, Role};
 
 /// Converts rows of f32 values (`row_len` wide) to `ty` with ggml's kernels.
 ///
 /// # Errors
 /// When the rows do not fit the type's blocks or the values are not finite.
-pub fn quantize(ty: ggml::Type, src: &[f32], row_len: usize) -> Result<Vec<u8>, ggml::Error> {
+pub fn quantize_rows(ty: ggml::Type, src: &[f32], row_len: usize) -> Result<Vec<u8>, ggml::Error> {
     ggml::quantize_rows(ty, src, row_len, None)
 }

@@ -1,88 +1,172 @@
-//! The per-role type policy: which tensors keep full precision and which
-//! follow the requested type (with a fallback when rows do not fit its blocks).
+//! The per-role type policy: which type every tensor of a HAMburger (or
+//! base-only llama) GGUF gets for a mix, with the user's overrides applied and
+//! a fallback when rows do not fit the type's blocks. docs/quantization.md
+//! explains and measures the choices.
 
 use ggml::Type;
-use hamburger::arch::{MergerLinear, Part, StopLinear, TensorName};
+use hamburger::arch::{LayerTensor, MergerLinear, Part, StopLinear, TensorName};
+
+use crate::Mix;
 
 /// What a tensor does, for choosing its type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// Norm weights, biases, rope factors: 1-D, always F32.
+    /// Norm weights, biases, rope factors: always F32.
     Vector,
-    /// The token embedding table.
+    /// The token embedding table (untied).
     TokenEmbd,
-    /// The untied lm_head.
+    /// The lm_head: `output.weight`, or the embedding when tied.
     Output,
     /// A base layer matrix.
-    BaseMatrix,
+    Base,
     /// A micro-decoder layer matrix.
-    MicroMatrix,
+    Micro,
     /// A merger projection.
     Merger,
-    /// The merger's in-chunk position table (added to embeddings, not multiplied).
+    /// The merger's position table (added to embeddings): F32.
     MergerPos,
     /// A hidden stop-head layer.
     StopHidden,
-    /// The stop head's final 1 x D row.
+    /// The stop head's final row: F32.
     StopOut,
 }
 
 impl Role {
-    /// The role of a tensor of the format.
-    pub fn of(name: TensorName) -> Role {
+    /// The role of `name`; `tied` says whether the embedding is also the lm_head.
+    pub fn of(name: TensorName, tied: bool) -> Role {
+        let norm = |lt| matches!(lt, LayerTensor::AttnNorm | LayerTensor::FfnNorm);
         match name {
+            TensorName::TokenEmbd if tied => Role::Output,
             TensorName::TokenEmbd => Role::TokenEmbd,
             TensorName::Output => Role::Output,
             TensorName::OutputNorm | TensorName::RopeFreqs => Role::Vector,
-            TensorName::Base(_, lt) | TensorName::Micro(_, lt) if is_norm(lt) => Role::Vector,
-            TensorName::Base(..) => Role::BaseMatrix,
-            TensorName::Micro(..) => Role::MicroMatrix,
+            TensorName::Base(_, lt) | TensorName::Micro(_, lt) if norm(lt) => Role::Vector,
+            TensorName::Base(..) => Role::Base,
+            TensorName::Micro(..) => Role::Micro,
             TensorName::Merger(_, Part::Bias) | TensorName::Stop(_, Part::Bias) => Role::Vector,
-            TensorName::Merger(MergerLinear::Q | MergerLinear::K | MergerLinear::V | MergerLinear::Out, Part::Weight) => {
-                Role::Merger
-            }
+            TensorName::Merger(MergerLinear::Q | MergerLinear::K | MergerLinear::V | MergerLinear::Out, Part::Weight) => Role::Merger,
             TensorName::MergerPos => Role::MergerPos,
             TensorName::Stop(StopLinear::Out, Part::Weight) => Role::StopOut,
             TensorName::Stop(_, Part::Weight) => Role::StopHidden,
         }
     }
-}
 
-fn is_norm(lt: hamburger::arch::LayerTensor) -> bool {
-    use hamburger::arch::LayerTensor::*;
-    matches!(lt, AttnNorm | FfnNorm)
-}
-
-/// The type a converter gives tensor `name` (row length `row_len`) when the
-/// requested output type is `target`, with a note when it had to fall back.
-///
-/// Vectors, the position table and the stop head's output row stay F32 (they
-/// are tiny and feed additions or a threshold); everything else takes `target`,
-/// or, when its rows do not fit `target`'s blocks, the nearest type that fits.
-pub fn conversion_type(name: TensorName, row_len: usize, target: Type) -> (Type, Option<String>) {
-    match Role::of(name) {
-        Role::Vector | Role::MergerPos | Role::StopOut => (Type::F32, None),
-        _ => fit(target, row_len).map_or((target, None), |(t, why)| (t, Some(why))),
+    /// A short name for plans and tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Vector => "vector",
+            Role::TokenEmbd => "token_embd",
+            Role::Output => "output",
+            Role::Base => "base",
+            Role::Micro => "micro",
+            Role::Merger => "merger",
+            Role::MergerPos => "merger_pos",
+            Role::StopHidden => "stop_hidden",
+            Role::StopOut => "stop_out",
+        }
     }
 }
 
-/// When rows of `row_len` do not fit `target`'s blocks, a type that does
-/// (the same bits where possible), with the reason.
+/// The shape facts a mix's layer rules need.
+#[derive(Debug, Clone, Copy)]
+pub struct Stacks {
+    /// Base layers.
+    pub n_layer: usize,
+    /// Micro-decoder layers.
+    pub n_micro: usize,
+    /// Query heads per key/value head.
+    pub n_gqa: usize,
+}
+
+/// User overrides, llama-quantize's flags.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// Every matrix gets the mix's default type (no per-tensor bumps).
+    pub pure: bool,
+    /// Type of the lm_head.
+    pub output: Option<Type>,
+    /// Type of the (untied) token embedding.
+    pub token_embd: Option<Type>,
+    /// Type of the grafted matrices (merger, micro decoder, stop head hidden layers).
+    pub grafted: Option<Type>,
+    /// `(pattern, type)` overrides by tensor name; the first match wins.
+    pub tensor_types: Vec<(regex::Regex, Type)>,
+}
+
+/// The type chosen for one tensor, with a note when it had to fall back.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    /// The type.
+    pub ty: Type,
+    /// Why it is not the type the rules asked for, if so.
+    pub fallback: Option<String>,
+}
+
+/// The type of tensor `name` (shape `ne`, ggml order) under `mix` and `ov`.
+///
+/// Vectors, the merger's position table and the stop head's output row stay
+/// F32. Base matrices follow llama.cpp's rules for the mix; micro-decoder
+/// matrices follow the same rules as a stack of their own (so its last layers
+/// get the mix's extra bits); merger and stop-head hidden layers stay at Q8_0
+/// in mixes below 8 bits (they run once per macro step and steer its
+/// boundaries, for 2% of the weights); the lm_head gets the mix's output type.
+pub fn choose(name: TensorName, ne: &[i64], tied: bool, mix: Mix, stacks: Stacks, ov: &Overrides) -> Choice {
+    let role = Role::of(name, tied);
+    if matches!(role, Role::Vector | Role::MergerPos | Role::StopOut) || ne.len() < 2 {
+        return Choice { ty: Type::F32, fallback: None };
+    }
+    let row = ne[0] as usize;
+    let full = name.to_string();
+    let manual = ov.tensor_types.iter().find(|(re, _)| re.is_match(&full)).map(|(_, t)| *t);
+    let grafted_role = matches!(role, Role::Merger | Role::Micro | Role::StopHidden);
+    let wanted = manual
+        .or(match role {
+            Role::Output => ov.output,
+            Role::TokenEmbd => ov.token_embd,
+            _ if grafted_role => ov.grafted,
+            _ => None,
+        })
+        .unwrap_or_else(|| {
+            let d = mix.default_type();
+            if ov.pure || !mix.is_quantized() {
+                return d;
+            }
+            match (role, name) {
+                (Role::Output, _) => mix.output_type(row),
+                (Role::Base, TensorName::Base(l, lt)) => mix.layer_type(lt, l, stacks.n_layer, stacks.n_gqa),
+                (Role::Micro, TensorName::Micro(l, lt)) => mix.layer_type(lt, l, stacks.n_micro, stacks.n_gqa),
+                (Role::Merger | Role::StopHidden, _) if d.bits_per_weight() < 8.0 => Type::Q8_0,
+                _ => d,
+            }
+        });
+    match fit(wanted, row) {
+        Some((ty, why)) => Choice { ty, fallback: Some(why) },
+        None => Choice { ty: wanted, fallback: None },
+    }
+}
+
+/// When rows of `row_len` do not fit `target`'s blocks, the type llama.cpp
+/// falls back to (F16 when even that does not fit), with the reason.
 pub fn fit(target: Type, row_len: usize) -> Option<(Type, String)> {
     if row_len % target.block_size() == 0 {
         return None;
     }
-    let fallbacks: &[Type] = match target {
-        Type::Q2_K | Type::Q3_K | Type::IQ4_XS => &[Type::IQ4_NL, Type::Q4_0, Type::Q5_0, Type::Q8_0],
-        Type::Q4_K => &[Type::Q5_0, Type::Q5_1, Type::Q8_0],
-        Type::Q5_K => &[Type::Q5_1, Type::Q8_0],
-        Type::Q6_K => &[Type::Q8_0],
-        _ => &[Type::Q8_0],
+    let fallback = match target {
+        Type::IQ4_XS | Type::IQ2_XXS | Type::IQ2_XS | Type::IQ2_S | Type::IQ3_XXS | Type::IQ3_S | Type::IQ1_S | Type::IQ1_M => Type::IQ4_NL,
+        Type::Q2_K | Type::Q3_K => Type::Q4_0,
+        Type::Q4_K => Type::Q5_0,
+        Type::Q5_K => Type::Q5_1,
+        Type::Q6_K => Type::Q8_0,
+        other => other,
     };
-    let t = fallbacks
-        .iter()
-        .copied()
-        .find(|t| row_len % t.block_size() == 0)
-        .unwrap_or(Type::F16);
-    Some((t, format!("rows of {row_len} do not fit {target} blocks of {}", target.block_size())))
+    let ty = if row_len % fallback.block_size() == 0 { fallback } else { Type::F16 };
+    Some((ty, format!("rows of {row_len} do not fit {target} blocks of {}", target.block_size())))
+}
+
+/// The type a converter gives `name` for an all-`outtype` file: the same
+/// policy with the mix of that type (F32, F16, BF16, Q8_0, ...).
+pub fn conversion_type(name: TensorName, ne: &[i64], tied: bool, outtype: Type) -> Choice {
+    let mix = Mix::ALL.iter().copied().find(|m| m.default_type() == outtype).unwrap_or(Mix::F16);
+    let stacks = Stacks { n_layer: 1, n_micro: 1, n_gqa: 1 };
+    choose(name, ne, tied, mix, stacks, &Overrides { pure: true, ..Default::default() })
 }

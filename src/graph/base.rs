@@ -21,6 +21,8 @@ pub struct BaseShape {
     pub merged: bool,
     /// Cache slots attended (padded).
     pub n_kv: usize,
+    /// Whether to compute the stop head (not when the step length is forced).
+    pub stop_head: bool,
 }
 
 impl BaseShape {
@@ -68,5 +70,5 @@ pub fn build(model: &Model, kv: &KvCache, features: &Tensor, shape: BaseShape, c
     }
     let out = rms_norm(&g, &x, &w.output_norm, hp.rms_eps).named("out_0"); // [D, 1]
     gf.expand(&g.cpy(&out, &feature_col(hp.n_features() - 1)));
-    finish(&g, gf, backends, w.lm_head(), &w.stop, &out, tokens, attn, kv, n, size)
+    finish(&g, gf, backends, w.lm_head(), shape.stop_head.then_some(&w.stop), &out, tokens, attn, kv, n, size)
 }

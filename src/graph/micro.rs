@@ -11,11 +11,12 @@ use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::Result;
 
-/// Builds the graph of micro step `s` (computing out_{s+1} from t_s).
+/// Builds the graph of micro step `s` (computing out_{s+1} from t_s), with the
+/// stop head when `stop_head`.
 ///
 /// # Errors
 /// When the graph cannot be allocated.
-pub fn build(model: &Model, cache: &KvCache, features: &Tensor, s: usize, cfg: AttnConfig, backends: &[Rc<Backend>]) -> Result<StepGraph> {
+pub fn build(model: &Model, cache: &KvCache, features: &Tensor, s: usize, stop_head: bool, cfg: AttnConfig, backends: &[Rc<Backend>]) -> Result<StepGraph> {
     let (hp, w) = (&model.hp, &model.weights);
     let size = graph_size(hp.n_micro_layer);
     let g = Context::new(2 * size, size)?;
@@ -31,5 +32,5 @@ pub fn build(model: &Model, cache: &KvCache, features: &Tensor, s: usize, cfg: A
     for (il, lw) in w.micro.iter().enumerate() {
         x = decoder_layer(&g, &mut gf, &lc, lw, il, &x, il == last);
     }
-    finish(&g, gf, backends, w.lm_head(), &w.stop, &x, tokens, attn, cache, n, size)
+    finish(&g, gf, backends, w.lm_head(), stop_head.then_some(&w.stop), &x, tokens, attn, cache, n, size)
 }

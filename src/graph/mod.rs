@@ -46,8 +46,8 @@ pub struct StepGraph {
     pub logits: Tensor,
     /// Argmax of the logits `[1]` (i32).
     pub argmax: Tensor,
-    /// Stop probability of the last position `[1]` (f32).
-    pub p_stop: Tensor,
+    /// Stop probability of the last position `[1]` (f32), when the graph computes it.
+    pub p_stop: Option<Tensor>,
     /// Inputs `n` and cache slots `n_kv` the graph was built for.
     pub n: usize,
     /// Cache slots attended.
@@ -131,35 +131,39 @@ pub struct LayerCtx<'a> {
 }
 
 /// One Llama decoder layer over `x [D, n]`, writing its keys and values into
-/// slot `il` of the cache. With `last_only`, only the last position goes
-/// through the MLP (the others feed nothing after the final layer): `[D, 1]`.
+/// slot `il` of the cache. With `last_only`, every position's keys and values
+/// are still cached, but only the last position is queried and goes through
+/// the output projection and MLP (nothing reads the others after the final
+/// layer): the result is `[D, 1]`.
 pub fn decoder_layer(g: &Context, gf: &mut Graph, lc: &LayerCtx, w: &LayerWeights, il: usize, x: &Tensor, last_only: bool) -> Tensor {
     let hp = lc.hp;
     let (hd, n) = (hp.head_dim as i64, x.ne()[1]);
-    let h = rms_norm(g, x, &w.attn_norm, hp.rms_eps);
+    let h = rms_norm(g, x, &w.attn_norm, hp.rms_eps); // [D, n]
     let rope = rope_params(hp);
-    let q = g.reshape(&g.mul_mat(&w.wq, &h), &[hd, hp.n_head as i64, n]); // [hd, H, n]
-    let q = g.rope(&q, &lc.attn.pos, lc.rope_freqs, rope).named(&format!("q_l{il}"));
     let k = g.reshape(&g.mul_mat(&w.wk, &h), &[hd, hp.n_head_kv as i64, n]); // [hd, Hkv, n]
     let k = g.rope(&k, &lc.attn.pos, lc.rope_freqs, rope).named(&format!("k_l{il}"));
     let v = g.mul_mat(&w.wv, &h); // [E, n]
-    let e = hp.n_embd_kv() as i64;
-    lc.cache.store(g, gf, il, &g.reshape(&k, &[e, n]), &v, &lc.attn.kv_idx, &lc.attn.v_idx);
-    let attn = attention(g, lc, il, &q); // [H*hd, n]
-    let mut cur = g.mul_mat(&w.wo, &attn); // [D, n]
-    let mut inp = x.clone();
-    if last_only && n > 1 {
-        let d = hp.n_embd as i64;
-        cur = g.view(&cur, &[d, 1], &[cur.nb()[1]], cur.nb()[1] * (n as usize - 1));
-        inp = g.view(&inp, &[d, 1], &[inp.nb()[1]], inp.nb()[1] * (n as usize - 1));
-    }
-    let x = g.add(&cur, &inp);
+    lc.cache.store(g, gf, il, &g.reshape(&k, &[hp.n_embd_kv() as i64, n]), &v, &lc.attn.kv_idx, &lc.attn.v_idx);
+    // The queried positions: all, or the last one with its position and mask row.
+    let (h, x, pos, mask) = if last_only && n > 1 {
+        let last = |t: &Tensor| g.view(t, &[t.ne()[0], 1], &[t.nb()[1]], t.nb()[1] * (n as usize - 1));
+        let pos = g.view(&lc.attn.pos, &[1], &[], 4 * (n as usize - 1));
+        (last(&h), last(x), pos, last(&lc.attn.mask))
+    } else {
+        (h, x.clone(), lc.attn.pos.clone(), lc.attn.mask.clone())
+    };
+    let nq = h.ne()[1];
+    let q = g.reshape(&g.mul_mat(&w.wq, &h), &[hd, hp.n_head as i64, nq]); // [hd, H, nq]
+    let q = g.rope(&q, &pos, lc.rope_freqs, rope).named(&format!("q_l{il}"));
+    let attn = attention(g, lc, il, &q, &mask); // [H*hd, nq]
+    let x = g.add(&g.mul_mat(&w.wo, &attn), &x); // [D, nq]
     let h = rms_norm(g, &x, &w.ffn_norm, hp.rms_eps);
     g.add(&ffn(g, w, &h), &x).named(&format!("l_out_{il}"))
 }
 
-/// Causal attention of `q [hd, H, n]` over the first `n_kv` cache slots.
-fn attention(g: &Context, lc: &LayerCtx, il: usize, q: &Tensor) -> Tensor {
+/// Causal attention of `q [hd, H, n]` over the first `n_kv` cache slots, with
+/// `mask [n_kv, n]`.
+fn attention(g: &Context, lc: &LayerCtx, il: usize, q: &Tensor, mask: &Tensor) -> Tensor {
     let hp = lc.hp;
     let n = q.ne()[2];
     let scale = 1.0 / (hp.head_dim as f32).sqrt();
@@ -167,11 +171,11 @@ fn attention(g: &Context, lc: &LayerCtx, il: usize, q: &Tensor) -> Tensor {
     let k = lc.cache.k_view(g, il, lc.attn.n_kv); // [hd, n_kv, Hkv]
     let v = lc.cache.v_view(g, il, lc.attn.n_kv);
     let out = if lc.cfg.flash {
-        g.flash_attn_ext(&q, &k, &v, &lc.attn.mask, scale) // [hd, H, n]
+        g.flash_attn_ext(&q, &k, &v, mask, scale) // [hd, H, n]
     } else {
         let kq = g.mul_mat(&k, &q); // [n_kv, n, H]
         kq.set_f32_accumulation();
-        let kq = g.soft_max_ext(&kq, Some(&lc.attn.mask), scale);
+        let kq = g.soft_max_ext(&kq, Some(mask), scale);
         let kqv = g.mul_mat(&v, &kq); // v [n_kv, hd, Hkv] -> [hd, n, H]
         g.cont(&g.permute(&kqv, [0, 2, 1, 3])) // [hd, H, n]
     };
@@ -185,16 +189,16 @@ pub fn stop_head(g: &Context, w: &StopHeadWeights, x: &Tensor) -> Tensor {
     g.sigmoid(&linear(g, &w.out, &h)).named("p_stop")
 }
 
-/// Finishes a step graph: lm_head logits, their argmax and the stop head on
-/// `out [D, 1]`, all marked as outputs; then allocates the graph on a
-/// scheduler of its own.
+/// Finishes a step graph: lm_head logits, their argmax and (when `stop` is
+/// given: the decision depends on it) the stop head on `out [D, 1]`, all
+/// marked as outputs; then allocates the graph on a scheduler of its own.
 #[allow(clippy::too_many_arguments)]
 pub fn finish(
     g: &Context,
     mut gf: Graph,
     backends: &[Rc<Backend>],
     lm_head: &Tensor,
-    stop: &StopHeadWeights,
+    stop: Option<&StopHeadWeights>,
     out: &Tensor,
     tokens: Tensor,
     attn: AttnInputs,
@@ -204,8 +208,8 @@ pub fn finish(
 ) -> Result<StepGraph> {
     let logits = g.mul_mat(lm_head, out).named("logits"); // [V, 1]
     let argmax = g.argmax(&logits).named("argmax"); // [1]
-    let p_stop = stop_head(g, stop, out);
-    for t in [&logits, &argmax, &p_stop] {
+    let p_stop = stop.map(|w| stop_head(g, w, out));
+    for t in [Some(&logits), Some(&argmax), p_stop.as_ref()].into_iter().flatten() {
         t.set_output();
         gf.expand(t);
     }

@@ -1,0 +1,126 @@
+//! `hamburger-quantize`: llama-quantize for HAMburger (and base-only llama)
+//! GGUFs, plus `hamburger-quantize sweep` to measure a list of types.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+use ggml::Type;
+use quant::quantize::{self, QuantizeOptions};
+use quant::{Mix, Overrides};
+
+/// Quantizes a GGUF to a llama.cpp mix, with HAMburger's per-role policy for the grafted tensors.
+#[derive(Parser)]
+#[command(version, about, after_help = "Run `hamburger-quantize sweep --help` for quantization sweeps.")]
+struct Args {
+    /// Input GGUF (F32/F16/BF16; quantized only with --allow-requantize).
+    input: PathBuf,
+    /// Output GGUF.
+    output: PathBuf,
+    /// The mix: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M,
+    /// Q4_K_S, Q4_1, Q4_0, IQ4_NL, IQ4_XS, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K.
+    #[arg(value_parser = parse_mix)]
+    mix: Mix,
+    /// Threads.
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Allow quantizing tensors that are already quantized.
+    #[arg(long)]
+    allow_requantize: bool,
+    /// Give every matrix the mix's default type (no per-tensor bumps).
+    #[arg(long)]
+    pure: bool,
+    /// Type of the lm_head (output.weight, or the tied embedding).
+    #[arg(long, value_parser = parse_type)]
+    output_tensor_type: Option<Type>,
+    /// Type of the untied token embedding.
+    #[arg(long, value_parser = parse_type)]
+    token_embedding_type: Option<Type>,
+    /// Type of the grafted matrices (merger, micro decoder, stop head).
+    #[arg(long, value_parser = parse_type)]
+    grafted_type: Option<Type>,
+    /// REGEX=TYPE: tensors whose name matches get TYPE (repeatable; first match wins).
+    #[arg(long = "tensor-type", value_parser = parse_tensor_type)]
+    tensor_types: Vec<(regex::Regex, Type)>,
+    /// Print the plan (tensor, role, type, size) without writing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn parse_mix(s: &str) -> Result<Mix, String> {
+    Mix::from_name(s).ok_or_else(|| format!("unknown type '{s}' (valid: {})", Mix::names()))
+}
+
+fn parse_type(s: &str) -> Result<Type, String> {
+    Type::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Type::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown ggml type '{s}' (valid: {})", names.join(", "))
+    })
+}
+
+fn parse_tensor_type(s: &str) -> Result<(regex::Regex, Type), String> {
+    let (re, ty) = s.rsplit_once('=').ok_or_else(|| format!("'{s}' is not REGEX=TYPE"))?;
+    let re = regex::Regex::new(re).map_err(|e| format!("bad pattern '{re}': {e}"))?;
+    Ok((re, parse_type(ty)?))
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().collect();
+    let result = if args.get(1).map(String::as_str) == Some("sweep") {
+        let mut rest = args.clone();
+        rest.remove(1);
+        quant::sweep::main(hamburger::cli::parse_or_exit("hamburger-quantize sweep", rest))
+    } else {
+        run(hamburger::cli::parse_or_exit("hamburger-quantize", args))
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hamburger-quantize: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global().context("thread pool")?;
+    }
+    let opts = QuantizeOptions {
+        input: args.input,
+        output: args.output,
+        mix: args.mix,
+        overrides: Overrides {
+            pure: args.pure,
+            output: args.output_tensor_type,
+            token_embd: args.token_embedding_type,
+            grafted: args.grafted_type,
+            tensor_types: args.tensor_types,
+        },
+        allow_requantize: args.allow_requantize,
+        progress: !args.dry_run,
+    };
+    if args.dry_run {
+        let gguf = ggml::gguf::Gguf::open(&opts.input)?;
+        let plan = quantize::plan(&gguf, opts.mix, &opts.overrides)?;
+        print!("{}", quantize::describe(&plan, &opts.input));
+        return Ok(());
+    }
+    let report = quantize::quantize(&opts)?;
+    for r in report.plan.rows.iter().filter(|r| r.fallback.is_some()) {
+        log::warn!("{}: {}; using {}", r.name, r.fallback.as_deref().unwrap_or(""), r.to);
+    }
+    let n_fallback = report.plan.rows.iter().filter(|r| r.fallback.is_some()).count();
+    println!(
+        "wrote {} ({}, {:.2} MiB, {:.2} bits per weight, {} tensors fell back) in {:.2} s",
+        opts.output.display(),
+        opts.mix.name(),
+        report.plan.bytes() as f64 / (1 << 20) as f64,
+        report.plan.bits_per_weight(),
+        n_fallback,
+        report.seconds
+    );
+    Ok(())
+}

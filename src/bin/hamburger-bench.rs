@@ -1,0 +1,184 @@
+//! `hamburger-bench`: llama-bench for HAMburger models, with an in-process
+//! llama.cpp baseline on the base-only GGUF and our / llama.cpp ratios.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+use ggml::llama::LlamaModel;
+use hamburger::bench::{self, Measurement};
+use hamburger::{Model, SessionParams};
+
+/// Measures prompt processing (pp) and generation (tg) speed, llama-bench style.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// The HAMburger GGUF.
+    #[arg(short = 'm', long)]
+    model: PathBuf,
+    /// Prompt lengths of the pp tests (0: none).
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    n_prompt: Vec<usize>,
+    /// Generation lengths of the tg tests (0: none).
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    n_gen: Vec<usize>,
+    /// CPU threads.
+    #[arg(short = 't', long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
+    threads: usize,
+    /// Repetitions of each test (after one warm-up).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: usize,
+    /// Tokens every macro step emits in tg tests, ignoring the stop head
+    /// (comma-separated; default: the stop head decides at --confidence).
+    #[arg(long, value_delimiter = ',')]
+    forced_steps: Option<Vec<usize>>,
+    /// Confidence of tg tests without --forced-steps.
+    #[arg(long, default_value_t = 0.8)]
+    confidence: f32,
+    /// A llama GGUF (the base-only export) to run with libllama in the same process.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// Output format: md, json or csv.
+    #[arg(short = 'o', long, default_value = "md", value_parser = ["md", "json", "csv"])]
+    output: String,
+    /// Prompt tokens per base forward.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// Flash attention: on or off.
+    #[arg(long = "flash-attn", default_value = "on", value_parser = ["on", "off"])]
+    flash_attn: String,
+}
+
+/// One row of the report.
+struct Row {
+    test: String,
+    forced_steps: Option<usize>,
+    ours: Measurement,
+    base: Option<Measurement>,
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Args = hamburger::cli::parse_or_exit(
+        "hamburger-bench",
+        std::env::args().map(|a| if a == "-fa" { "--flash-attn".into() } else { a }),
+    );
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hamburger-bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    let model = Model::load(&args.model)?;
+    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load(b, 0)).transpose()?;
+    let params = SessionParams {
+        n_ctx: 0,
+        n_batch: args.batch_size,
+        n_threads: args.threads,
+        flash_attn: args.flash_attn == "on",
+        confidence: args.confidence,
+        ..Default::default()
+    };
+    let r = args.repetitions.max(1);
+    let mut rows = Vec::new();
+    for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
+        let ours = bench::hamburger_pp(&model, &params, n, r)?;
+        let base = baseline.as_ref().map(|b| bench::llama_pp(b, &params, n, r)).transpose()?;
+        rows.push(Row { test: format!("pp{n}"), forced_steps: None, ours, base });
+    }
+    let forced: Vec<Option<usize>> = match &args.forced_steps {
+        Some(k) => k.iter().map(|&k| Some(k)).collect(),
+        None => vec![None],
+    };
+    for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+        let mut base = baseline.as_ref().map(|b| bench::llama_tg(b, &params, n, r)).transpose()?;
+        if let (Some(m), Some(b)) = (base.as_mut(), baseline.as_ref()) {
+            m.kv_bytes_per_token = b.kv_bytes_per_token(params.kv_type) as f64;
+        }
+        for &k in &forced {
+            let p = SessionParams { forced_steps: k, ..params.clone() };
+            let ours = bench::hamburger_tg(&model, &p, n, r)?;
+            let test = match k {
+                Some(k) => format!("tg{n} k={k}"),
+                None => format!("tg{n} c={}", args.confidence),
+            };
+            rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
+        }
+    }
+    let name = args.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let size = model.size_bytes as f64 / (1u64 << 30) as f64;
+    match args.output.as_str() {
+        "md" => print_md(&name, size, args.threads, &rows),
+        "json" => println!("{}", serde_json::to_string_pretty(&json_rows(&name, &model, args.threads, &rows))?),
+        _ => print_csv(&json_rows(&name, &model, args.threads, &rows)),
+    }
+    Ok(())
+}
+
+fn print_md(name: &str, size_gib: f64, threads: usize, rows: &[Row]) {
+    println!("| model | size | threads | test | t/s | llama.cpp t/s | ratio | tok/step | KV B/tok | llama.cpp KV B/tok |");
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        let (base, ratio, base_kv) = match &r.base {
+            Some(b) => (
+                format!("{:.2} ± {:.2}", b.avg_ts(), b.stddev_ts()),
+                format!("{:.2}", r.ours.avg_ts() / b.avg_ts()),
+                format!("{:.0}", b.kv_bytes_per_token),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {name} | {size_gib:.2} GiB | {threads} | {} | {:.2} ± {:.2} | {base} | {ratio} | {:.2} | {:.0} | {base_kv} |",
+            r.test,
+            r.ours.avg_ts(),
+            r.ours.stddev_ts(),
+            r.ours.tokens_per_step,
+            r.ours.kv_bytes_per_token,
+        );
+    }
+}
+
+/// Rows with llama-bench's field names plus `forced_steps`, one per engine.
+fn json_rows(name: &str, model: &Model, threads: usize, rows: &[Row]) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for r in rows {
+        for (engine, m) in [("hamburger", Some(&r.ours)), ("llama.cpp", r.base.as_ref())] {
+            let Some(m) = m else { continue };
+            out.push(serde_json::json!({
+                "engine": engine,
+                "model_filename": name,
+                "model_size": model.size_bytes,
+                "n_threads": threads,
+                "n_prompt": m.n_prompt,
+                "n_gen": m.n_gen,
+                "test": r.test,
+                "forced_steps": if engine == "hamburger" { r.forced_steps } else { None },
+                "avg_ns": m.avg_ns(),
+                "avg_ts": m.avg_ts(),
+                "stddev_ts": m.stddev_ts(),
+                "samples_ts": m.samples_ts(),
+                "tokens_per_step": m.tokens_per_step,
+                "kv_bytes_per_token": m.kv_bytes_per_token,
+            }));
+        }
+    }
+    out
+}
+
+fn print_csv(rows: &[serde_json::Value]) {
+    let cols = ["engine", "model_filename", "model_size", "n_threads", "n_prompt", "n_gen", "test", "forced_steps", "avg_ns", "avg_ts", "stddev_ts", "tokens_per_step", "kv_bytes_per_token"];
+    println!("{}", cols.join(","));
+    for r in rows {
+        let cells: Vec<String> = cols.iter().map(|c| match &r[*c] {
+            serde_json::Value::Null => String::new(),
+            serde_json::Value::String(s) => format!("\"{s}\""),
+            v => v.to_string(),
+        }).collect();
+        println!("{}", cells.join(","));
+    }
+}
