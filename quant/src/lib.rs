@@ -4,10 +4,12 @@
 //! with the converter ([`stream`]), and quantization sweeps ([`sweep`]).
 //! Both `hamburger-convert --outtype` and `hamburger-quantize` go through here.
 
+pub mod compare;
 mod error;
 pub mod mix;
 pub mod policy;
 pub mod quantize;
+mod plot;
 pub mod stream;
 pub mod sweep;
 

@@ -1,6 +1,245 @@
-//! Quantization sweeps (placeholder replaced below).
-/// Sweep arguments.
-#[derive(clap::Parser)]
-pub struct SweepArgs {}
-/// Runs a sweep.
-pub fn main(_a: SweepArgs) -> anyhow::Result<()> { Ok(()) }
+//! Quantization sweeps: quantize one F16 model to several mixes and measure,
+//! per mix, size, bits per weight, prompt and generation speed, tokens per
+//! macro step, and agreement with the F16 model (free-running greedy token
+//! match, and teacher-forced top-1 agreement and KL divergence of each macro
+//! step's first-token distribution). Writes `sweep.csv`, `sweep.md` and `sweep.svg`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use ggml::Type;
+use hamburger::tokenizer::Tokenizer;
+use hamburger::{bench, Generation, Model, Sampler, SamplerParams, Session, SessionParams};
+
+use crate::quantize::{self, QuantizeOptions};
+use crate::{Mix, Overrides};
+
+/// The prompts a sweep uses unless given others.
+pub const DEFAULT_PROMPTS: &str = include_str!("../prompts/sweep.txt");
+
+/// `hamburger-quantize sweep`: measures a list of mixes against an F16 model.
+#[derive(clap::Parser, Debug)]
+#[command(about)]
+pub struct SweepArgs {
+    /// The F16 (or F32/BF16) HAMburger GGUF to start from.
+    pub model: PathBuf,
+    /// Mixes to measure, comma-separated (Q8_0,Q4_K_M,Q4_0,...).
+    #[arg(long, value_delimiter = ',', required = true, value_parser = |s: &str| Mix::from_name(s).ok_or(format!("unknown type '{s}' (valid: {})", Mix::names())))]
+    pub types: Vec<Mix>,
+    /// Directory for the quantized models and the results.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Prompts, one per line (default: the project's set).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// CPU threads.
+    #[arg(short = 't', long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
+    pub threads: usize,
+    /// Tokens generated per prompt for the quality measures.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    pub n_gen: usize,
+    /// Confidence of the generation runs.
+    #[arg(long, default_value_t = 0.8)]
+    pub confidence: f32,
+    /// Type of the grafted matrices (default: the policy's).
+    #[arg(long, value_parser = |s: &str| Type::from_name(s).ok_or(format!("unknown ggml type '{s}'")))]
+    pub grafted_type: Option<Type>,
+    /// Prompt length of the speed test.
+    #[arg(long, default_value_t = 128)]
+    pub pp: usize,
+    /// Generation length of the speed test.
+    #[arg(long, default_value_t = 64)]
+    pub tg: usize,
+    /// Repetitions of the speed tests.
+    #[arg(short = 'r', long, default_value_t = 2)]
+    pub repetitions: usize,
+}
+
+/// One measured mix.
+#[derive(Debug, Clone)]
+pub struct SweepRow {
+    /// The mix (or the input's type).
+    pub name: String,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// Bits per weight.
+    pub bpw: f64,
+    /// Prompt tok/s.
+    pub pp_ts: f64,
+    /// Generation tok/s at the sweep's confidence.
+    pub tg_ts: f64,
+    /// Mean tokens per macro step at the sweep's confidence.
+    pub tokens_per_step: f64,
+    /// Fraction of positions where free-running greedy output equals the reference's.
+    pub token_match: f64,
+    /// Fraction of macro steps whose first token (teacher-forced) equals the reference's.
+    pub top1_agree: f64,
+    /// Mean KL(reference || this) of each macro step's first-token distribution, teacher-forced.
+    pub kl_mean: f64,
+}
+
+/// What the reference model produced for one prompt.
+struct RefRun {
+    prompt: Vec<u32>,
+    gen: Generation,
+}
+
+fn session_params(args: &SweepArgs, keep_logits: bool) -> SessionParams {
+    SessionParams { n_ctx: 1024, n_threads: args.threads, confidence: args.confidence, keep_logits, ..Default::default() }
+}
+
+fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Result<Generation> {
+    session.clear();
+    Ok(session.generate(prompt, n, &mut Sampler::new(SamplerParams::greedy()), |_| true)?)
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z = l.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+    l.iter().map(|&x| x as f64 - z).collect()
+}
+
+/// KL(p || q) of two logit vectors.
+pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>().max(0.0)
+}
+
+/// Quality of `model` against the reference runs.
+fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<(f64, f64, f64)> {
+    let mut session = Session::new(model, session_params(args, false))?;
+    let (mut same, mut total, mut agree, mut kl, mut steps) = (0usize, 0usize, 0usize, 0f64, 0usize);
+    for r in refs {
+        let ours = greedy(&mut session, &r.prompt, args.n_gen)?;
+        same += ours.output_ids.iter().zip(&r.gen.output_ids).filter(|(a, b)| a == b).count();
+        total += r.gen.output_ids.len();
+        // Teacher forcing: the reference's macro steps, one merged input each.
+        session.clear();
+        let mut out = session.feed(&r.prompt, true)?;
+        for (i, step) in r.gen.macro_steps.iter().enumerate() {
+            let logits = out.logits.as_deref().context("logits were asked for")?;
+            kl += kl_divergence(&step.logits[0], logits);
+            agree += usize::from(hamburger::sampling::argmax(logits) == step.tokens[0]);
+            steps += 1;
+            if i + 1 < r.gen.macro_steps.len() {
+                out = session.feed_merged(&step.tokens, true)?;
+            }
+        }
+    }
+    Ok((same as f64 / total.max(1) as f64, agree as f64 / steps.max(1) as f64, kl / steps.max(1) as f64))
+}
+
+fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64) -> Result<SweepRow> {
+    let model = Model::load(path)?;
+    let p = session_params(args, false);
+    let pp = bench::hamburger_pp(&model, &p, args.pp, args.repetitions)?;
+    let tg = bench::hamburger_tg(&model, &p, args.tg, args.repetitions)?;
+    let (token_match, top1_agree, kl_mean) = quality(&model, args, refs)?;
+    Ok(SweepRow {
+        name: name.to_string(),
+        bytes: std::fs::metadata(path).with_context(|| path.display().to_string())?.len(),
+        bpw,
+        pp_ts: pp.avg_ts(),
+        tg_ts: tg.avg_ts(),
+        tokens_per_step: tg.tokens_per_step,
+        token_match,
+        top1_agree,
+        kl_mean,
+    })
+}
+
+/// Runs a sweep and writes its three files.
+///
+/// # Errors
+/// Bad input or any failed quantization or measurement.
+pub fn main(args: SweepArgs) -> Result<()> {
+    rayon::ThreadPoolBuilder::new().num_threads(args.threads.max(1)).build_global().ok();
+    std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
+    let text = match &args.prompts {
+        Some(p) => std::fs::read_to_string(p).with_context(|| p.display().to_string())?,
+        None => DEFAULT_PROMPTS.to_string(),
+    };
+    let reference = Model::load(&args.model)?;
+    let tok = Tokenizer::from_model(&reference)?;
+    let prompts: Vec<Vec<u32>> =
+        text.lines().filter(|l| !l.trim().is_empty()).map(|l| tok.encode(l, true)).collect::<Result<_, _>>()?;
+    anyhow::ensure!(!prompts.is_empty(), "no prompts");
+    let bar = crate::stream::progress_bar(true, (args.types.len() + 1) as u64, "sweep");
+    bar.set_message("reference runs");
+    let mut session = Session::new(&reference, session_params(&args, true))?;
+    let refs: Vec<RefRun> = prompts
+        .into_iter()
+        .map(|prompt| Ok(RefRun { gen: greedy(&mut session, &prompt, args.n_gen)?, prompt }))
+        .collect::<Result<_>>()?;
+    drop(session);
+    let gguf = ggml::gguf::Gguf::open(&args.model)?;
+    let input_plan = quantize::plan(&gguf, Mix::F32, &Overrides { pure: true, ..Default::default() })?;
+    let input_bpw = input_plan.rows.iter().map(|r| r.from.nbytes(r.ne[0] as usize, r.ne.iter().product::<i64>() as usize).unwrap_or(0)).sum::<usize>() as f64 * 8.0
+        / input_plan.rows.iter().map(|r| r.ne.iter().product::<i64>()).sum::<i64>() as f64;
+    let mut rows = vec![measure(&args.model, "input", &args, &refs, input_bpw)?];
+    bar.inc(1);
+    let stem = args.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    for &mix in &args.types {
+        bar.set_message(format!("{}", mix.name()));
+        let out = args.out.join(format!("{stem}-{}.gguf", mix.name()));
+        let overrides = Overrides { grafted: args.grafted_type, ..Default::default() };
+        let report = quantize::quantize(&QuantizeOptions {
+            input: args.model.clone(),
+            output: out.clone(),
+            mix,
+            overrides,
+            allow_requantize: false,
+            progress: false,
+        })?;
+        rows.push(measure(&out, mix.name(), &args, &refs, report.plan.bits_per_weight())?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    std::fs::write(args.out.join("sweep.csv"), csv(&rows)).context("sweep.csv")?;
+    std::fs::write(args.out.join("sweep.md"), markdown(&rows, &args)).context("sweep.md")?;
+    crate::plot::write_svg(&args.out.join("sweep.svg"), &rows)?;
+    print!("{}", markdown(&rows, &args));
+    Ok(())
+}
+
+/// The rows as CSV.
+pub fn csv(rows: &[SweepRow]) -> String {
+    let mut s = "type,bytes,bits_per_weight,pp_ts,tg_ts,tokens_per_step,token_match,top1_agree,kl_mean\n".to_string();
+    for r in rows {
+        s.push_str(&format!(
+            "{},{},{:.4},{:.2},{:.2},{:.3},{:.4},{:.4},{:.6}\n",
+            r.name, r.bytes, r.bpw, r.pp_ts, r.tg_ts, r.tokens_per_step, r.token_match, r.top1_agree, r.kl_mean
+        ));
+    }
+    s
+}
+
+/// The rows as a Markdown table, with the settings.
+pub fn markdown(rows: &[SweepRow], args: &SweepArgs) -> String {
+    let mut s = format!(
+        "Sweep of `{}`: {} threads, pp{} / tg{} at confidence {}, quality over {} tokens per prompt.\n\n",
+        args.model.display(),
+        args.threads,
+        args.pp,
+        args.tg,
+        args.confidence,
+        args.n_gen
+    );
+    s.push_str("| type | size (MiB) | bits/weight | pp t/s | tg t/s | tokens/step | token match | top-1 agree | mean KL |\n");
+    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.5} |\n",
+            r.name,
+            r.bytes as f64 / (1 << 20) as f64,
+            r.bpw,
+            r.pp_ts,
+            r.tg_ts,
+            r.tokens_per_step,
+            r.token_match,
+            r.top1_agree,
+            r.kl_mean
+        ));
+    }
+    s
+}

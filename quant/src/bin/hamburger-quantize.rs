@@ -12,7 +12,7 @@ use quant::{Mix, Overrides};
 
 /// Quantizes a GGUF to a llama.cpp mix, with HAMburger's per-role policy for the grafted tensors.
 #[derive(Parser)]
-#[command(version, about, after_help = "Run `hamburger-quantize sweep --help` for quantization sweeps.")]
+#[command(version, about, after_help = "Subcommands: `hamburger-quantize sweep --help` (quantization sweeps), `hamburger-quantize compare --help` (timing against llama.cpp's quantizer).")]
 struct Args {
     /// Input GGUF (F32/F16/BF16; quantized only with --allow-requantize).
     input: PathBuf,
@@ -68,12 +68,21 @@ fn parse_tensor_type(s: &str) -> Result<(regex::Regex, Type), String> {
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args: Vec<String> = std::env::args().collect();
-    let result = if args.get(1).map(String::as_str) == Some("sweep") {
+    let sub = |name: &str| {
         let mut rest = args.clone();
         rest.remove(1);
-        quant::sweep::main(hamburger::cli::parse_or_exit("hamburger-quantize sweep", rest))
-    } else {
-        run(hamburger::cli::parse_or_exit("hamburger-quantize", args))
+        (format!("hamburger-quantize {name}"), rest)
+    };
+    let result = match args.get(1).map(String::as_str) {
+        Some("sweep") => {
+            let (name, rest) = sub("sweep");
+            quant::sweep::main(hamburger::cli::parse_or_exit(&name, rest))
+        }
+        Some("compare") => {
+            let (name, rest) = sub("compare");
+            quant::compare::main(hamburger::cli::parse_or_exit(&name, rest))
+        }
+        _ => run(hamburger::cli::parse_or_exit("hamburger-quantize", args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
