@@ -389,6 +389,24 @@ impl<'m> Session<'m> {
         self.feed(&[], want_logits)
     }
 
+    /// Runs the micro steps of one macro step with its tokens given (teacher
+    /// forcing): from out_0's outputs `first`, feeds `tokens[..k-1]` and returns
+    /// the outputs out_0..out_{k-1}, whose argmax and stop probability a
+    /// quantized model can be compared on.
+    ///
+    /// # Errors
+    /// When `tokens` is empty or longer than the model's steps, or a computation fails.
+    pub fn forced_micro_steps(&mut self, first: StepOut, tokens: &[u32], want_logits: bool) -> Result<Vec<StepOut>> {
+        if tokens.is_empty() || tokens.len() > self.model.hp.max_steps {
+            return Err(Error::Invalid(format!("a macro step has 1 to {} tokens", self.model.hp.max_steps)));
+        }
+        let mut outs = vec![first];
+        for (s, &t) in tokens[..tokens.len() - 1].iter().enumerate() {
+            outs.push(self.micro_forward(s, t, want_logits)?);
+        }
+        Ok(outs)
+    }
+
     /// Generates up to `n_predict` tokens after `prompt` (which continues the
     /// conversation so far). `on_step` sees each macro step's kept tokens as
     /// soon as it completes and may return false to stop.

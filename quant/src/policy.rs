@@ -170,3 +170,24 @@ pub fn conversion_type(name: TensorName, ne: &[i64], tied: bool, outtype: Type) 
     let stacks = Stacks { n_layer: 1, n_micro: 1, n_gqa: 1 };
     choose(name, ne, tied, mix, stacks, &Overrides { pure: true, ..Default::default() })
 }
+
+/// Parses a ggml type name for a flag, listing the valid names on error.
+///
+/// # Errors
+/// An unknown name.
+pub fn parse_type(s: &str) -> Result<Type, String> {
+    Type::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Type::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown ggml type '{s}' (valid: {})", names.join(", "))
+    })
+}
+
+/// Parses `REGEX=TYPE` (`--tensor-type`).
+///
+/// # Errors
+/// A missing `=`, a bad pattern or an unknown type.
+pub fn parse_tensor_type(s: &str) -> Result<(regex::Regex, Type), String> {
+    let (re, ty) = s.rsplit_once('=').ok_or_else(|| format!("'{s}' is not REGEX=TYPE"))?;
+    let re = regex::Regex::new(re).map_err(|e| format!("bad pattern '{re}': {e}"))?;
+    Ok((re, parse_type(ty)?))
+}

@@ -42,8 +42,11 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 0.8)]
     pub confidence: f32,
     /// Type of the grafted matrices (default: the policy's).
-    #[arg(long, value_parser = |s: &str| Type::from_name(s).ok_or(format!("unknown ggml type '{s}'")))]
+    #[arg(long, value_parser = crate::policy::parse_type)]
     pub grafted_type: Option<Type>,
+    /// REGEX=TYPE overrides applied to every mix (repeatable), for ablations.
+    #[arg(long = "tensor-type", value_parser = crate::policy::parse_tensor_type)]
+    pub tensor_types: Vec<(regex::Regex, Type)>,
     /// Prompt length of the speed test.
     #[arg(long, default_value_t = 128)]
     pub pp: usize,
@@ -76,6 +79,24 @@ pub struct SweepRow {
     pub top1_agree: f64,
     /// Mean KL(reference || this) of each macro step's first-token distribution, teacher-forced.
     pub kl_mean: f64,
+    /// Fraction of later micro tokens (teacher-forced) equal to the reference's.
+    pub micro_agree: f64,
+    /// Fraction of stop/continue decisions (teacher-forced) equal to the reference's.
+    pub stop_agree: f64,
+}
+
+/// Teacher-forced agreement counts.
+#[derive(Default)]
+struct Agreement {
+    same_tokens: usize,
+    tokens: usize,
+    first_same: usize,
+    steps: usize,
+    kl: f64,
+    micro_same: usize,
+    micro: usize,
+    stop_same: usize,
+    stops: usize,
 }
 
 /// What the reference model produced for one prompt.
@@ -105,28 +126,45 @@ pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>().max(0.0)
 }
 
-/// Quality of `model` against the reference runs.
-fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<(f64, f64, f64)> {
+/// Quality of `model` against the reference runs: free-running token match,
+/// then, teacher-forced on each reference macro step, first-token top-1 and
+/// KL, later micro tokens' top-1, and stop decisions.
+fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<Agreement> {
     let mut session = Session::new(model, session_params(args, false))?;
-    let (mut same, mut total, mut agree, mut kl, mut steps) = (0usize, 0usize, 0usize, 0f64, 0usize);
+    let mut a = Agreement::default();
     for r in refs {
         let ours = greedy(&mut session, &r.prompt, args.n_gen)?;
-        same += ours.output_ids.iter().zip(&r.gen.output_ids).filter(|(a, b)| a == b).count();
-        total += r.gen.output_ids.len();
-        // Teacher forcing: the reference's macro steps, one merged input each.
+        a.same_tokens += ours.output_ids.iter().zip(&r.gen.output_ids).filter(|(x, y)| x == y).count();
+        a.tokens += r.gen.output_ids.len();
         session.clear();
-        let mut out = session.feed(&r.prompt, true)?;
+        let mut next = Some(session.feed(&r.prompt, true)?);
+        let n_steps = r.gen.macro_steps.len();
         for (i, step) in r.gen.macro_steps.iter().enumerate() {
+            let out = next.take().context("each step is fed before the next")?;
             let logits = out.logits.as_deref().context("logits were asked for")?;
-            kl += kl_divergence(&step.logits[0], logits);
-            agree += usize::from(hamburger::sampling::argmax(logits) == step.tokens[0]);
-            steps += 1;
-            if i + 1 < r.gen.macro_steps.len() {
-                out = session.feed_merged(&step.tokens, true)?;
+            a.kl += kl_divergence(&step.logits[0], logits);
+            a.first_same += usize::from(hamburger::sampling::argmax(logits) == step.tokens[0]);
+            a.steps += 1;
+            let outs = session.forced_micro_steps(out, &step.tokens, false)?;
+            for (s, o) in outs.iter().enumerate() {
+                if s > 0 {
+                    a.micro_same += usize::from(o.argmax == step.tokens[s]);
+                    a.micro += 1;
+                }
+                // The last step may have been cut by the budget: only its earlier decisions count.
+                let last = s + 1 == step.tokens.len();
+                if !(last && i + 1 == n_steps) {
+                    let stop = 1.0 - o.p_stop < args.confidence || s + 1 == model.hp.max_steps;
+                    a.stop_same += usize::from(stop == last);
+                    a.stops += 1;
+                }
+            }
+            if i + 1 < n_steps {
+                next = Some(session.feed_merged(&step.tokens, true)?);
             }
         }
     }
-    Ok((same as f64 / total.max(1) as f64, agree as f64 / steps.max(1) as f64, kl / steps.max(1) as f64))
+    Ok(a)
 }
 
 fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64) -> Result<SweepRow> {
@@ -134,7 +172,9 @@ fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64)
     let p = session_params(args, false);
     let pp = bench::hamburger_pp(&model, &p, args.pp, args.repetitions)?;
     let tg = bench::hamburger_tg(&model, &p, args.tg, args.repetitions)?;
-    let (token_match, top1_agree, kl_mean) = quality(&model, args, refs)?;
+    let q = quality(&model, args, refs)?;
+    // NaN when there was nothing to compare (no micro tokens at a high confidence).
+    let frac = |n: usize, d: usize| if d == 0 { f64::NAN } else { n as f64 / d as f64 };
     Ok(SweepRow {
         name: name.to_string(),
         bytes: std::fs::metadata(path).with_context(|| path.display().to_string())?.len(),
@@ -142,9 +182,11 @@ fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64)
         pp_ts: pp.avg_ts(),
         tg_ts: tg.avg_ts(),
         tokens_per_step: tg.tokens_per_step,
-        token_match,
-        top1_agree,
-        kl_mean,
+        token_match: frac(q.same_tokens, q.tokens),
+        top1_agree: frac(q.first_same, q.steps),
+        kl_mean: q.kl / q.steps.max(1) as f64,
+        micro_agree: frac(q.micro_same, q.micro),
+        stop_agree: frac(q.stop_same, q.stops),
     })
 }
 
@@ -182,7 +224,7 @@ pub fn main(args: SweepArgs) -> Result<()> {
     for &mix in &args.types {
         bar.set_message(format!("{}", mix.name()));
         let out = args.out.join(format!("{stem}-{}.gguf", mix.name()));
-        let overrides = Overrides { grafted: args.grafted_type, ..Default::default() };
+        let overrides = Overrides { grafted: args.grafted_type, tensor_types: args.tensor_types.clone(), ..Default::default() };
         let report = quantize::quantize(&QuantizeOptions {
             input: args.model.clone(),
             output: out.clone(),
@@ -202,13 +244,23 @@ pub fn main(args: SweepArgs) -> Result<()> {
     Ok(())
 }
 
+/// A fraction with `digits` decimals, or `none` when it is NaN (nothing measured).
+fn fraction(x: f64, digits: usize, none: &str) -> String {
+    if x.is_nan() {
+        none.to_string()
+    } else {
+        format!("{x:.digits$}")
+    }
+}
+
 /// The rows as CSV.
 pub fn csv(rows: &[SweepRow]) -> String {
-    let mut s = "type,bytes,bits_per_weight,pp_ts,tg_ts,tokens_per_step,token_match,top1_agree,kl_mean\n".to_string();
+    let mut s = "type,bytes,bits_per_weight,pp_ts,tg_ts,tokens_per_step,token_match,top1_agree,kl_mean,micro_agree,stop_agree\n".to_string();
     for r in rows {
         s.push_str(&format!(
-            "{},{},{:.4},{:.2},{:.2},{:.3},{:.4},{:.4},{:.6}\n",
-            r.name, r.bytes, r.bpw, r.pp_ts, r.tg_ts, r.tokens_per_step, r.token_match, r.top1_agree, r.kl_mean
+            "{},{},{:.4},{:.2},{:.2},{:.3},{:.4},{:.4},{:.6},{},{}\n",
+            r.name, r.bytes, r.bpw, r.pp_ts, r.tg_ts, r.tokens_per_step, r.token_match, r.top1_agree, r.kl_mean,
+            fraction(r.micro_agree, 4, ""), fraction(r.stop_agree, 4, "")
         ));
     }
     s
@@ -225,11 +277,11 @@ pub fn markdown(rows: &[SweepRow], args: &SweepArgs) -> String {
         args.confidence,
         args.n_gen
     );
-    s.push_str("| type | size (MiB) | bits/weight | pp t/s | tg t/s | tokens/step | token match | top-1 agree | mean KL |\n");
-    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    s.push_str("| type | size (MiB) | bits/weight | pp t/s | tg t/s | tokens/step | token match | top-1 agree | mean KL | micro agree | stop agree |\n");
+    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.5} |\n",
+            "| {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.5} | {} | {} |\n",
             r.name,
             r.bytes as f64 / (1 << 20) as f64,
             r.bpw,
@@ -238,7 +290,9 @@ pub fn markdown(rows: &[SweepRow], args: &SweepArgs) -> String {
             r.tokens_per_step,
             r.token_match,
             r.top1_agree,
-            r.kl_mean
+            r.kl_mean,
+            fraction(r.micro_agree, 3, "-"),
+            fraction(r.stop_agree, 3, "-")
         ));
     }
     s

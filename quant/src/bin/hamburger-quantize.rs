@@ -8,6 +8,7 @@ use anyhow::{Context as _, Result};
 use clap::Parser;
 use ggml::Type;
 use quant::quantize::{self, QuantizeOptions};
+use quant::policy::{parse_tensor_type, parse_type};
 use quant::{Mix, Overrides};
 
 /// Quantizes a GGUF to a llama.cpp mix, with HAMburger's per-role policy for the grafted tensors.
@@ -50,19 +51,6 @@ struct Args {
 
 fn parse_mix(s: &str) -> Result<Mix, String> {
     Mix::from_name(s).ok_or_else(|| format!("unknown type '{s}' (valid: {})", Mix::names()))
-}
-
-fn parse_type(s: &str) -> Result<Type, String> {
-    Type::from_name(s).ok_or_else(|| {
-        let names: Vec<&str> = Type::ALL.iter().map(|t| t.name()).collect();
-        format!("unknown ggml type '{s}' (valid: {})", names.join(", "))
-    })
-}
-
-fn parse_tensor_type(s: &str) -> Result<(regex::Regex, Type), String> {
-    let (re, ty) = s.rsplit_once('=').ok_or_else(|| format!("'{s}' is not REGEX=TYPE"))?;
-    let re = regex::Regex::new(re).map_err(|e| format!("bad pattern '{re}': {e}"))?;
-    Ok((re, parse_type(ty)?))
 }
 
 fn main() -> ExitCode {
