@@ -340,8 +340,16 @@ impl<'m> Session<'m> {
         Ok(out)
     }
 
-    /// Micro step `s`: feeds `token` (t_s) and returns out_{s+1}'s outputs.
-    fn micro_forward(&mut self, s: usize, token: u32, want_logits: bool) -> Result<StepOut> {
+    /// Micro step `s` of the current macro step: feeds `token` (t_s) to the
+    /// micro decoder and returns out_{s+1}'s outputs. Step 0 first feeds the
+    /// features of the last base forward.
+    ///
+    /// # Errors
+    /// When `s` is beyond the micro cache or a computation fails.
+    pub fn micro_step(&mut self, s: usize, token: u32, want_logits: bool) -> Result<StepOut> {
+        if s + 1 >= self.model.hp.max_steps {
+            return Err(Error::Invalid(format!("micro step {s} is beyond max_steps {}", self.model.hp.max_steps)));
+        }
         let f = self.model.hp.n_features();
         let (positions, first): (Vec<i32>, usize) = if s == 0 { ((0..=f as i32).collect(), 0) } else { (vec![(f + s) as i32], f + s) };
         let data = Self::attention_data(&self.micro, &positions, first, f + s + 1, self.params.flash_attn);
@@ -402,7 +410,7 @@ impl<'m> Session<'m> {
         }
         let mut outs = vec![first];
         for (s, &t) in tokens[..tokens.len() - 1].iter().enumerate() {
-            outs.push(self.micro_forward(s, t, want_logits)?);
+            outs.push(self.micro_step(s, t, want_logits)?);
         }
         Ok(outs)
     }
@@ -486,7 +494,7 @@ impl<'m> Session<'m> {
             if stop || eog || n >= budget {
                 return Ok(step);
             }
-            out = self.micro_forward(n - 1, token, want_logits)?;
+            out = self.micro_step(n - 1, token, want_logits)?;
         }
     }
 }

@@ -2,11 +2,9 @@
 //! the merger alone, the rope position of a merged input, and the micro
 //! cache over all four micro positions.
 
-use std::rc::Rc;
-
 use convert::reference::{argmax, Reference};
 use convert::testmodel::{converted, tiny_fixture};
-use ggml::{Backend, Context, Graph, Scheduler, Type};
+use ggml::Type;
 use hamburger::graph::merger;
 use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
 
@@ -24,19 +22,7 @@ fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
 fn merger_graph_equals_plain_rust() {
     let (model, reference) = tiny();
     for tokens in [vec![5u32, 300], vec![17, 17, 42], vec![1, 2, 3, 511]] {
-        let g = Context::new(256, 256).unwrap();
-        let mut gf = Graph::new(&g, 256);
-        let ids = g.new_tensor(Type::I32, &[tokens.len() as i64]);
-        ids.set_input();
-        let e = g.get_rows(&model.weights.tok_embd, &ids);
-        let merged = merger::merge(&g, &model.weights.merger, &model.hp, &e);
-        merged.set_output();
-        gf.expand(&merged);
-        let mut sched = Scheduler::new(&[Rc::new(Backend::cpu().unwrap())], 256, false).unwrap();
-        sched.alloc(&gf).unwrap();
-        ids.write(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>()).unwrap();
-        sched.compute(&gf).unwrap();
-        let got = merged.to_vec_f32().unwrap();
+        let got = merger::StandaloneMerger::new(&model, tokens.len(), 2).unwrap().run(&tokens).unwrap();
         let want = reference.merge(&tokens);
         assert!(close(&got, &want, 1e-5), "{tokens:?}: {:?} vs {:?}", &got[..4], &want[..4]);
         // And it is not just the mean: the attention part contributes.

@@ -26,3 +26,45 @@ pub fn merge(g: &Context, w: &MergerWeights, hp: &HParams, e: &Tensor) -> Tensor
     let o = g.reshape(&g.mul_mat(&values, &attn), &[d, 1]); // [hd, 1, Hm] -> concat of heads [D, 1]
     g.add(&mean, &linear(g, &w.out, &o)).named("merged")
 }
+
+/// The merger alone as a runnable graph on the CPU, for unit tests and
+/// benchmarks: token ids in, the merged embedding out.
+pub struct StandaloneMerger {
+    graph: ggml::Graph,
+    sched: ggml::Scheduler,
+    ids: Tensor,
+    merged: Tensor,
+}
+
+impl StandaloneMerger {
+    /// Builds the merger of `model` for `k` tokens on `n_threads` CPU threads.
+    ///
+    /// # Errors
+    /// When the backend or the graph cannot be created.
+    pub fn new(model: &crate::Model, k: usize, n_threads: usize) -> crate::Result<StandaloneMerger> {
+        let g = Context::new(256, 256)?;
+        let mut graph = ggml::Graph::new(&g, 256);
+        let ids = g.new_tensor(ggml::Type::I32, &[k as i64]);
+        ids.set_input();
+        let e = g.get_rows(&model.weights.tok_embd, &ids);
+        let merged = merge(&g, &model.weights.merger, &model.hp, &e);
+        merged.set_output();
+        graph.expand(&merged);
+        let cpu = ggml::Backend::cpu()?;
+        cpu.set_n_threads(n_threads);
+        cpu.set_threadpool(std::rc::Rc::new(ggml::ThreadPool::new(n_threads)?));
+        let mut sched = ggml::Scheduler::new(&[std::rc::Rc::new(cpu)], 256, false)?;
+        sched.alloc(&graph)?;
+        Ok(StandaloneMerger { graph, sched, ids, merged })
+    }
+
+    /// Merges `tokens` (as many as the graph was built for) into one embedding.
+    ///
+    /// # Errors
+    /// On a wrong token count or a failed computation.
+    pub fn run(&mut self, tokens: &[u32]) -> crate::Result<Vec<f32>> {
+        self.ids.write(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
+        self.sched.compute(&self.graph)?;
+        Ok(self.merged.to_vec_f32()?)
+    }
+}
