@@ -18,26 +18,41 @@ pub struct KvCache {
     /// product wants it; flash attention reads it untransposed.
     v_trans: bool,
     ty: Type,
-    buffer: Buffer,
+    buffers: Vec<Buffer>,
 }
 
 impl KvCache {
-    /// Allocates and zeroes a cache in a buffer of type `buft`.
+    /// Allocates and zeroes a cache whose layer `il` lives in a buffer of type
+    /// `bufts[il]` (the device of that layer's weights).
     ///
     /// # Errors
-    /// When the buffer cannot be allocated.
-    pub fn new(n_layer: usize, n_slots: usize, n_embd_kv: usize, head_dim: usize, ty: Type, v_trans: bool, buft: BufferType) -> Result<KvCache> {
-        let ctx = Context::new(2 * n_layer, 0)?;
+    /// When a buffer cannot be allocated.
+    pub fn new(bufts: &[BufferType], n_slots: usize, n_embd_kv: usize, head_dim: usize, ty: Type, v_trans: bool) -> Result<KvCache> {
+        let mut groups: Vec<(BufferType, Context)> = Vec::new();
         let (mut k, mut v) = (Vec::new(), Vec::new());
-        for il in 0..n_layer {
+        for (il, buft) in bufts.iter().enumerate() {
+            let ctx = match groups.iter().find(|(b, _)| b == buft) {
+                Some((_, c)) => c.clone(),
+                None => {
+                    let c = Context::new(2 * bufts.len(), 0)?;
+                    groups.push((*buft, c.clone()));
+                    c
+                }
+            };
             k.push(ctx.new_tensor(ty, &[n_embd_kv as i64, n_slots as i64]).named(&format!("cache_k_l{il}")));
             let v_shape = if v_trans { [n_slots as i64, n_embd_kv as i64] } else { [n_embd_kv as i64, n_slots as i64] };
             v.push(ctx.new_tensor(ty, &v_shape).named(&format!("cache_v_l{il}")));
         }
-        let buffer = Buffer::alloc_context(&ctx, buft)?;
-        // Masked slots are multiplied by zero weights: they must hold finite values.
-        buffer.clear(0);
-        Ok(KvCache { k, v, n_slots, n_embd_kv, head_dim, v_trans, ty, buffer })
+        let buffers = groups
+            .iter()
+            .map(|(buft, ctx)| {
+                let b = Buffer::alloc_context(ctx, *buft)?;
+                // Masked slots are multiplied by zero weights: they must hold finite values.
+                b.clear(0);
+                Ok(b)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { k, v, n_slots, n_embd_kv, head_dim, v_trans, ty, buffers })
     }
 
     /// Slots per layer.
@@ -57,7 +72,7 @@ impl KvCache {
 
     /// Bytes of the whole cache.
     pub fn bytes(&self) -> usize {
-        self.buffer.size()
+        self.buffers.iter().map(Buffer::size).sum()
     }
 
     /// Bytes one slot takes over all layers (K and V).

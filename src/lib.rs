@@ -11,6 +11,7 @@ pub mod arch;
 pub mod bench;
 pub mod chat;
 pub mod cli;
+pub mod device;
 mod error;
 pub mod graph;
 pub mod hparams;

@@ -8,6 +8,7 @@ use ggml::gguf::{Array, Gguf, Value};
 use ggml::MappedFile;
 
 use crate::arch::{keys, TensorName, ARCH_HAMBURGER};
+use crate::device::Offload;
 use crate::hparams::HParams;
 use crate::weights::{self, Placement, Weights};
 use crate::{Error, Result};
@@ -84,6 +85,8 @@ pub struct Model {
     pub weights: Weights,
     /// Bytes of tensor data in the file.
     pub size_bytes: u64,
+    /// Where the weights are (and so where the caches and graphs go).
+    pub offload: Offload,
 }
 
 impl Model {
@@ -95,10 +98,28 @@ impl Model {
     /// When the file is not a valid HAMburger GGUF (wrong architecture, missing
     /// keys, missing/misshapen tensors), naming the file and the culprit.
     pub fn load(path: &Path) -> Result<Model> {
-        Model::load_with(path, cpu_placement(true))
+        Model::load_offloaded(path, Offload::cpu())
     }
 
-    /// Loads with a custom weight placement (GPU offload, repacked CPU layouts).
+    /// Loads with `offload.n_gpu_layers` base layers (and what follows them)
+    /// on `offload.gpu`; the rest as [`Model::load`] does.
+    ///
+    /// # Errors
+    /// As [`Model::load`], plus device allocation failures.
+    pub fn load_offloaded(path: &Path, offload: Offload) -> Result<Model> {
+        let cpu = cpu_placement(true);
+        let gpu = offload.gpu.map(|d| d.buffer_type());
+        // The layer count is needed before the placement runs: read it first.
+        let n_layer = HParams::from_gguf(&Gguf::open(path)?, ARCH_HAMBURGER).map_or(0, |h| h.n_layer);
+        let mut m = Model::load_with(path, move |name, ty, ne| match gpu {
+            Some(b) if offload.on_gpu(name, n_layer) => Placement::Buffer(b),
+            _ => cpu(name, ty, ne),
+        })?;
+        m.offload = offload;
+        Ok(m)
+    }
+
+    /// Loads with a custom weight placement.
     ///
     /// # Errors
     /// As [`Model::load`], plus allocation failures.
@@ -122,6 +143,7 @@ impl Model {
             vocab,
             weights,
             size_bytes: gguf.tensors.iter().map(|t| t.size).sum(),
+            offload: Offload::cpu(),
         })
     }
 }

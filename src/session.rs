@@ -198,14 +198,26 @@ impl<'m> Session<'m> {
         let cpu = Backend::cpu()?;
         cpu.set_n_threads(params.n_threads);
         cpu.set_threadpool(Rc::new(ThreadPool::new(params.n_threads)?));
-        let backends = vec![Rc::new(cpu)];
-        let buft = BufferType::cpu();
+        let offload = model.offload;
+        // The GPU (if any) first: the scheduler prefers earlier backends.
+        let mut backends = Vec::new();
+        if let Some(dev) = offload.gpu {
+            backends.push(Rc::new(Backend::new(dev)?));
+        }
+        backends.push(Rc::new(cpu));
+        // Each layer's cache lives with its weights; the micro decoder's and the
+        // features with the last layer.
+        let gpu_buft = offload.gpu.map(|d| d.buffer_type());
+        let first_gpu = offload.first_gpu_layer(hp.n_layer);
+        let buft_of = |on_gpu: bool| gpu_buft.filter(|_| on_gpu).unwrap_or_else(BufferType::cpu);
+        let base_bufts: Vec<BufferType> = (0..hp.n_layer).map(|il| buft_of(il >= first_gpu)).collect();
+        let tail = buft_of(first_gpu < hp.n_layer);
         let v_trans = !params.flash_attn;
-        let kv = KvCache::new(hp.n_layer, params.n_ctx, hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans, buft)?;
-        let micro = KvCache::new(hp.n_micro_layer, hp.micro_cache_len(), hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans, buft)?;
+        let kv = KvCache::new(&base_bufts, params.n_ctx, hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans)?;
+        let micro = KvCache::new(&vec![tail; hp.n_micro_layer], hp.micro_cache_len(), hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans)?;
         let fctx = Context::new(1, 0)?;
         let features = fctx.new_tensor(Type::F32, &[hp.n_embd as i64, hp.n_features() as i64]).named("features");
-        let features_buf = Buffer::alloc_context(&fctx, buft)?;
+        let features_buf = Buffer::alloc_context(&fctx, tail)?;
         Ok(Session {
             model,
             params,

@@ -174,6 +174,27 @@ pub fn load(
         offsets.push((t.clone(), info.offset, info.size, place));
         tensors.insert(*name, t);
     }
+    // A tied lm_head placed away from the embedding (on a GPU) gets its own
+    // copy there, as llama.cpp duplicates it, so the product runs on the device.
+    let mut output_dup = None;
+    if tied {
+        let embd = &offsets.iter().find(|o| o.0.name() == TensorName::TokenEmbd.to_string()).expect("embedding").clone();
+        let ne = [hp.n_embd as i64, hp.n_vocab as i64];
+        let place = placement(TensorName::Output, embd.0.ty(), &ne);
+        if place != embd.3 {
+            let ctx = match contexts.iter().find(|(p, _)| *p == place) {
+                Some((_, c)) => c.clone(),
+                None => {
+                    let c = Context::new(1, 0)?;
+                    contexts.push((place, c.clone()));
+                    c
+                }
+            };
+            let t = ctx.new_tensor(embd.0.ty(), &ne).named(&TensorName::Output.to_string());
+            offsets.push((t.clone(), embd.1, embd.2, place));
+            output_dup = Some(t);
+        }
+    }
     let mut bytes_by_buffer = Vec::new();
     for (place, ctx) in &contexts {
         match place {
@@ -230,7 +251,7 @@ pub fn load(
     Ok(Weights {
         tok_embd: take(TensorName::TokenEmbd),
         output_norm: take(TensorName::OutputNorm),
-        output: (!tied).then(|| take(TensorName::Output)),
+        output: if tied { output_dup } else { Some(take(TensorName::Output)) },
         rope_freqs: rope.then(|| take(TensorName::RopeFreqs)),
         layers,
         micro,

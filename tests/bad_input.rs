@@ -103,6 +103,10 @@ fn invalid_flags() {
     assert_clean_error(&["-m", m, "-p", "hi", "--confidence", "abc"], &["confidence"]);
     assert_clean_error(&["-m", m, "-p", "hi", "-fa", "off", "--cache-type", "q8_0"], &["flash attention"]);
     assert_clean_error(&["-m", m], &["prompt"]);
+    assert_clean_error(&["-m", m, "-p", "hi", "--device", "tpu"], &["tpu", "cuda"]);
+    if !cfg!(feature = "cuda") {
+        assert_clean_error(&["-m", m, "-p", "hi", "--device", "cuda"], &["--features cuda"]);
+    }
 }
 
 #[test]

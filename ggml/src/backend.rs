@@ -35,6 +35,12 @@ pub enum DeviceKind {
 #[derive(Clone, Copy)]
 pub struct Device(sys::ggml_backend_dev_t);
 
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
 impl Device {
     /// Every device compiled into this build, in registry order.
     pub fn all() -> Vec<Device> {

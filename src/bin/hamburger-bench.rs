@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::Parser;
 use ggml::llama::LlamaModel;
 use hamburger::bench::{self, Measurement};
+use hamburger::device::DeviceChoice;
 use hamburger::{Model, SessionParams};
 
 /// Measures prompt processing (pp) and generation (tg) speed, llama-bench style.
@@ -45,6 +46,12 @@ struct Args {
     /// Prompt tokens per base forward.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
+    /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
+    #[arg(long, default_value = "auto", value_parser = |s: &str| DeviceChoice::from_name(s).ok_or(format!("unknown device '{s}' (auto, cpu, cuda, metal)")))]
+    device: DeviceChoice,
+    /// Base layers offloaded to the GPU (both engines). Also -ngl.
+    #[arg(long = "n-gpu-layers", default_value_t = 999)]
+    n_gpu_layers: usize,
     /// Flash attention: on or off.
     #[arg(long = "flash-attn", default_value = "on", value_parser = ["on", "off"])]
     flash_attn: String,
@@ -62,7 +69,11 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args: Args = hamburger::cli::parse_or_exit(
         "hamburger-bench",
-        std::env::args().map(|a| if a == "-fa" { "--flash-attn".into() } else { a }),
+        std::env::args().map(|a| match a.as_str() {
+            "-fa" => "--flash-attn".into(),
+            "-ngl" => "--n-gpu-layers".into(),
+            _ => a,
+        }),
     );
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -74,8 +85,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<()> {
-    let model = Model::load(&args.model)?;
-    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load(b, 0)).transpose()?;
+    let model = hamburger::device::load_model(&args.model, args.device, args.n_gpu_layers)?;
+    let base_ngl = if model.offload.gpu.is_some() { args.n_gpu_layers.min(i32::MAX as usize) as i32 } else { 0 };
+    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load(b, base_ngl)).transpose()?;
     let params = SessionParams {
         n_ctx: 0,
         n_batch: args.batch_size,
@@ -88,7 +100,10 @@ fn run(args: &Args) -> Result<()> {
     let mut rows = Vec::new();
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
         let ours = bench::hamburger_pp(&model, &params, n, r)?;
-        let base = baseline.as_ref().map(|b| bench::llama_pp(b, &params, n, r)).transpose()?;
+        let mut base = baseline.as_ref().map(|b| bench::llama_pp(b, &params, n, r)).transpose()?;
+        if let (Some(m), Some(b)) = (base.as_mut(), baseline.as_ref()) {
+            m.kv_bytes_per_token = b.kv_bytes_per_token(params.kv_type) as f64;
+        }
         rows.push(Row { test: format!("pp{n}"), forced_steps: None, ours, base });
     }
     let forced: Vec<Option<usize>> = match &args.forced_steps {
@@ -110,6 +125,8 @@ fn run(args: &Args) -> Result<()> {
             rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
         }
     }
+    let device = model.offload.gpu.map_or_else(|| "CPU".to_string(), |d| format!("{} ({} layers)", d.name(), args.n_gpu_layers.min(model.hp.n_layer)));
+    eprintln!("device: {device}");
     let name = args.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let size = model.size_bytes as f64 / (1u64 << 30) as f64;
     match args.output.as_str() {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
+use hamburger::device::DeviceChoice;
 use hamburger::tokenizer::{TextStream, Tokenizer};
 use hamburger::{Generation, Model, Sampler, SamplerParams, Session, SessionParams};
 
@@ -16,8 +17,18 @@ use hamburger::{Generation, Model, Sampler, SamplerParams, Session, SessionParam
 #[command(version, about)]
 struct Args {
     /// The HAMburger GGUF file.
-    #[arg(short = 'm', long)]
-    model: PathBuf,
+    #[arg(short = 'm', long, required_unless_present = "list_devices")]
+    model: Option<PathBuf>,
+    /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
+    #[arg(long, default_value = "auto", value_parser = |s: &str| DeviceChoice::from_name(s).ok_or(format!("unknown device '{s}' (auto, cpu, cuda, metal)")))]
+    device: DeviceChoice,
+    /// Base layers offloaded to the GPU (the last ones; the micro decoder,
+    /// merger and heads follow the last offloaded layer). Also -ngl.
+    #[arg(long = "n-gpu-layers", default_value_t = 999)]
+    n_gpu_layers: usize,
+    /// List the devices of this build and exit.
+    #[arg(long)]
+    list_devices: bool,
     /// Prompt text.
     #[arg(short = 'p', long, conflicts_with_all = ["file", "prompt_ids"])]
     prompt: Option<String>,
@@ -102,6 +113,7 @@ fn llama_style_args() -> Vec<String> {
             "-sys" => "--system-prompt".into(),
             "-fa" => "--flash-attn".into(),
             "-ctk" | "-ctv" => "--cache-type".into(),
+            "-ngl" => "--n-gpu-layers".into(),
             _ => a,
         })
         .collect()
@@ -158,7 +170,12 @@ fn budget(args: &Args, session: &Session, prompt_len: usize) -> usize {
 }
 
 fn run(args: Args) -> Result<()> {
-    let model = Model::load(&args.model)?;
+    if args.list_devices {
+        print!("{}", hamburger::device::describe_devices());
+        return Ok(());
+    }
+    let path = args.model.as_deref().context("-m MODEL is required")?;
+    let model = hamburger::device::load_model(path, args.device, args.n_gpu_layers)?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
     let mut sampler = sampler(&args);
     if args.chat {

@@ -213,7 +213,8 @@ pub fn finish(
         t.set_output();
         gf.expand(t);
     }
-    let mut sched = Scheduler::new(backends, size, false)?;
+    // With a GPU, let the scheduler move big host-weight products there (llama.cpp's op offload).
+    let mut sched = Scheduler::new(backends, size, backends.len() > 1)?;
     sched.alloc(&gf)?;
     Ok(StepGraph {
         graph: gf,
