@@ -1,8 +1,9 @@
 //! Speed measurements shared by `hamburger-bench` and the quantization sweep,
 //! modelled on llama-bench: a prompt-processing test (pp: N random tokens
 //! through an empty context) and a generation test (tg: N tokens one macro
-//! step after another), each warmed up once and repeated; and the same tests
-//! on libllama for a same-run baseline.
+//! step after another), and the same tests on libllama for a same-run
+//! baseline. Tests are prepared as runners and repeated in interleaved
+//! rounds after one warm-up each.
 
 use std::time::Instant;
 
@@ -64,48 +65,89 @@ pub fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(0..n_vocab as u32)).collect()
 }
 
-/// Prompt processing: `n` random tokens into an empty context, `reps` times after a warm-up.
+/// Tokens per macro step and KV bytes per token of the last generation run.
+pub type TgStats = std::rc::Rc<std::cell::Cell<(f64, f64)>>;
+
+/// A prepared test: each call runs one repetition and returns its nanoseconds.
+pub type Runner<'a> = Box<dyn FnMut() -> Result<u64> + 'a>;
+
+/// Runs every runner once as a warm-up, then `reps` rounds in which each runs
+/// once, in turn: interleaving makes machine drift hit all engines alike.
 ///
 /// # Errors
-/// When a computation fails.
-pub fn hamburger_pp(model: &Model, params: &SessionParams, n: usize, reps: usize) -> Result<Measurement> {
+/// The first failed repetition.
+pub fn interleaved(reps: usize, runners: &mut [Runner]) -> Result<Vec<Vec<u64>>> {
+    for r in runners.iter_mut() {
+        r()?;
+    }
+    let mut samples = vec![Vec::with_capacity(reps); runners.len()];
+    for _ in 0..reps {
+        for (r, s) in runners.iter_mut().zip(&mut samples) {
+            s.push(r()?);
+        }
+    }
+    Ok(samples)
+}
+
+/// Prompt processing: `n` random tokens into an empty context.
+///
+/// # Errors
+/// When the session cannot be created.
+pub fn hamburger_pp<'m>(model: &'m Model, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
     let mut session = Session::new(model, SessionParams { n_ctx: params.n_ctx.max(n + 1), ..params.clone() })?;
     let tokens = random_tokens(n, model.hp.n_vocab, 1);
-    let mut samples = Vec::new();
-    for rep in 0..=reps {
+    let meta = Measurement { n_prompt: n, n_gen: 0, samples_ns: Vec::new(), tokens_per_step: 1.0, kv_bytes_per_token: session.kv_bytes().1 as f64 };
+    let run = Box::new(move || {
         session.clear();
         let t = Instant::now();
         session.feed(&tokens, false)?;
-        if rep > 0 {
-            samples.push(t.elapsed().as_nanos() as u64);
-        }
-    }
-    let (_, per_entry) = session.kv_bytes();
-    Ok(Measurement { n_prompt: n, n_gen: 0, samples_ns: samples, tokens_per_step: 1.0, kv_bytes_per_token: per_entry as f64 })
+        Ok(t.elapsed().as_nanos() as u64)
+    });
+    Ok((run, meta))
 }
 
 /// Generation: `n` tokens after a one-token prompt, greedy, end-of-generation
-/// tokens ignored, `reps` times after a warm-up. `params.forced_steps` fixes
-/// the tokens per macro step.
+/// tokens ignored. `params.forced_steps` fixes the tokens per macro step; the
+/// returned measurement's tokens per step and KV bytes are filled by the runs.
 ///
 /// # Errors
-/// When a computation fails.
-pub fn hamburger_tg(model: &Model, params: &SessionParams, n: usize, reps: usize) -> Result<Measurement> {
+/// When the session cannot be created.
+pub fn hamburger_tg<'m>(model: &'m Model, params: &SessionParams, n: usize) -> Result<(Runner<'m>, TgStats)> {
     let p = SessionParams { n_ctx: params.n_ctx.max(n + 2), ignore_eog: true, ..params.clone() };
     let mut session = Session::new(model, p)?;
     let first = [model.vocab.bos.unwrap_or(0)];
-    let (mut samples, mut per_step, mut kv) = (Vec::new(), 0.0, 0.0);
-    for rep in 0..=reps {
+    let stats = std::rc::Rc::new(std::cell::Cell::new((0.0, 0.0)));
+    let out = stats.clone();
+    let run = Box::new(move || {
         session.clear();
         let gen = session.generate(&first, n, &mut Sampler::new(SamplerParams::greedy()), |_| true)?;
-        if rep > 0 {
-            samples.push((gen.timings.gen_ms * 1e6) as u64);
-        }
-        per_step = gen.timings.tokens_per_step();
         let t = &gen.timings;
-        kv = (t.kv_entries * t.kv_bytes_per_entry) as f64 / t.context_tokens.max(1) as f64;
-    }
-    Ok(Measurement { n_prompt: 0, n_gen: n, samples_ns: samples, tokens_per_step: per_step, kv_bytes_per_token: kv })
+        let kv = (t.kv_entries * t.kv_bytes_per_entry) as f64 / t.context_tokens.max(1) as f64;
+        out.set((t.tokens_per_step(), kv));
+        Ok((t.gen_ms * 1e6) as u64)
+    });
+    Ok((run, stats))
+}
+
+/// Measures `n`-token prompt processing alone (`reps` after a warm-up).
+///
+/// # Errors
+/// When a computation fails.
+pub fn measure_pp(model: &Model, params: &SessionParams, n: usize, reps: usize) -> Result<Measurement> {
+    let (run, mut m) = hamburger_pp(model, params, n)?;
+    m.samples_ns = interleaved(reps, &mut [run])?.remove(0);
+    Ok(m)
+}
+
+/// Measures `n`-token generation alone (`reps` after a warm-up).
+///
+/// # Errors
+/// When a computation fails.
+pub fn measure_tg(model: &Model, params: &SessionParams, n: usize, reps: usize) -> Result<Measurement> {
+    let (run, stats) = hamburger_tg(model, params, n)?;
+    let samples_ns = interleaved(reps, &mut [run])?.remove(0);
+    let (tokens_per_step, kv_bytes_per_token) = stats.get();
+    Ok(Measurement { n_prompt: 0, n_gen: n, samples_ns, tokens_per_step, kv_bytes_per_token })
 }
 
 fn llama_params(params: &SessionParams, n_ctx: usize) -> LlamaContextParams {
@@ -121,44 +163,41 @@ fn llama_params(params: &SessionParams, n_ctx: usize) -> LlamaContextParams {
 /// llama.cpp's prompt processing with the same settings.
 ///
 /// # Errors
-/// When libllama fails.
-pub fn llama_pp(model: &LlamaModel, params: &SessionParams, n: usize, reps: usize) -> Result<Measurement> {
+/// When libllama cannot create the context.
+pub fn llama_pp<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
     let mut ctx = LlamaContext::new(model, llama_params(params, params.n_ctx.max(n + 1)))?;
     let tokens: Vec<i32> = random_tokens(n, model.n_vocab(), 1).into_iter().map(|t| t as i32).collect();
-    let mut samples = Vec::new();
-    for rep in 0..=reps {
+    let batch = params.n_batch;
+    let meta = Measurement { n_prompt: n, n_gen: 0, samples_ns: Vec::new(), tokens_per_step: 1.0, kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64 };
+    let run = Box::new(move || {
         ctx.clear();
         let t = Instant::now();
-        for chunk in tokens.chunks(params.n_batch) {
+        for chunk in tokens.chunks(batch) {
             ctx.decode(chunk)?;
         }
         ctx.synchronize();
-        if rep > 0 {
-            samples.push(t.elapsed().as_nanos() as u64);
-        }
-    }
-    Ok(Measurement { n_prompt: n, n_gen: 0, samples_ns: samples, tokens_per_step: 1.0, kv_bytes_per_token: 0.0 })
+        Ok(t.elapsed().as_nanos() as u64)
+    });
+    Ok((run, meta))
 }
 
 /// llama.cpp's generation with the same settings (one token per forward,
 /// llama-bench's method: no sampling, the next input is a random token).
 ///
 /// # Errors
-/// When libllama fails.
-pub fn llama_tg(model: &LlamaModel, params: &SessionParams, n: usize, reps: usize) -> Result<Measurement> {
+/// When libllama cannot create the context.
+pub fn llama_tg<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
     let mut ctx = LlamaContext::new(model, llama_params(params, params.n_ctx.max(n + 2)))?;
     let tokens: Vec<i32> = random_tokens(n, model.n_vocab(), 2).into_iter().map(|t| t as i32).collect();
-    let mut samples = Vec::new();
-    for rep in 0..=reps {
+    let meta = Measurement { n_prompt: 0, n_gen: n, samples_ns: Vec::new(), tokens_per_step: 1.0, kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64 };
+    let run = Box::new(move || {
         ctx.clear();
         let t = Instant::now();
         for &tok in &tokens {
             ctx.decode(&[tok])?;
         }
         ctx.synchronize();
-        if rep > 0 {
-            samples.push(t.elapsed().as_nanos() as u64);
-        }
-    }
-    Ok(Measurement { n_prompt: 0, n_gen: n, samples_ns: samples, tokens_per_step: 1.0, kv_bytes_per_token: 0.0 })
+        Ok(t.elapsed().as_nanos() as u64)
+    });
+    Ok((run, meta))
 }

@@ -120,11 +120,12 @@ impl Offload {
 }
 
 /// Loads `path` on the device `choice` resolves to, with `n_gpu_layers` base
-/// layers offloaded when it is a GPU (the binaries' `--device` / `-ngl`).
+/// layers offloaded when it is a GPU (the binaries' `--device` / `-ngl`), and
+/// CPU weights in repacked layouts when `repack`.
 ///
 /// # Errors
 /// As [`select`] and [`crate::Model::load_offloaded`].
-pub fn load_model(path: &std::path::Path, choice: DeviceChoice, n_gpu_layers: usize) -> Result<crate::Model> {
+pub fn load_model(path: &std::path::Path, choice: DeviceChoice, n_gpu_layers: usize, repack: bool) -> Result<crate::Model> {
     let gpu = select(choice)?;
-    crate::Model::load_offloaded(path, Offload { gpu, n_gpu_layers: if gpu.is_some() { n_gpu_layers } else { 0 } })
+    crate::Model::load_placed(path, Offload { gpu, n_gpu_layers: if gpu.is_some() { n_gpu_layers } else { 0 } }, repack)
 }

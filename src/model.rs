@@ -107,7 +107,16 @@ impl Model {
     /// # Errors
     /// As [`Model::load`], plus device allocation failures.
     pub fn load_offloaded(path: &Path, offload: Offload) -> Result<Model> {
-        let cpu = cpu_placement(true);
+        Model::load_placed(path, offload, true)
+    }
+
+    /// [`Model::load_offloaded`], choosing whether CPU weights may use the
+    /// repacked layouts (`repack`; llama.cpp's default is yes).
+    ///
+    /// # Errors
+    /// As [`Model::load`].
+    pub fn load_placed(path: &Path, offload: Offload, repack: bool) -> Result<Model> {
+        let cpu = cpu_placement(repack);
         let gpu = offload.gpu.map(|d| d.buffer_type());
         // The layer count is needed before the placement runs: read it first.
         let n_layer = HParams::from_gguf(&Gguf::open(path)?, ARCH_HAMBURGER).map_or(0, |h| h.n_layer);

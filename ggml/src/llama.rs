@@ -39,11 +39,21 @@ impl LlamaModel {
     /// # Errors
     /// When libllama rejects the file (its reason is included).
     pub fn load(path: &Path, n_gpu_layers: i32) -> Result<LlamaModel> {
+        LlamaModel::load_with(path, n_gpu_layers, true)
+    }
+
+    /// [`LlamaModel::load`], choosing whether weights may use the CPU's
+    /// repacked layouts (llama.cpp's `use_extra_bufts`, on by default).
+    ///
+    /// # Errors
+    /// As [`LlamaModel::load`].
+    pub fn load_with(path: &Path, n_gpu_layers: i32, repack: bool) -> Result<LlamaModel> {
         backend_init();
         let c = path_cstring(path)?;
         // SAFETY: default params by value.
         let mut params = unsafe { sys::llama_model_default_params() };
         params.n_gpu_layers = n_gpu_layers;
+        params.use_extra_bufts = repack;
         // SAFETY: c is NUL-terminated; params is initialised.
         let (ptr, why) = capture_errors(|| unsafe { sys::llama_model_load_from_file(c.as_ptr(), params) });
         NonNull::new(ptr).map(LlamaModel).ok_or_else(|| {

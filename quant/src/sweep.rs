@@ -170,8 +170,8 @@ fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<Agreement
 fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64) -> Result<SweepRow> {
     let model = Model::load(path)?;
     let p = session_params(args, false);
-    let pp = bench::hamburger_pp(&model, &p, args.pp, args.repetitions)?;
-    let tg = bench::hamburger_tg(&model, &p, args.tg, args.repetitions)?;
+    let pp = bench::measure_pp(&model, &p, args.pp, args.repetitions)?;
+    let tg = bench::measure_tg(&model, &p, args.tg, args.repetitions)?;
     let q = quality(&model, args, refs)?;
     // NaN when there was nothing to compare (no micro tokens at a high confidence).
     let frac = |n: usize, d: usize| if d == 0 { f64::NAN } else { n as f64 / d as f64 };

@@ -52,6 +52,9 @@ struct Args {
     /// Base layers offloaded to the GPU (both engines). Also -ngl.
     #[arg(long = "n-gpu-layers", default_value_t = 999)]
     n_gpu_layers: usize,
+    /// Keep CPU weights in their file layout (no repacking), in both engines.
+    #[arg(long)]
+    no_repack: bool,
     /// Flash attention: on or off.
     #[arg(long = "flash-attn", default_value = "on", value_parser = ["on", "off"])]
     flash_attn: String,
@@ -85,9 +88,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<()> {
-    let model = hamburger::device::load_model(&args.model, args.device, args.n_gpu_layers)?;
+    let model = hamburger::device::load_model(&args.model, args.device, args.n_gpu_layers, !args.no_repack)?;
     let base_ngl = if model.offload.gpu.is_some() { args.n_gpu_layers.min(i32::MAX as usize) as i32 } else { 0 };
-    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load(b, base_ngl)).transpose()?;
+    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, base_ngl, !args.no_repack)).transpose()?;
     let params = SessionParams {
         n_ctx: 0,
         n_batch: args.batch_size,
@@ -99,10 +102,18 @@ fn run(args: &Args) -> Result<()> {
     let r = args.repetitions.max(1);
     let mut rows = Vec::new();
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
-        let ours = bench::hamburger_pp(&model, &params, n, r)?;
-        let mut base = baseline.as_ref().map(|b| bench::llama_pp(b, &params, n, r)).transpose()?;
-        if let (Some(m), Some(b)) = (base.as_mut(), baseline.as_ref()) {
-            m.kv_bytes_per_token = b.kv_bytes_per_token(params.kv_type) as f64;
+        let (run, mut ours) = bench::hamburger_pp(&model, &params, n)?;
+        let mut runners = vec![run];
+        let mut base = None;
+        if let Some(b) = &baseline {
+            let (run, m) = bench::llama_pp(b, &params, n)?;
+            runners.push(run);
+            base = Some(m);
+        }
+        let mut samples = bench::interleaved(r, &mut runners)?.into_iter();
+        ours.samples_ns = samples.next().unwrap_or_default();
+        if let Some(m) = base.as_mut() {
+            m.samples_ns = samples.next().unwrap_or_default();
         }
         rows.push(Row { test: format!("pp{n}"), forced_steps: None, ours, base });
     }
@@ -111,13 +122,27 @@ fn run(args: &Args) -> Result<()> {
         None => vec![None],
     };
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
-        let mut base = baseline.as_ref().map(|b| bench::llama_tg(b, &params, n, r)).transpose()?;
-        if let (Some(m), Some(b)) = (base.as_mut(), baseline.as_ref()) {
-            m.kv_bytes_per_token = b.kv_bytes_per_token(params.kv_type) as f64;
-        }
+        // One round runs every forced-step setting and the baseline in turn.
+        let mut runners = Vec::new();
+        let mut stats = Vec::new();
         for &k in &forced {
-            let p = SessionParams { forced_steps: k, ..params.clone() };
-            let ours = bench::hamburger_tg(&model, &p, n, r)?;
+            let (run, s) = bench::hamburger_tg(&model, &SessionParams { forced_steps: k, ..params.clone() }, n)?;
+            runners.push(run);
+            stats.push(s);
+        }
+        let mut base = None;
+        if let Some(b) = &baseline {
+            let (run, m) = bench::llama_tg(b, &params, n)?;
+            runners.push(run);
+            base = Some(m);
+        }
+        let mut samples = bench::interleaved(r, &mut runners)?;
+        if let Some(m) = base.as_mut() {
+            m.samples_ns = samples.pop().unwrap_or_default();
+        }
+        for ((&k, s), samples_ns) in forced.iter().zip(&stats).zip(samples) {
+            let (tokens_per_step, kv_bytes_per_token) = s.get();
+            let ours = Measurement { n_prompt: 0, n_gen: n, samples_ns, tokens_per_step, kv_bytes_per_token };
             let test = match k {
                 Some(k) => format!("tg{n} k={k}"),
                 None => format!("tg{n} c={}", args.confidence),

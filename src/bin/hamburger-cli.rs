@@ -175,7 +175,7 @@ fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
-    let model = hamburger::device::load_model(path, args.device, args.n_gpu_layers)?;
+    let model = hamburger::device::load_model(path, args.device, args.n_gpu_layers, true)?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
     let mut sampler = sampler(&args);
     if args.chat {
