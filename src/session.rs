@@ -169,6 +169,26 @@ const GRAPH_CACHE: usize = 16;
 /// Attention windows grow in steps of this many slots, so decode graphs are rebuilt rarely.
 const KV_PAD: usize = 256;
 
+thread_local! {
+    /// CPU thread pools by size, shared by the sessions of a thread: one set of
+    /// (spinning) workers however many sessions are open.
+    static POOLS: std::cell::RefCell<Vec<(usize, std::rc::Weak<ThreadPool>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The thread pool of `n` threads this thread's sessions share (created on first use).
+fn shared_threadpool(n: usize) -> Result<Rc<ThreadPool>> {
+    POOLS.with(|pools| {
+        let mut pools = pools.borrow_mut();
+        pools.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(p) = pools.iter().find(|(k, _)| *k == n).and_then(|(_, w)| w.upgrade()) {
+            return Ok(p);
+        }
+        let p = Rc::new(ThreadPool::new(n)?);
+        pools.push((n, Rc::downgrade(&p)));
+        Ok(p)
+    })
+}
+
 /// A decoding session over a borrowed model.
 pub struct Session<'m> {
     model: &'m Model,
@@ -197,7 +217,7 @@ impl<'m> Session<'m> {
         }
         let cpu = Backend::cpu()?;
         cpu.set_n_threads(params.n_threads);
-        cpu.set_threadpool(Rc::new(ThreadPool::new(params.n_threads)?));
+        cpu.set_threadpool(shared_threadpool(params.n_threads)?);
         let offload = model.offload;
         // The GPU (if any) first: the scheduler prefers earlier backends.
         let mut backends = Vec::new();
