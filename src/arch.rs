@@ -286,11 +286,7 @@ impl TensorName {
         let layer: usize = layer.parse().ok()?;
         let suffix = rest.strip_suffix(".weight")?;
         let lt = LayerTensor::ALL.into_iter().find(|t| t.suffix() == suffix)?;
-        Some(if micro {
-            TensorName::Micro(layer, lt)
-        } else {
-            TensorName::Base(layer, lt)
-        })
+        Some(if micro { TensorName::Micro(layer, lt) } else { TensorName::Base(layer, lt) })
     }
 }
 

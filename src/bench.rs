@@ -96,7 +96,13 @@ pub fn interleaved(reps: usize, runners: &mut [Runner]) -> Result<Vec<Vec<u64>>>
 pub fn hamburger_pp<'m>(model: &'m Model, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
     let mut session = Session::new(model, SessionParams { n_ctx: params.n_ctx.max(n + 1), ..params.clone() })?;
     let tokens = random_tokens(n, model.hp.n_vocab, 1);
-    let meta = Measurement { n_prompt: n, n_gen: 0, samples_ns: Vec::new(), tokens_per_step: 1.0, kv_bytes_per_token: session.kv_bytes().1 as f64 };
+    let meta = Measurement {
+        n_prompt: n,
+        n_gen: 0,
+        samples_ns: Vec::new(),
+        tokens_per_step: 1.0,
+        kv_bytes_per_token: session.kv_bytes().1 as f64,
+    };
     let run = Box::new(move || {
         session.clear();
         let t = Instant::now();
@@ -168,7 +174,13 @@ pub fn llama_pp<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> 
     let mut ctx = LlamaContext::new(model, llama_params(params, params.n_ctx.max(n + 1)))?;
     let tokens: Vec<i32> = random_tokens(n, model.n_vocab(), 1).into_iter().map(|t| t as i32).collect();
     let batch = params.n_batch;
-    let meta = Measurement { n_prompt: n, n_gen: 0, samples_ns: Vec::new(), tokens_per_step: 1.0, kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64 };
+    let meta = Measurement {
+        n_prompt: n,
+        n_gen: 0,
+        samples_ns: Vec::new(),
+        tokens_per_step: 1.0,
+        kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64,
+    };
     let run = Box::new(move || {
         ctx.clear();
         let t = Instant::now();
@@ -189,7 +201,13 @@ pub fn llama_pp<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> 
 pub fn llama_tg<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
     let mut ctx = LlamaContext::new(model, llama_params(params, params.n_ctx.max(n + 2)))?;
     let tokens: Vec<i32> = random_tokens(n, model.n_vocab(), 2).into_iter().map(|t| t as i32).collect();
-    let meta = Measurement { n_prompt: 0, n_gen: n, samples_ns: Vec::new(), tokens_per_step: 1.0, kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64 };
+    let meta = Measurement {
+        n_prompt: 0,
+        n_gen: n,
+        samples_ns: Vec::new(),
+        tokens_per_step: 1.0,
+        kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64,
+    };
     let run = Box::new(move || {
         ctx.clear();
         let t = Instant::now();

@@ -38,10 +38,8 @@ impl DeviceChoice {
 /// # Errors
 /// When the backend asked for was not compiled in or has no device.
 pub fn select(choice: DeviceChoice) -> Result<Option<Device>> {
-    let gpus: Vec<Device> = Device::all()
-        .into_iter()
-        .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu))
-        .collect();
+    let gpus: Vec<Device> =
+        Device::all().into_iter().filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu)).collect();
     let named = |backend: &str, feature: &str, compiled: bool| -> Result<Option<Device>> {
         if !compiled {
             return Err(Error::Invalid(format!(
@@ -125,7 +123,12 @@ impl Offload {
 ///
 /// # Errors
 /// As [`select`] and [`crate::Model::load_offloaded`].
-pub fn load_model(path: &std::path::Path, choice: DeviceChoice, n_gpu_layers: usize, repack: bool) -> Result<crate::Model> {
+pub fn load_model(
+    path: &std::path::Path,
+    choice: DeviceChoice,
+    n_gpu_layers: usize,
+    repack: bool,
+) -> Result<crate::Model> {
     let gpu = select(choice)?;
     crate::Model::load_placed(path, Offload { gpu, n_gpu_layers: if gpu.is_some() { n_gpu_layers } else { 0 } }, repack)
 }

@@ -25,7 +25,9 @@ pub enum Error {
         problems: String,
     },
     /// The file is not a HAMburger GGUF.
-    #[error("{path}: architecture is '{found}', expected 'hamburger' (a base-only llama GGUF runs in llama.cpp, not here)")]
+    #[error(
+        "{path}: architecture is '{found}', expected 'hamburger' (a base-only llama GGUF runs in llama.cpp, not here)"
+    )]
     WrongArchitecture {
         /// The model file.
         path: PathBuf,

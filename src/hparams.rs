@@ -102,17 +102,20 @@ impl HParams {
                 p.push(format!("{what} must be positive"));
             }
         }
-        if self.n_head_kv > 0 && self.n_head % self.n_head_kv != 0 {
+        if self.n_head_kv > 0 && !self.n_head.is_multiple_of(self.n_head_kv) {
             p.push(format!("head count {} is not a multiple of kv head count {}", self.n_head, self.n_head_kv));
         }
-        if self.n_rot > self.head_dim || self.n_rot % 2 != 0 {
+        if self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
             p.push(format!("rope dimension {} does not fit head dim {}", self.n_rot, self.head_dim));
         }
-        if self.n_embd % 2 != 0 {
+        if !self.n_embd.is_multiple_of(2) {
             p.push(format!("embedding length {} is odd (the merger's position table is D/2 wide)", self.n_embd));
         }
-        if self.n_merger_head > 0 && self.n_embd % self.n_merger_head != 0 {
-            p.push(format!("merger head count {} does not divide embedding length {}", self.n_merger_head, self.n_embd));
+        if self.n_merger_head > 0 && !self.n_embd.is_multiple_of(self.n_merger_head) {
+            p.push(format!(
+                "merger head count {} does not divide embedding length {}",
+                self.n_merger_head, self.n_embd
+            ));
         }
         if self.feature_layers.is_empty() {
             p.push("feature layers are empty".into());
@@ -128,10 +131,10 @@ impl HParams {
                 ));
             }
         }
-        if !(self.rms_eps > 0.0) {
+        if self.rms_eps.is_nan() || self.rms_eps <= 0.0 {
             p.push(format!("rms epsilon {} must be positive", self.rms_eps));
         }
-        if !(self.rope_freq_base > 0.0) {
+        if self.rope_freq_base.is_nan() || self.rope_freq_base <= 0.0 {
             p.push(format!("rope base {} must be positive", self.rope_freq_base));
         }
         p
@@ -171,7 +174,7 @@ impl HParams {
         let n_embd = int(Key::EmbeddingLength, None);
         let n_head = int(Key::HeadCount, None);
         let n_layer = int(Key::BlockCount, None);
-        let head_dim = int(Key::KeyLength, Some(if n_head > 0 { n_embd / n_head } else { 0 }));
+        let head_dim = int(Key::KeyLength, Some(n_embd.checked_div(n_head).unwrap_or(0)));
         let grafted = arch == ARCH_HAMBURGER;
         let req = |d: usize| if grafted { None } else { Some(d) };
         let mut hp = HParams {
@@ -243,10 +246,7 @@ impl HParams {
             kv.extend([
                 (Key::MaxSteps, u(self.max_steps)),
                 (Key::MicroBlockCount, u(self.n_micro_layer)),
-                (
-                    Key::FeatureLayers,
-                    Value::Array(Array::U32(self.feature_layers.iter().map(|&l| l as u32).collect())),
-                ),
+                (Key::FeatureLayers, Value::Array(Array::U32(self.feature_layers.iter().map(|&l| l as u32).collect()))),
                 (Key::MergerHeadCount, u(self.n_merger_head)),
             ]);
         }
@@ -275,7 +275,9 @@ impl HParams {
             return out;
         }
         let (m_in, s) = (self.merger_in() as i64, self.max_steps as i64);
-        for (m, n_in) in [(MergerLinear::Q, d), (MergerLinear::K, m_in), (MergerLinear::V, m_in), (MergerLinear::Out, d)] {
+        for (m, n_in) in
+            [(MergerLinear::Q, d), (MergerLinear::K, m_in), (MergerLinear::V, m_in), (MergerLinear::Out, d)]
+        {
             out.push((TensorName::Merger(m, Part::Weight), vec![n_in, d]));
             out.push((TensorName::Merger(m, Part::Bias), vec![d]));
         }
@@ -293,12 +295,7 @@ impl HParams {
     }
 
     fn layer_shape(&self, lt: LayerTensor) -> Vec<i64> {
-        let (d, q, kv, ff) = (
-            self.n_embd as i64,
-            self.n_embd_q() as i64,
-            self.n_embd_kv() as i64,
-            self.n_ff as i64,
-        );
+        let (d, q, kv, ff) = (self.n_embd as i64, self.n_embd_q() as i64, self.n_embd_kv() as i64, self.n_ff as i64);
         match lt {
             LayerTensor::AttnNorm | LayerTensor::FfnNorm => vec![d],
             LayerTensor::AttnQ => vec![d, q],

@@ -3,7 +3,7 @@
 //! The base model's cache has one slot per macro step (a merged input writes
 //! ONE entry); the micro decoder's tiny cache is rewritten every macro step.
 
-use ggml::{Buffer, BufferType, Context, Graph, Tensor, Type};
+use ggml::{Buffer, BufferType, Context, Tensor, Type};
 
 use crate::Result;
 
@@ -27,7 +27,14 @@ impl KvCache {
     ///
     /// # Errors
     /// When a buffer cannot be allocated.
-    pub fn new(bufts: &[BufferType], n_slots: usize, n_embd_kv: usize, head_dim: usize, ty: Type, v_trans: bool) -> Result<KvCache> {
+    pub fn new(
+        bufts: &[BufferType],
+        n_slots: usize,
+        n_embd_kv: usize,
+        head_dim: usize,
+        ty: Type,
+        v_trans: bool,
+    ) -> Result<KvCache> {
         let mut groups: Vec<(BufferType, Context)> = Vec::new();
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for (il, buft) in bufts.iter().enumerate() {
@@ -80,27 +87,37 @@ impl KvCache {
         2 * self.k.len() * self.ty.row_size(self.n_embd_kv).unwrap_or(0)
     }
 
-    /// Records writes of `k_cur`/`v_cur` (`[E, n]`) of layer `il` into the slots
+    /// The writes of `k_cur`/`v_cur` (`[E, n]`) of layer `il` into the slots
     /// given by `k_idx` (`[n]` i64; for a transposed V, `v_idx` holds `[n*E]`
-    /// element indices). The writes are expanded into `gf` before anything reads the cache.
-    pub fn store(&self, g: &Context, gf: &mut Graph, il: usize, k_cur: &Tensor, v_cur: &Tensor, k_idx: &Tensor, v_idx: &Tensor) {
+    /// element indices). The caller expands them into the graph before
+    /// anything reads the cache.
+    pub fn store(
+        &self,
+        g: &Context,
+        il: usize,
+        k_cur: &Tensor,
+        v_cur: &Tensor,
+        k_idx: &Tensor,
+        v_idx: &Tensor,
+    ) -> [Tensor; 2] {
         let n = k_cur.ne()[1];
-        gf.expand(&g.set_rows(&self.k[il], k_cur, k_idx));
-        if self.v_trans {
+        let k = g.set_rows(&self.k[il], k_cur, k_idx);
+        let v = if self.v_trans {
             let e = self.n_embd_kv as i64;
             let dst = g.reshape(&self.v[il], &[1, e * self.n_slots as i64]);
             let src = g.reshape(v_cur, &[1, e * n]);
-            gf.expand(&g.set_rows(&dst, &src, v_idx));
+            g.set_rows(&dst, &src, v_idx)
         } else {
-            gf.expand(&g.set_rows(&self.v[il], v_cur, k_idx));
-        }
+            g.set_rows(&self.v[il], v_cur, k_idx)
+        };
+        [k, v]
     }
 
     /// Keys of the first `n_kv` slots of layer `il` as `[head_dim, n_kv, n_head_kv]`.
     pub fn k_view(&self, g: &Context, il: usize, n_kv: usize) -> Tensor {
         let k = &self.k[il];
         let (hd, row) = (self.head_dim, k.nb()[1]);
-        let esize = self.ty.row_size(hd).expect("head fits the cache type") ;
+        let esize = self.ty.row_size(hd).expect("head fits the cache type");
         g.view(k, &[hd as i64, n_kv as i64, (self.n_embd_kv / hd) as i64], &[row, esize], 0)
     }
 

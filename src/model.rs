@@ -15,7 +15,14 @@ use crate::{Error, Result};
 
 /// Token texts that end a turn or a text, as llama.cpp recognises them.
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<|eom_id|>", "<EOT>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|eom_id|>",
+    "<EOT>",
 ];
 
 /// The vocabulary facts the runtime needs (the tokenizer itself is built from

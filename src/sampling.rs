@@ -24,7 +24,15 @@ pub struct SamplerParams {
 
 impl Default for SamplerParams {
     fn default() -> Self {
-        SamplerParams { temp: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplerParams {
+            temp: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
@@ -113,13 +121,7 @@ fn softmax(cand: &[(u32, f32)], temp: f32) -> Vec<f32> {
 
 /// Index of the largest value (the first on ties).
 pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
+    ggml::llama::argmax(v) as u32
 }
 
 #[cfg(test)]
@@ -138,8 +140,14 @@ mod tests {
         assert_eq!(Sampler::new(p).sample(&logits, &[1]), 3);
         // Same seed, same samples.
         let p = SamplerParams { seed: 7, top_k: 0, top_p: 1.0, min_p: 0.0, temp: 1.0, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(p); (0..10).map(|_| s.sample(&logits, &[])).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p); (0..10).map(|_| s.sample(&logits, &[])).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..10).map(|_| s.sample(&logits, &[])).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..10).map(|_| s.sample(&logits, &[])).collect()
+        };
         assert_eq!(a, b);
     }
 }

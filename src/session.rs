@@ -234,7 +234,14 @@ impl<'m> Session<'m> {
         let tail = buft_of(first_gpu < hp.n_layer);
         let v_trans = !params.flash_attn;
         let kv = KvCache::new(&base_bufts, params.n_ctx, hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans)?;
-        let micro = KvCache::new(&vec![tail; hp.n_micro_layer], hp.micro_cache_len(), hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans)?;
+        let micro = KvCache::new(
+            &vec![tail; hp.n_micro_layer],
+            hp.micro_cache_len(),
+            hp.n_embd_kv(),
+            hp.head_dim,
+            params.kv_type,
+            v_trans,
+        )?;
         let fctx = Context::new(1, 0)?;
         let features = fctx.new_tensor(Type::F32, &[hp.n_embd as i64, hp.n_features() as i64]).named("features");
         let features_buf = Buffer::alloc_context(&fctx, tail)?;
@@ -310,10 +317,18 @@ impl<'m> Session<'m> {
             self.graphs.entries.insert(0, e);
         } else {
             let built = match key {
-                GraphKey::Base(shape) => base::build(self.model, &self.kv, &self.features, shape, self.attn_cfg(), &self.backends)?,
-                GraphKey::Micro { s, stop_head } => {
-                    micro::build(self.model, &self.micro, &self.features, s, stop_head, self.attn_cfg(), &self.backends)?
+                GraphKey::Base(shape) => {
+                    base::build(self.model, &self.kv, &self.features, shape, self.attn_cfg(), &self.backends)?
                 }
+                GraphKey::Micro { s, stop_head } => micro::build(
+                    self.model,
+                    &self.micro,
+                    &self.features,
+                    s,
+                    stop_head,
+                    self.attn_cfg(),
+                    &self.backends,
+                )?,
             };
             self.graphs.entries.insert(0, (key, built));
             self.graphs.entries.truncate(GRAPH_CACHE);
@@ -345,7 +360,11 @@ impl<'m> Session<'m> {
         if let Some(t) = &sg.p_stop {
             t.read(&mut p)?;
         }
-        Ok(StepOut { argmax: a[0] as u32, p_stop: p[0], logits: if want_logits { Some(sg.logits.to_vec_f32()?) } else { None } })
+        Ok(StepOut {
+            argmax: a[0] as u32,
+            p_stop: p[0],
+            logits: if want_logits { Some(sg.logits.to_vec_f32()?) } else { None },
+        })
     }
 
     /// One base forward over `tokens` (each its own input, or merged into one).
@@ -383,7 +402,8 @@ impl<'m> Session<'m> {
             return Err(Error::Invalid(format!("micro step {s} is beyond max_steps {}", self.model.hp.max_steps)));
         }
         let f = self.model.hp.n_features();
-        let (positions, first): (Vec<i32>, usize) = if s == 0 { ((0..=f as i32).collect(), 0) } else { (vec![(f + s) as i32], f + s) };
+        let (positions, first): (Vec<i32>, usize) =
+            if s == 0 { ((0..=f as i32).collect(), 0) } else { (vec![(f + s) as i32], f + s) };
         let data = Self::attention_data(&self.micro, &positions, first, f + s + 1, self.params.flash_attn);
         let sg = self.graph(GraphKey::Micro { s, stop_head: self.needs_stop_head() })?;
         sg.tokens.write(&[token as i32])?;
@@ -472,7 +492,7 @@ impl<'m> Session<'m> {
         gen.timings.prompt_tokens = prompt.len();
         gen.timings.prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
-        while n_predict > 0 {
+        while gen.output_ids.len() < n_predict {
             let step = self.macro_step(out, sampler, n_predict - gen.output_ids.len(), want_logits)?;
             for (s, r) in gen.timings.reached.iter_mut().enumerate() {
                 *r += usize::from(step.tokens.len() > s);
@@ -484,7 +504,7 @@ impl<'m> Session<'m> {
             self.pending = kept.to_vec();
             let go_on = on_step(kept);
             gen.macro_steps.push(step);
-            if eog.is_some() || gen.output_ids.len() >= n_predict || !go_on {
+            if eog.is_some() || !go_on || gen.output_ids.len() >= n_predict {
                 break;
             }
             let pending = std::mem::take(&mut self.pending);
@@ -502,7 +522,13 @@ impl<'m> Session<'m> {
 
     /// The micro loop of one macro step, starting from out_0's outputs `first`,
     /// emitting at most `budget` tokens.
-    fn macro_step(&mut self, first: StepOut, sampler: &mut Sampler, budget: usize, want_logits: bool) -> Result<MacroStep> {
+    fn macro_step(
+        &mut self,
+        first: StepOut,
+        sampler: &mut Sampler,
+        budget: usize,
+        want_logits: bool,
+    ) -> Result<MacroStep> {
         let max_steps = self.max_steps();
         let mut step = MacroStep::default();
         let mut out = first;

@@ -156,7 +156,12 @@ pub fn load(
         want[..ne.len()].copy_from_slice(ne);
         if info.ne != want {
             let n = info.ne.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1).max(ne.len());
-            return Err(Error::TensorShape { path: path.clone(), name: s, expected: ne.clone(), got: info.ne[..n].to_vec() });
+            return Err(Error::TensorShape {
+                path: path.clone(),
+                name: s,
+                expected: ne.clone(),
+                got: info.ne[..n].to_vec(),
+            });
         }
         if !type_allowed(*name, info.ty) || info.ty.row_size(ne[0] as usize).is_none() {
             return Err(Error::TensorType { path: path.clone(), name: s, ty: info.ty });
@@ -178,7 +183,8 @@ pub fn load(
     // copy there, as llama.cpp duplicates it, so the product runs on the device.
     let mut output_dup = None;
     if tied {
-        let embd = &offsets.iter().find(|o| o.0.name() == TensorName::TokenEmbd.to_string()).expect("embedding").clone();
+        let embd =
+            &offsets.iter().find(|o| o.0.name() == TensorName::TokenEmbd.to_string()).expect("embedding").clone();
         let ne = [hp.n_embd as i64, hp.n_vocab as i64];
         let place = placement(TensorName::Output, embd.0.ty(), &ne);
         if place != embd.3 {
@@ -246,7 +252,8 @@ pub fn load(
         out: linear(MergerLinear::Out),
         pos: take(TensorName::MergerPos),
     };
-    let mut stop = |s: StopLinear| Linear { w: take(TensorName::Stop(s, Part::Weight)), b: take(TensorName::Stop(s, Part::Bias)) };
+    let mut stop =
+        |s: StopLinear| Linear { w: take(TensorName::Stop(s, Part::Weight)), b: take(TensorName::Stop(s, Part::Bias)) };
     let stop = StopHeadWeights { fc1: stop(StopLinear::Fc1), fc2: stop(StopLinear::Fc2), out: stop(StopLinear::Out) };
     Ok(Weights {
         tok_embd: take(TensorName::TokenEmbd),

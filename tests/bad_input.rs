@@ -56,7 +56,10 @@ fn missing_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("missing.gguf");
     rewrite(&tiny(false), &p, Some("micro.blk.1.ffn_up.weight"), None);
-    assert_clean_error(&["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "4"], &["missing.gguf", "micro.blk.1.ffn_up.weight"]);
+    assert_clean_error(
+        &["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "4"],
+        &["missing.gguf", "micro.blk.1.ffn_up.weight"],
+    );
 }
 
 #[test]
@@ -64,7 +67,10 @@ fn wrong_shape() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("shape.gguf");
     rewrite(&tiny(false), &p, None, Some(("blk.2.attn_k.weight", vec![64, 128])));
-    assert_clean_error(&["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3"], &["shape.gguf", "blk.2.attn_k.weight", "[128, 64]"]);
+    assert_clean_error(
+        &["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3"],
+        &["shape.gguf", "blk.2.attn_k.weight", "[128, 64]"],
+    );
 }
 
 #[test]
@@ -90,7 +96,10 @@ fn truncated_and_junk_files() {
 fn prompt_longer_than_the_context() {
     let p = tiny(false);
     let ids: Vec<String> = (3..40).map(|i| i.to_string()).collect();
-    assert_clean_error(&["-m", p.to_str().unwrap(), "-c", "32", "--prompt-ids", &ids.join(","), "-n", "4"], &["context"]);
+    assert_clean_error(
+        &["-m", p.to_str().unwrap(), "-c", "32", "--prompt-ids", &ids.join(","), "-n", "4"],
+        &["context"],
+    );
     assert_clean_error(&["-m", p.to_str().unwrap(), "-c", "32", "--prompt-ids", "1,2,3", "-n", "40"], &["context"]);
 }
 
@@ -112,7 +121,19 @@ fn invalid_flags() {
 #[test]
 fn json_output_follows_the_schema() {
     let p = tiny(false);
-    let (ok, out, err) = cli(&["-m", p.to_str().unwrap(), "-p", "The license grants", "-n", "10", "--temp", "0", "--confidence", "0.3", "--json"]);
+    let (ok, out, err) = cli(&[
+        "-m",
+        p.to_str().unwrap(),
+        "-p",
+        "The license grants",
+        "-n",
+        "10",
+        "--temp",
+        "0",
+        "--confidence",
+        "0.3",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim_end().lines().last().unwrap()).unwrap();
     for k in ["prompt_ids", "output_ids", "macro_steps", "text", "timings"] {
@@ -121,7 +142,12 @@ fn json_output_follows_the_schema() {
     for k in ["prompt_tokens", "prompt_ms", "gen_tokens", "gen_ms", "macro_steps", "tokens_per_step", "kv_entries"] {
         assert!(v["timings"].get(k).is_some(), "missing timings.{k}");
     }
-    let steps: Vec<u64> = v["macro_steps"].as_array().unwrap().iter().flat_map(|s| s.as_array().unwrap().iter().map(|x| x.as_u64().unwrap())).collect();
+    let steps: Vec<u64> = v["macro_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
+        .collect();
     let out_ids: Vec<u64> = v["output_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
     assert_eq!(steps, out_ids, "macro steps concatenate to the output");
     assert_eq!(out_ids.len(), 10);

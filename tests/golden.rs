@@ -15,12 +15,26 @@ fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
 
 #[test]
 fn golden_cases_in_f32_plain_attention() {
-    let p = SessionParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, keep_logits: true, n_threads: 2, ..Default::default() };
+    let p = SessionParams {
+        n_ctx: 256,
+        kv_type: ggml::Type::F32,
+        flash_attn: false,
+        keep_logits: true,
+        n_threads: 2,
+        ..Default::default()
+    };
     check_all_cases(p, 1e-3, 1e-4);
 }
 
 #[test]
 fn golden_cases_in_f32_flash_attention() {
-    let p = SessionParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: true, keep_logits: true, n_threads: 2, ..Default::default() };
+    let p = SessionParams {
+        n_ctx: 256,
+        kv_type: ggml::Type::F32,
+        flash_attn: true,
+        keep_logits: true,
+        n_threads: 2,
+        ..Default::default()
+    };
     check_all_cases(p, 1e-3, 1e-4);
 }

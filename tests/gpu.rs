@@ -13,7 +13,9 @@ mod common;
 fn gpu() -> Option<ggml::Device> {
     let d = device::select(DeviceChoice::Auto).unwrap();
     if d.is_none() {
-        eprintln!("skipped: no GPU backend in this build or no GPU on this machine (build with --features cuda or metal)");
+        eprintln!(
+            "skipped: no GPU backend in this build or no GPU on this machine (build with --features cuda or metal)"
+        );
     }
     d
 }
@@ -31,10 +33,16 @@ fn greedy_tokens(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n:
 
 fn smollm2_prompts(model: &Model) -> Vec<Vec<u32>> {
     let tok = Tokenizer::from_model(model).unwrap();
-    ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "The three primary colors are", "Water boils at"]
-        .iter()
-        .map(|p| tok.encode(p, true).unwrap())
-        .collect()
+    [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time,",
+        "The three primary colors are",
+        "Water boils at",
+    ]
+    .iter()
+    .map(|p| tok.encode(p, true).unwrap())
+    .collect()
 }
 
 #[test]
@@ -42,7 +50,13 @@ fn golden_cases_on_the_gpu() {
     let Some(gpu) = gpu() else { return };
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
     let model = Model::load_offloaded(&gguf, Offload { gpu: Some(gpu), n_gpu_layers: 999 }).unwrap();
-    let p = SessionParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, keep_logits: true, ..Default::default() };
+    let p = SessionParams {
+        n_ctx: 256,
+        kv_type: ggml::Type::F32,
+        flash_attn: false,
+        keep_logits: true,
+        ..Default::default()
+    };
     common::check_golden(&model, p, 5e-3, 5e-4);
 }
 
@@ -51,7 +65,13 @@ fn partial_offload_decodes_like_the_cpu_in_f32() {
     let Some(gpu) = gpu() else { return };
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
     let cpu = Model::load(&gguf).unwrap();
-    let p = SessionParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, confidence: 0.3, ..Default::default() };
+    let p = SessionParams {
+        n_ctx: 256,
+        kv_type: ggml::Type::F32,
+        flash_attn: false,
+        confidence: 0.3,
+        ..Default::default()
+    };
     let prompts = smollm2_prompts(&cpu);
     let want = greedy_tokens(&cpu, &p, &prompts, 32);
     for ngl in [10, 30] {

@@ -28,7 +28,8 @@ fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {
     let base = LlamaModel::load(&converted(&ck, "smollm2", ty, true).unwrap(), 0).unwrap();
     let lp = LlamaContextParams { n_ctx: 256, flash_attn: Some(flash), kv_type, n_threads: 2, ..Default::default() };
     let mut llama = LlamaContext::new(&base, lp).unwrap();
-    let sp = SessionParams { n_ctx: 256, confidence: 1.01, kv_type, flash_attn: flash, n_threads: 2, ..Default::default() };
+    let sp =
+        SessionParams { n_ctx: 256, confidence: 1.01, kv_type, flash_attn: flash, n_threads: 2, ..Default::default() };
     let mut session = Session::new(&ours, sp).unwrap();
     let tok = Tokenizer::from_model(&ours).unwrap();
     for p in PROMPTS {
@@ -56,7 +57,14 @@ fn one_token_per_step_equals_libllama_q8_0() {
 fn lower_confidence_emits_several_tokens_per_kv_entry() {
     let ck = smollm2_checkpoint().unwrap();
     let model = Model::load(&converted(&ck, "smollm2", ggml::Type::F32, false).unwrap()).unwrap();
-    let sp = SessionParams { n_ctx: 256, confidence: 0.3, kv_type: ggml::Type::F32, flash_attn: false, n_threads: 2, ..Default::default() };
+    let sp = SessionParams {
+        n_ctx: 256,
+        confidence: 0.3,
+        kv_type: ggml::Type::F32,
+        flash_attn: false,
+        n_threads: 2,
+        ..Default::default()
+    };
     let mut session = Session::new(&model, sp).unwrap();
     let tok = Tokenizer::from_model(&model).unwrap();
     let reference = Reference::load(&ck, &ck).unwrap();
@@ -72,7 +80,9 @@ fn lower_confidence_emits_several_tokens_per_kv_entry() {
         let eos: Vec<u32> = model.vocab.eog.clone();
         let want: Vec<Vec<u32>> = reference.generate(&ids, 0.3, 24, &eos).into_iter().map(|s| s.tokens).collect();
         let got: Vec<Vec<u32>> = gen.macro_steps.iter().map(|s| s.tokens.clone()).collect();
-        let flat = |v: &[Vec<u32>]| v.iter().enumerate().flat_map(|(i, s)| s.iter().map(move |&t| (i, t))).take(24).collect::<Vec<_>>();
+        let flat = |v: &[Vec<u32>]| {
+            v.iter().enumerate().flat_map(|(i, s)| s.iter().map(move |&t| (i, t))).take(24).collect::<Vec<_>>()
+        };
         assert_eq!(flat(&got), flat(&want), "{p:?}");
     }
     assert!(tokens as f64 / steps as f64 > 1.3, "{tokens} tokens in {steps} macro steps");

@@ -26,7 +26,9 @@ fn merger_graph_equals_plain_rust() {
         let want = reference.merge(&tokens);
         assert!(close(&got, &want, 1e-5), "{tokens:?}: {:?} vs {:?}", &got[..4], &want[..4]);
         // And it is not just the mean: the attention part contributes.
-        let mean: Vec<f32> = (0..want.len()).map(|i| tokens.iter().map(|&t| reference_embed(&model, t)[i]).sum::<f32>() / tokens.len() as f32).collect();
+        let mean: Vec<f32> = (0..want.len())
+            .map(|i| tokens.iter().map(|&t| reference_embed(&model, t)[i]).sum::<f32>() / tokens.len() as f32)
+            .collect();
         assert!(!close(&got, &mean, 1e-4));
     }
 }
@@ -42,7 +44,14 @@ fn merged_input_sits_at_the_position_of_its_last_token() {
     let (model, reference) = tiny();
     let prompt = [54u32, 442, 437, 223, 368];
     let step = [162u32, 12, 200];
-    let p = SessionParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, keep_logits: true, n_threads: 2, ..Default::default() };
+    let p = SessionParams {
+        n_ctx: 64,
+        kv_type: Type::F32,
+        flash_attn: false,
+        keep_logits: true,
+        n_threads: 2,
+        ..Default::default()
+    };
     let mut s = Session::new(&model, p).unwrap();
     s.feed(&prompt, false).unwrap();
     // Feed the step's tokens as the pending output of a macro step: merged into one input.

@@ -95,9 +95,9 @@ impl Checkpoint {
             } else if single.exists() {
                 ck.load_safetensors(&single)?;
             } else {
-                return Err(ck.error(format!(
-                    "directory holds neither model.safetensors nor model.safetensors.index.json"
-                )));
+                return Err(
+                    ck.error("directory holds neither model.safetensors nor model.safetensors.index.json".to_string())
+                );
             }
             return Ok(ck);
         }
@@ -110,9 +110,9 @@ impl Checkpoint {
         } else if path.extension().is_some_and(|e| e == "safetensors") {
             ck.load_safetensors(path)?;
         } else {
-            return Err(ck.error(
-                "not a torch zip checkpoint (.ckpt/.pt), .safetensors file, or safetensors index".into(),
-            ));
+            return Err(
+                ck.error("not a torch zip checkpoint (.ckpt/.pt), .safetensors file, or safetensors index".into())
+            );
         }
         Ok(ck)
     }
@@ -125,17 +125,20 @@ impl Checkpoint {
         let text = std::fs::read_to_string(index).map_err(|e| ConvertError::io(index, e))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| ConvertError::Checkpoint { path: index.into(), msg: format!("invalid JSON: {e}") })?;
-        let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ConvertError::Checkpoint {
-            path: index.into(),
-            msg: "no weight_map".into(),
-        })?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ConvertError::Checkpoint { path: index.into(), msg: "no weight_map".into() })?;
         let mut shards: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
         shards.sort();
         shards.dedup();
         let dir = index.parent().unwrap_or(Path::new("."));
         for shard in shards {
             if shard.contains("..") || Path::new(shard).is_absolute() {
-                return Err(ConvertError::Checkpoint { path: index.into(), msg: format!("shard path {shard} leaves the directory") });
+                return Err(ConvertError::Checkpoint {
+                    path: index.into(),
+                    msg: format!("shard path {shard} leaves the directory"),
+                });
             }
             self.load_safetensors(&dir.join(shard))?;
         }
@@ -204,9 +207,8 @@ impl Checkpoint {
                 entries.insert(name, (start, size));
             }
         }
-        let &(pkl_start, pkl_len) = entries
-            .get(&pkl)
-            .ok_or_else(|| self.error("data.pkl is compressed (not written by torch.save)".into()))?;
+        let &(pkl_start, pkl_len) =
+            entries.get(&pkl).ok_or_else(|| self.error("data.pkl is compressed (not written by torch.save)".into()))?;
         let root = pickle::unpickle(&bytes[pkl_start..pkl_start + pkl_len], pickle::torch_storage)
             .map_err(|e| self.error(e.to_string()))?;
 
@@ -233,16 +235,22 @@ impl Checkpoint {
                 continue;
             };
             let entry = format!("{prefix}data/{}", t.storage.key);
-            let &(start, size) = entries.get(&entry).ok_or_else(|| {
-                self.error(format!("tensor {name}: storage {entry} is missing or compressed"))
-            })?;
+            let &(start, size) = entries
+                .get(&entry)
+                .ok_or_else(|| self.error(format!("tensor {name}: storage {entry} is missing or compressed")))?;
             let src = self.torch_tensor(&name, &t, start, size)?;
             self.tensors.insert(name.to_string(), src);
         }
         Ok(())
     }
 
-    fn torch_tensor(&self, name: &str, t: &Rc<pickle::TensorRef>, start: usize, size: usize) -> Result<SourceTensor, ConvertError> {
+    fn torch_tensor(
+        &self,
+        name: &str,
+        t: &Rc<pickle::TensorRef>,
+        start: usize,
+        size: usize,
+    ) -> Result<SourceTensor, ConvertError> {
         let esize = t.storage.dtype.size();
         let dtype = match t.storage.dtype {
             StorageDtype::F32 => Ok(SrcDtype::F32),
@@ -259,7 +267,10 @@ impl Checkpoint {
             }
             expect = expect.saturating_mul(dim);
         }
-        let numel: usize = t.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+        let numel: usize = t
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| self.error(format!("tensor {name} has an overflowing shape")))?;
         let end = t.offset.checked_add(numel).filter(|&e| e <= t.storage.numel);
         let bytes_end = end.and_then(|e| e.checked_mul(esize)).filter(|&b| b <= size);

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use hamburger::hparams::{default_feature_layers, HParams, DEFAULT_MAX_STEPS, DEFAULT_MERGER_HEADS, DEFAULT_MICRO_LAYERS};
+use hamburger::hparams::{
+    default_feature_layers, HParams, DEFAULT_MAX_STEPS, DEFAULT_MERGER_HEADS, DEFAULT_MICRO_LAYERS,
+};
 use serde::Deserialize;
 
 use crate::ConvertError;

@@ -172,7 +172,9 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
         bytes_in.fetch_add(read, std::sync::atomic::Ordering::Relaxed);
         Ok::<_, ConvertError>(bytes)
     };
-    quant::stream::write_ordered(&mut out, &chunks, convert, |c| bar.inc(((c.row1 - c.row0) * planned[c.tensor].row_len()) as u64))?;
+    quant::stream::write_ordered(&mut out, &chunks, convert, |c| {
+        bar.inc(((c.row1 - c.row0) * planned[c.tensor].row_len()) as u64)
+    })?;
     bar.finish_and_clear();
     out.finish()?;
     let bytes_in = bytes_in.into_inner();

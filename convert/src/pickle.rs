@@ -145,10 +145,7 @@ impl Value {
 
     /// The value under string key `key` of a dict.
     pub fn get(&self, key: &str) -> Option<Value> {
-        self.dict_entries()?
-            .into_iter()
-            .find(|(k, _)| matches!(k, Value::Str(s) if &**s == key))
-            .map(|(_, v)| v)
+        self.dict_entries()?.into_iter().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v)
     }
 
     fn items(&self) -> Option<Vec<Value>> {
@@ -236,9 +233,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or_else(|| {
-            PickleError(format!("truncated: {n} bytes needed at offset {}", self.pos))
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or_else(|| PickleError(format!("truncated: {n} bytes needed at offset {}", self.pos)))?;
         let s = &self.data[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -303,8 +302,12 @@ pub fn unpickle(
         let at = r.pos;
         let op = r.u8()?;
         match op {
-            0x80 => { r.u8()?; } // PROTO
-            0x95 => { r.u64()?; } // FRAME
+            0x80 => {
+                r.u8()?;
+            } // PROTO
+            0x95 => {
+                r.u64()?;
+            } // FRAME
             b'.' => return stack.pop().ok_or_else(|| err("empty stack at STOP".into())),
             b'(' => marks.push(stack.len()),
             b'N' => stack.push(Value::None),
@@ -330,18 +333,50 @@ pub fn unpickle(
                 stack.push(Value::Int(v));
             }
             b'G' => stack.push(Value::Float(f64::from_be_bytes(r.take(8)?.try_into().unwrap()))),
-            b'X' => { let n = r.u32()? as usize; let v = r.string(n)?; stack.push(v); }
-            0x8c => { let n = r.u8()? as usize; let v = r.string(n)?; stack.push(v); }
-            0x8d => { let n = r.u64()?; let v = r.string(usize::try_from(n).map_err(|_| err("huge string".into()))?)?; stack.push(v); }
-            b'T' => { let n = r.u32()? as usize; let v = r.string(n)?; stack.push(v); } // BINSTRING
-            b'U' => { let n = r.u8()? as usize; let v = r.string(n)?; stack.push(v); } // SHORT_BINSTRING
-            b'B' => { let n = r.u32()? as usize; stack.push(Value::Bytes(r.take(n)?.into())); }
-            b'C' => { let n = r.u8()? as usize; stack.push(Value::Bytes(r.take(n)?.into())); }
+            b'X' => {
+                let n = r.u32()? as usize;
+                let v = r.string(n)?;
+                stack.push(v);
+            }
+            0x8c => {
+                let n = r.u8()? as usize;
+                let v = r.string(n)?;
+                stack.push(v);
+            }
+            0x8d => {
+                let n = r.u64()?;
+                let v = r.string(usize::try_from(n).map_err(|_| err("huge string".into()))?)?;
+                stack.push(v);
+            }
+            b'T' => {
+                let n = r.u32()? as usize;
+                let v = r.string(n)?;
+                stack.push(v);
+            } // BINSTRING
+            b'U' => {
+                let n = r.u8()? as usize;
+                let v = r.string(n)?;
+                stack.push(v);
+            } // SHORT_BINSTRING
+            b'B' => {
+                let n = r.u32()? as usize;
+                stack.push(Value::Bytes(r.take(n)?.into()));
+            }
+            b'C' => {
+                let n = r.u8()? as usize;
+                stack.push(Value::Bytes(r.take(n)?.into()));
+            }
             b')' => stack.push(Value::Tuple(Value::container(Vec::new()))),
             b']' => stack.push(Value::List(Value::container(Vec::new()))),
             b'}' => stack.push(Value::Dict(Value::container(Vec::new()))),
-            b't' => { let items = pop_mark!(); stack.push(Value::Tuple(Value::container(items))); }
-            b'l' => { let items = pop_mark!(); stack.push(Value::List(Value::container(items))); }
+            b't' => {
+                let items = pop_mark!();
+                stack.push(Value::Tuple(Value::container(items)));
+            }
+            b'l' => {
+                let items = pop_mark!();
+                stack.push(Value::List(Value::container(items)));
+            }
             b'd' => {
                 let items = pop_mark!();
                 if items.len() % 2 != 0 {
@@ -349,7 +384,7 @@ pub fn unpickle(
                 }
                 stack.push(Value::Dict(Value::container(items)));
             }
-            0x85 | 0x86 | 0x87 => {
+            0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
                 if stack.len() < n {
                     return Err(err("stack underflow".into()));
@@ -458,12 +493,20 @@ pub fn unpickle(
             }
             b'h' | b'j' => {
                 let idx = if op == b'h' { r.u8()? as usize } else { r.u32()? as usize };
-                let v = memo.get(idx).cloned().flatten().ok_or_else(|| err(format!("memo {idx} unset at offset {at}")))?;
+                let v =
+                    memo.get(idx).cloned().flatten().ok_or_else(|| err(format!("memo {idx} unset at offset {at}")))?;
                 stack.push(v);
             }
-            b'0' => { pop!(); }
-            b'1' => { let _ = pop_mark!(); }
-            b'2' => { let v = stack.last().cloned().ok_or_else(|| err("DUP of empty stack".into()))?; stack.push(v); }
+            b'0' => {
+                pop!();
+            }
+            b'1' => {
+                let _ = pop_mark!();
+            }
+            b'2' => {
+                let v = stack.last().cloned().ok_or_else(|| err("DUP of empty stack".into()))?;
+                stack.push(v);
+            }
             other => return Err(err(format!("unsupported opcode 0x{other:02x} at offset {at}"))),
         }
     }
@@ -479,8 +522,7 @@ pub fn torch_storage(pid: &Value) -> Result<Value, String> {
     match items.as_slice() {
         [Value::Str(kind), Value::Global(class), Value::Str(key), _location, numel] if &**kind == "storage" => {
             let class_name = class.rsplit('.').next().unwrap_or("");
-            let dtype = StorageDtype::from_class(class_name)
-                .ok_or_else(|| format!("unknown storage class {class}"))?;
+            let dtype = StorageDtype::from_class(class_name).ok_or_else(|| format!("unknown storage class {class}"))?;
             Ok(Value::Storage(Rc::new(Storage {
                 dtype,
                 key: key.to_string(),

@@ -140,7 +140,9 @@ pub fn detect_tied(ck: &Checkpoint, base: &str, config_tied: bool) -> Result<boo
 
 /// The base model's key prefix in `ck`.
 pub fn base_prefix(ck: &Checkpoint) -> &'static str {
-    if ck.tensors.contains_key("model.embed_tokens.weight") && !ck.tensors.contains_key("model.model.embed_tokens.weight") {
+    if ck.tensors.contains_key("model.embed_tokens.weight")
+        && !ck.tensors.contains_key("model.model.embed_tokens.weight")
+    {
         ""
     } else {
         HAMBURGER_BASE
@@ -207,7 +209,8 @@ pub fn plan(
     }
     for key in ck.tensors.keys() {
         let grafted = key.starts_with("comp_embedder.") || key.starts_with("micro_step_decoder.");
-        if !used.contains(key) && !ignorable(key) && !(base_only && grafted) {
+        let skipped = ignorable(key) || (base_only && grafted);
+        if !used.contains(key) && !skipped {
             return Err(ConvertError::UnexpectedTensor { path: ck.path.clone(), name: key.clone() });
         }
     }
@@ -220,12 +223,7 @@ fn check_source(ck: &Checkpoint, key: &str, t: &SourceTensor, ne: &[i64]) -> Res
     }
     let expected: Vec<usize> = ne.iter().rev().map(|&d| d as usize).collect();
     if t.shape != expected {
-        return Err(ConvertError::Shape {
-            path: ck.path.clone(),
-            name: key.into(),
-            expected,
-            got: t.shape.clone(),
-        });
+        return Err(ConvertError::Shape { path: ck.path.clone(), name: key.into(), expected, got: t.shape.clone() });
     }
     Ok(())
 }

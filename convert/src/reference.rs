@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use hamburger::hparams::HParams;
+pub use hamburger::sampling::argmax;
 use rayon::prelude::*;
 
 use crate::checkpoint::Checkpoint;
@@ -56,7 +57,13 @@ fn silu(x: f32) -> f32 {
 
 fn softmax(v: &mut [f32]) {
     let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f32 = v.iter_mut().map(|x| { *x = (*x - m).exp(); *x }).sum();
+    let s: f32 = v
+        .iter_mut()
+        .map(|x| {
+            *x = (*x - m).exp();
+            *x
+        })
+        .sum();
     v.iter_mut().for_each(|x| *x /= s);
 }
 
@@ -113,7 +120,7 @@ impl Reference {
 
     /// One Llama decoder layer (prefix e.g. `model.model.layers.3`) on input `x`
     /// at rope position `pos`, appending to `cache`; causal over everything cached.
-    fn layer(&self, prefix: &str, x: &mut Vec<f32>, pos: usize, cache: &mut Cache) {
+    fn layer(&self, prefix: &str, x: &mut [f32], pos: usize, cache: &mut Cache) {
         let hp = &self.hp;
         let (hd, nh, nkv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
         let p = |n: &str| format!("{prefix}.{n}");
@@ -132,7 +139,9 @@ impl Reference {
             let mut scores: Vec<f32> = cache
                 .k
                 .iter()
-                .map(|k| qh.iter().zip(&k[kvh * hd..(kvh + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt())
+                .map(|k| {
+                    qh.iter().zip(&k[kvh * hd..(kvh + 1) * hd]).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()
+                })
                 .collect();
             softmax(&mut scores);
             for (s, v) in scores.iter().zip(&cache.v) {
@@ -158,8 +167,8 @@ impl Reference {
     /// features (last one normed) and the caches updated.
     fn base_forward(&self, mut x: Vec<f32>, pos: usize, caches: &mut [Cache]) -> Vec<Vec<f32>> {
         let mut features = Vec::new();
-        for l in 0..self.hp.n_layer {
-            self.layer(&format!("model.model.layers.{l}"), &mut x, pos, &mut caches[l]);
+        for (l, cache) in caches.iter_mut().enumerate() {
+            self.layer(&format!("model.model.layers.{l}"), &mut x, pos, cache);
             if self.hp.feature_layers.contains(&l) {
                 features.push(x.clone());
             }
@@ -264,7 +273,14 @@ impl Reference {
 
     /// [`Reference::generate`], optionally with every macro step forced to emit
     /// `forced` tokens (the stop head ignored).
-    pub fn generate_with(&self, prompt: &[u32], confidence: f32, forced: Option<usize>, max_new: usize, eos: &[u32]) -> Vec<RefStep> {
+    pub fn generate_with(
+        &self,
+        prompt: &[u32],
+        confidence: f32,
+        forced: Option<usize>,
+        max_new: usize,
+        eos: &[u32],
+    ) -> Vec<RefStep> {
         let hp = &self.hp;
         let mut caches = vec![Cache::default(); hp.n_layer];
         let mut feats = Vec::new();
@@ -299,8 +315,8 @@ impl Reference {
                 }
                 inputs.push((self.embed(tok), hp.n_features() + s));
                 for (mut x, pos) in inputs {
-                    for l in 0..hp.n_micro_layer {
-                        self.layer(&format!("micro_step_decoder.decoders.{l}"), &mut x, pos, &mut micro[l]);
+                    for (l, cache) in micro.iter_mut().enumerate() {
+                        self.layer(&format!("micro_step_decoder.decoders.{l}"), &mut x, pos, cache);
                     }
                     out = x;
                 }
@@ -316,15 +332,4 @@ impl Reference {
             feats = self.base_forward(merged, pos, &mut caches);
         }
     }
-}
-
-/// Index of the largest value (first on ties).
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

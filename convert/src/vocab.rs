@@ -84,7 +84,8 @@ impl Vocab {
         let tc: Json = match tokenizer_config {
             Some(p) if p.exists() => {
                 let text = std::fs::read_to_string(p).map_err(|e| ConvertError::io(p, e))?;
-                serde_json::from_str(&text).map_err(|e| ConvertError::Tokenizer { path: p.into(), msg: format!("invalid JSON: {e}") })?
+                serde_json::from_str(&text)
+                    .map_err(|e| ConvertError::Tokenizer { path: p.into(), msg: format!("invalid JSON: {e}") })?
             }
             _ => Json::Null,
         };
@@ -106,7 +107,8 @@ impl Vocab {
         }
         let mut specials: HashMap<String, i64> = HashMap::new();
         for t in tj.get("added_tokens").and_then(Json::as_array).into_iter().flatten() {
-            let (Some(id), Some(text)) = (t.get("id").and_then(Json::as_i64), t.get("content").and_then(Json::as_str)) else {
+            let (Some(id), Some(text)) = (t.get("id").and_then(Json::as_i64), t.get("content").and_then(Json::as_str))
+            else {
                 return Err(bad("malformed added token".into()));
             };
             let special = t.get("special").and_then(Json::as_bool).unwrap_or(false);
@@ -125,14 +127,19 @@ impl Vocab {
             .iter()
             .map(|m| match m {
                 Json::String(s) => Ok(s.clone()),
-                Json::Array(p) if p.len() == 2 => Ok(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or(""))),
+                Json::Array(p) if p.len() == 2 => {
+                    Ok(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or("")))
+                }
                 _ => Err(bad("malformed merge".into())),
             })
             .collect::<Result<_, _>>()?;
         let pre = match pre_override {
             Some(p) => p.to_string(),
             None => detect_pre(tj.get("pre_tokenizer").unwrap_or(&Json::Null))
-                .ok_or_else(|| bad("unrecognised pre-tokenizer; name llama.cpp's with --vocab-pre (gpt-2, llama-bpe, smollm, ...)".into()))?
+                .ok_or_else(|| {
+                    bad("unrecognised pre-tokenizer; name llama.cpp's with --vocab-pre (gpt-2, llama-bpe, smollm, ...)"
+                        .into())
+                })?
                 .to_string(),
         };
         let lookup = |key: &str| -> Option<i64> {

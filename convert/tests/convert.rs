@@ -70,7 +70,15 @@ fn hparam_flags_override_hamburger_json() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o.gguf");
     let src = tiny_fixture().join("model.safetensors");
-    let (ok, err) = run(&[src.to_str().unwrap(), "-o", out.to_str().unwrap(), "--feature-layers", "1,5,15", "--merger-heads", "32"]);
+    let (ok, err) = run(&[
+        src.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--feature-layers",
+        "1,5,15",
+        "--merger-heads",
+        "32",
+    ]);
     assert!(ok, "{err}");
     let g = Gguf::open(&out).unwrap();
     assert_eq!(g.get("hamburger.merger.head_count").unwrap().as_int(), Some(32));
@@ -102,7 +110,8 @@ fn base_only_smollm2_runs_in_libllama_like_the_original_layout() {
     assert!(g.tensors.iter().all(|t| !t.name.starts_with("merger") && !t.name.starts_with("micro")));
 
     let model = LlamaModel::load(&gguf, 0).unwrap();
-    let params = LlamaContextParams { n_ctx: 256, flash_attn: Some(false), kv_type: ggml::Type::F32, ..Default::default() };
+    let params =
+        LlamaContextParams { n_ctx: 256, flash_attn: Some(false), kv_type: ggml::Type::F32, ..Default::default() };
     let mut ctx = LlamaContext::new(&model, params).unwrap();
     let reference = Reference::load(&ck, &ck).unwrap();
     for prompt in smollm2_prompts(&model) {
@@ -121,8 +130,13 @@ fn embedded_tokenizer_matches_llama_cpp_on_the_original_gguf() {
     let ck = testmodel::smollm2_checkpoint().unwrap();
     let gguf = testmodel::converted(&ck, "smollm2", ggml::Type::F32, true).unwrap();
     let ours = LlamaModel::load(&gguf, 0).unwrap();
-    for text in ["Hello world! 12345 apples cost $3.50.", "<|im_start|>user\nHi<|im_end|>\n", "  spaced\ttabs\nlines  "] {
-        assert_eq!(ours.tokenize(text, false, true).unwrap(), original.tokenize(text, false, true).unwrap(), "{text:?}");
+    for text in ["Hello world! 12345 apples cost $3.50.", "<|im_start|>user\nHi<|im_end|>\n", "  spaced\ttabs\nlines  "]
+    {
+        assert_eq!(
+            ours.tokenize(text, false, true).unwrap(),
+            original.tokenize(text, false, true).unwrap(),
+            "{text:?}"
+        );
     }
 }
 
@@ -139,7 +153,10 @@ fn scratch() -> tempfile::TempDir {
 }
 
 /// Rewrites the fixture's safetensors with `edit` applied to the tensor list.
-fn edited_safetensors(dir: &Path, edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)) -> PathBuf {
+fn edited_safetensors(
+    dir: &Path,
+    edit: impl FnOnce(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>),
+) -> PathBuf {
     let bytes = std::fs::read(tiny_fixture().join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut list: Vec<_> =
@@ -231,7 +248,11 @@ fn integer_and_unknown_dtypes_are_rejected() {
 fn config_that_does_not_match_the_weights_is_rejected() {
     let dir = scratch();
     let cfg = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
-    std::fs::write(dir.path().join("config.json"), cfg.replace("\"intermediate_size\": 256", "\"intermediate_size\": 512")).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        cfg.replace("\"intermediate_size\": 256", "\"intermediate_size\": 512"),
+    )
+    .unwrap();
     std::fs::copy(tiny_fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
     assert_rejected(&dir.path().join("model.safetensors"), &["mlp"]);
 }
@@ -241,6 +262,7 @@ fn missing_config_and_bad_flags_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(tiny_fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
     assert_rejected(&dir.path().join("model.safetensors"), &["config.json"]);
-    let (ok, err) = run(&[tiny_fixture().join("model.safetensors").to_str().unwrap(), "-o", "x.gguf", "--outtype", "q3_k"]);
+    let (ok, err) =
+        run(&[tiny_fixture().join("model.safetensors").to_str().unwrap(), "-o", "x.gguf", "--outtype", "q3_k"]);
     assert!(!ok && err.contains("q3_k"), "{err}");
 }

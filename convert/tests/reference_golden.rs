@@ -12,7 +12,8 @@ fn reference_matches_golden_file() {
     let r = Reference::load(&dir.join("hamburger.ckpt"), &dir).unwrap();
     let eos = golden["eos_id"].as_u64().unwrap() as u32;
     for (ci, case) in golden["cases"].as_array().unwrap().iter().enumerate() {
-        let prompt: Vec<u32> = case["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let prompt: Vec<u32> =
+            case["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let conf = case["confidence"].as_f64().unwrap() as f32;
         let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
         let steps = r.generate(&prompt, conf, max_new, &[eos]);
@@ -23,7 +24,11 @@ fn reference_matches_golden_file() {
             assert_eq!(got.tokens, wt, "case {ci} step {si}: tokens");
             for (mi, p) in w["p_stop"].as_array().unwrap().iter().enumerate() {
                 let p = p.as_f64().unwrap() as f32;
-                assert!((got.p_stop[mi] - p).abs() < 1e-4, "case {ci} step {si}.{mi}: p_stop {} vs {p}", got.p_stop[mi]);
+                assert!(
+                    (got.p_stop[mi] - p).abs() < 1e-4,
+                    "case {ci} step {si}.{mi}: p_stop {} vs {p}",
+                    got.p_stop[mi]
+                );
             }
             for (mi, top5) in w["top5"].as_array().unwrap().iter().enumerate() {
                 for pair in top5.as_array().unwrap() {

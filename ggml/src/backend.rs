@@ -46,9 +46,7 @@ impl Device {
     pub fn all() -> Vec<Device> {
         crate::init_logging();
         // SAFETY: the registry is initialised statically; indices are in range.
-        (0..unsafe { sys::ggml_backend_dev_count() })
-            .map(|i| Device(unsafe { sys::ggml_backend_dev_get(i) }))
-            .collect()
+        (0..unsafe { sys::ggml_backend_dev_count() }).map(|i| Device(unsafe { sys::ggml_backend_dev_get(i) })).collect()
     }
 
     /// The device's short name (`CPU`, `CUDA0`, `Metal`...).
@@ -102,9 +100,7 @@ impl Device {
         // SAFETY: as in name(); the name is NUL-terminated.
         let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.0) };
         // SAFETY: looks up an optional function by name in a live registry.
-        let f = unsafe {
-            sys::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_dev_get_extra_bufts".as_ptr())
-        };
+        let f = unsafe { sys::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_dev_get_extra_bufts".as_ptr()) };
         if f.is_null() {
             return Vec::new();
         }
@@ -240,10 +236,7 @@ impl Buffer {
     pub fn alloc(buft: BufferType, size: usize) -> Result<Buffer> {
         // SAFETY: plain allocation call.
         let ptr = unsafe { sys::ggml_backend_buft_alloc_buffer(buft.raw(), size) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Alloc {
-            buffer_type: buft.name(),
-            size,
-        })?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Alloc { buffer_type: buft.name(), size })?;
         Ok(Buffer(Rc::new(BufferInner { ptr, _owner: None })))
     }
 
@@ -256,17 +249,10 @@ impl Buffer {
         let bytes = (*owner).as_ref();
         // SAFETY: the memory stays valid as long as `owner`, which the buffer keeps
         // alive; ggml only reads through the pointer (weights are never written).
-        let ptr = unsafe {
-            sys::ggml_backend_cpu_buffer_from_ptr(bytes.as_ptr() as *mut _, bytes.len())
-        };
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Alloc {
-            buffer_type: "CPU (host pointer)".into(),
-            size: bytes.len(),
-        })?;
-        Ok(Buffer(Rc::new(BufferInner {
-            ptr,
-            _owner: Some(owner),
-        })))
+        let ptr = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(bytes.as_ptr() as *mut _, bytes.len()) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| Error::Alloc { buffer_type: "CPU (host pointer)".into(), size: bytes.len() })?;
+        Ok(Buffer(Rc::new(BufferInner { ptr, _owner: Some(owner) })))
     }
 
     fn raw(&self) -> *mut sys::ggml_backend_buffer {
@@ -282,9 +268,7 @@ impl Buffer {
     /// Marks the buffer as holding weights (schedulers then run ops on its device).
     pub fn set_weights_usage(&self) {
         // SAFETY: the buffer is live.
-        unsafe {
-            sys::ggml_backend_buffer_set_usage(self.raw(), sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-        }
+        unsafe { sys::ggml_backend_buffer_set_usage(self.raw(), sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) }
     }
 
     /// Fills the whole buffer with `value`.
@@ -302,9 +286,7 @@ impl Buffer {
             return Err(Error::Invalid(format!("tensor {} is already allocated", t.name())));
         }
         // SAFETY: the buffer is live.
-        let (base, size) = unsafe {
-            (sys::ggml_backend_buffer_get_base(self.raw()) as usize, self.size())
-        };
+        let (base, size) = unsafe { (sys::ggml_backend_buffer_get_base(self.raw()) as usize, self.size()) };
         // SAFETY: both are live.
         let need = unsafe { sys::ggml_backend_buffer_get_alloc_size(self.raw(), t.raw()) };
         if offset.checked_add(need).is_none_or(|end| end > size) {
@@ -314,9 +296,7 @@ impl Buffer {
             )));
         }
         // SAFETY: the address lies inside the buffer with room for the tensor (checked above).
-        let status = unsafe {
-            sys::ggml_backend_tensor_alloc(self.raw(), t.raw(), (base + offset) as *mut _)
-        };
+        let status = unsafe { sys::ggml_backend_tensor_alloc(self.raw(), t.raw(), (base + offset) as *mut _) };
         if status != sys::GGML_STATUS_SUCCESS {
             return Err(Error::Invalid(format!("could not place tensor {}", t.name())));
         }
@@ -350,11 +330,7 @@ impl Backend {
         // SAFETY: the device is a registry entry; a null params string is allowed.
         let ptr = unsafe { sys::ggml_backend_dev_init(device.0, std::ptr::null()) };
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::BackendInit(device.name()))?;
-        Ok(Backend {
-            ptr,
-            device,
-            threadpool: Default::default(),
-        })
+        Ok(Backend { ptr, device, threadpool: Default::default() })
     }
 
     /// The CPU backend.

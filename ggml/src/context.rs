@@ -41,24 +41,13 @@ impl Context {
         // SAFETY: pure size computations.
         let mem_size = unsafe {
             sys::ggml_tensor_overhead() * n_tensors
-                + if graph_nodes > 0 {
-                    sys::ggml_graph_overhead_custom(graph_nodes, false)
-                } else {
-                    0
-                }
+                + if graph_nodes > 0 { sys::ggml_graph_overhead_custom(graph_nodes, false) } else { 0 }
         };
-        let params = sys::ggml_init_params {
-            mem_size,
-            mem_buffer: std::ptr::null_mut(),
-            no_alloc: true,
-        };
+        let params = sys::ggml_init_params { mem_size, mem_buffer: std::ptr::null_mut(), no_alloc: true };
         // SAFETY: a null mem_buffer makes ggml allocate (and own) the arena.
         let ptr = unsafe { sys::ggml_init(params) };
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::Invalid("ggml_init failed".into()))?;
-        Ok(Context(Rc::new(ContextInner {
-            ptr,
-            keep_alive: RefCell::new(Vec::new()),
-        })))
+        Ok(Context(Rc::new(ContextInner { ptr, keep_alive: RefCell::new(Vec::new()) })))
     }
 
     pub(crate) fn raw(&self) -> *mut sys::ggml_context {
@@ -85,26 +74,15 @@ impl Context {
 
     fn check_room(&self) {
         // SAFETY: reads sizes of a live context.
-        let (used, size) = unsafe {
-            (
-                sys::ggml_used_mem(self.raw()),
-                sys::ggml_get_mem_size(self.raw()),
-            )
-        };
+        let (used, size) = unsafe { (sys::ggml_used_mem(self.raw()), sys::ggml_get_mem_size(self.raw())) };
         // SAFETY: pure size computation.
         let need = unsafe { sys::ggml_tensor_overhead() };
-        assert!(
-            used + need <= size,
-            "ggml context is full ({used} of {size} bytes): size it for more tensors"
-        );
+        assert!(used + need <= size, "ggml context is full ({used} of {size} bytes): size it for more tensors");
     }
 
     /// Wraps a tensor pointer just returned by ggml for this context.
     pub(crate) fn wrap(&self, ptr: *mut sys::ggml_tensor) -> Tensor {
-        Tensor {
-            ptr: NonNull::new(ptr).expect("ggml returned a null tensor"),
-            ctx: self.0.clone(),
-        }
+        Tensor { ptr: NonNull::new(ptr).expect("ggml returned a null tensor"), ctx: self.0.clone() }
     }
 
     /// Runs `f` (a ggml call creating one or more tensors in this context)
@@ -192,9 +170,7 @@ impl Tensor {
     /// The tensor's name.
     pub fn name(&self) -> String {
         // SAFETY: `name` is a NUL-terminated fixed-size array inside the header.
-        unsafe { CStr::from_ptr(self.header().name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(self.header().name.as_ptr()) }.to_string_lossy().into_owned()
     }
 
     /// Names the tensor (truncated by ggml to 63 bytes) and returns it, for chaining.
@@ -224,10 +200,7 @@ impl Tensor {
 
     fn check_access(&self, offset: usize, len: usize) -> Result<()> {
         if !self.is_allocated() {
-            return Err(Error::Invalid(format!(
-                "tensor {} has no memory allocated",
-                self.name()
-            )));
+            return Err(Error::Invalid(format!("tensor {} has no memory allocated", self.name())));
         }
         if offset.checked_add(len).is_none_or(|end| end > self.nbytes()) {
             return Err(Error::Invalid(format!(
@@ -246,14 +219,7 @@ impl Tensor {
     pub fn write_bytes(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         self.check_access(offset, bytes.len())?;
         // SAFETY: the tensor is allocated and [offset, offset+len) lies inside it.
-        unsafe {
-            sys::ggml_backend_tensor_set(
-                self.raw(),
-                bytes.as_ptr().cast(),
-                offset,
-                bytes.len(),
-            )
-        };
+        unsafe { sys::ggml_backend_tensor_set(self.raw(), bytes.as_ptr().cast(), offset, bytes.len()) };
         Ok(())
     }
 
@@ -264,9 +230,7 @@ impl Tensor {
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_access(offset, out.len())?;
         // SAFETY: the tensor is allocated and [offset, offset+len) lies inside it.
-        unsafe {
-            sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), offset, out.len())
-        };
+        unsafe { sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), offset, out.len()) };
         Ok(())
     }
 
@@ -284,9 +248,8 @@ impl Tensor {
     /// As [`Tensor::read_bytes`].
     pub fn read<T: Pod>(&self, out: &mut [T]) -> Result<()> {
         // SAFETY: T is plain-old-data (the Pod bound), so any bytes are a valid T.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(out))
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(out)) };
         self.read_bytes(0, bytes)
     }
 

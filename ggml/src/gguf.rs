@@ -247,18 +247,11 @@ impl Gguf {
     /// (ggml's reason is included), or uses a tensor type this build does not know.
     pub fn open(path: &Path) -> Result<Gguf> {
         crate::init_logging();
-        let bad = |reason: String| Error::GgufRead {
-            path: path.to_path_buf(),
-            reason,
-        };
+        let bad = |reason: String| Error::GgufRead { path: path.to_path_buf(), reason };
         let file_len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
         File::open(path).map_err(|e| Error::io(path, e))?;
-        let cpath = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| bad("path contains NUL".into()))?;
-        let params = sys::gguf_init_params {
-            no_alloc: true,
-            ctx: std::ptr::null_mut(),
-        };
+        let cpath = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| bad("path contains NUL".into()))?;
+        let params = sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };
         // SAFETY: cpath is NUL-terminated; with ctx null no tensor data is loaded.
         let (raw, why) = capture_errors(|| unsafe { sys::gguf_init_from_file(cpath.as_ptr(), params) });
         let ctx = GgufCtx(NonNull::new(raw).ok_or_else(|| bad(why.unwrap_or_else(|| "unreadable header".into())))?);
@@ -276,9 +269,7 @@ impl Gguf {
         let mut metadata = Vec::with_capacity(n_kv as usize);
         for id in 0..n_kv {
             // SAFETY: valid key index.
-            let key = unsafe { CStr::from_ptr(sys::gguf_get_key(c, id)) }
-                .to_string_lossy()
-                .into_owned();
+            let key = unsafe { CStr::from_ptr(sys::gguf_get_key(c, id)) }.to_string_lossy().into_owned();
             let value = read_value(c, id).map_err(|e| bad(format!("key {key}: {e}")))?;
             metadata.push((key, value));
         }
@@ -294,8 +285,8 @@ impl Gguf {
                     sys::gguf_get_tensor_size(c, id) as u64,
                 )
             };
-            let ty = Type::from_raw(raw_ty)
-                .ok_or_else(|| bad(format!("tensor {name} has unknown type id {raw_ty}")))?;
+            let ty =
+                Type::from_raw(raw_ty).ok_or_else(|| bad(format!("tensor {name} has unknown type id {raw_ty}")))?;
             let offset = data_offset + offset;
             if offset.checked_add(size).is_none_or(|end| end > file_len) {
                 return Err(bad(format!(
@@ -304,14 +295,7 @@ impl Gguf {
             }
             tensors.push(TensorInfo { name, ty, ne, offset, size });
         }
-        Ok(Gguf {
-            path: path.to_path_buf(),
-            version,
-            alignment,
-            metadata,
-            tensors,
-            file_len,
-        })
+        Ok(Gguf { path: path.to_path_buf(), version, alignment, metadata, tensors, file_len })
     }
 
     /// The value of `key`, if present.
@@ -338,11 +322,7 @@ impl Gguf {
 }
 
 fn type_error(key: &str, expected: &'static str, v: &Value) -> Error {
-    Error::GgufType {
-        key: key.into(),
-        expected,
-        found: v.type_name().into(),
-    }
+    Error::GgufType { key: key.into(), expected, found: v.type_name().into() }
 }
 
 /// Builds the metadata and tensor directory of a new GGUF file.
@@ -473,14 +453,7 @@ impl GgufBuilder {
             .map_err(|e| Error::io(dir, e))?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(&meta).map_err(|e| Error::io(path, e))?;
-        Ok(GgufWriter {
-            out,
-            path: path.to_path_buf(),
-            sizes: self.sizes,
-            current: 0,
-            written: 0,
-            alignment,
-        })
+        Ok(GgufWriter { out, path: path.to_path_buf(), sizes: self.sizes, current: 0, written: 0, alignment })
     }
 }
 
@@ -545,10 +518,7 @@ impl GgufWriter {
     pub fn finish(mut self) -> Result<()> {
         self.advance()?;
         if let Some((name, size)) = self.sizes.get(self.current) {
-            return Err(Error::Invalid(format!(
-                "tensor {name}: {} of {size} bytes written",
-                self.written
-            )));
+            return Err(Error::Invalid(format!("tensor {name}: {} of {size} bytes written", self.written)));
         }
         let tmp = self.out.into_inner().map_err(|e| Error::io(&self.path, e.into_error()))?;
         tmp.as_file().sync_all().map_err(|e| Error::io(&self.path, e))?;

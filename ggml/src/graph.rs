@@ -18,10 +18,7 @@ impl Graph {
         // SAFETY: ctx is live; ggml asserts if the context lacks room, which
         // Context::new(.., graph_nodes) provides for.
         let ptr = unsafe { sys::ggml_new_graph_custom(ctx.raw(), max_nodes, false) };
-        Graph {
-            ptr: NonNull::new(ptr).expect("ggml_new_graph_custom returned null"),
-            ctx: ctx.clone(),
-        }
+        Graph { ptr: NonNull::new(ptr).expect("ggml_new_graph_custom returned null"), ctx: ctx.clone() }
     }
 
     pub(crate) fn raw(&self) -> *mut sys::ggml_cgraph {

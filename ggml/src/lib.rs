@@ -41,6 +41,3 @@ pub use llama_cpp_sys_2 as sys;
 
 /// The maximum number of dimensions of a ggml tensor.
 pub const MAX_DIMS: usize = 4;
-
-
-

@@ -147,13 +147,7 @@ pub struct LlamaContextParams {
 
 impl Default for LlamaContextParams {
     fn default() -> Self {
-        LlamaContextParams {
-            n_ctx: 2048,
-            n_batch: 512,
-            n_threads: 2,
-            flash_attn: None,
-            kv_type: Type::F16,
-        }
+        LlamaContextParams { n_ctx: 2048, n_batch: 512, n_threads: 2, flash_attn: None, kv_type: Type::F16 }
     }
 }
 
@@ -196,16 +190,12 @@ impl<'m> LlamaContext<'m> {
         params.no_perf = true;
         // SAFETY: the model is live for 'm; params is initialised.
         let (ptr, why) = capture_errors(|| unsafe { sys::llama_init_from_model(model.0.as_ptr(), params) });
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Llama(why.unwrap_or_else(|| "failed to create context".into())))?;
+        let ptr =
+            NonNull::new(ptr).ok_or_else(|| Error::Llama(why.unwrap_or_else(|| "failed to create context".into())))?;
         let threadpool = crate::ThreadPool::new(p.n_threads.max(1) as usize)?;
         // SAFETY: both live; the context keeps using the pool, which it owns (dropped after it).
         unsafe { sys::llama_attach_threadpool(ptr.as_ptr(), threadpool.ptr.as_ptr(), threadpool.ptr.as_ptr()) };
-        Ok(LlamaContext {
-            ptr,
-            n_vocab: model.n_vocab(),
-            _threadpool: threadpool,
-            _model: PhantomData,
-        })
+        Ok(LlamaContext { ptr, n_vocab: model.n_vocab(), _threadpool: threadpool, _model: PhantomData })
     }
 
     /// Feeds `tokens` (at the next positions) and computes the logits of the last one.
@@ -307,7 +297,7 @@ pub fn ftype_from_name(name: &str) -> Option<u32> {
         "Q3_K_S" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_S,
         "Q2_K" => sys::LLAMA_FTYPE_MOSTLY_Q2_K,
         _ => return None,
-    } as u32)
+    })
 }
 
 /// Quantizes a llama GGUF with libllama's `llama_model_quantize` to the mix

@@ -101,9 +101,7 @@ impl Context {
     /// a view of `dst` that must be expanded into the graph.
     pub fn set_rows(&self, dst: &Tensor, src: &Tensor, idx: &Tensor) -> Tensor {
         // SAFETY: the context and all three tensors are live.
-        self.op(&[dst, src, idx], |ctx| unsafe {
-            sys::ggml_set_rows(ctx, dst.raw(), src.raw(), idx.raw())
-        })
+        self.op(&[dst, src, idx], |ctx| unsafe { sys::ggml_set_rows(ctx, dst.raw(), src.raw(), idx.raw()) })
     }
 
     /// Rotary position embedding of `a [head_dim, n_head, n_tokens]` at the i32
@@ -115,8 +113,19 @@ impl Context {
         // SAFETY: the context and tensors are live; a null freq_factors is allowed.
         self.op(&srcs, |ctx| unsafe {
             sys::ggml_rope_ext(
-                ctx, a.raw(), pos.raw(), ff, p.n_dims, p.mode, p.n_ctx_orig, p.freq_base,
-                p.freq_scale, 0.0, 1.0, 32.0, 1.0,
+                ctx,
+                a.raw(),
+                pos.raw(),
+                ff,
+                p.n_dims,
+                p.mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                0.0,
+                1.0,
+                32.0,
+                1.0,
             )
         })
     }
@@ -127,8 +136,8 @@ impl Context {
         let mut srcs = vec![a];
         srcs.extend(mask);
         // SAFETY: the context and tensors are live; a null mask is allowed.
-        let t = self.op(&srcs, |ctx| unsafe { sys::ggml_soft_max_ext(ctx, a.raw(), m, scale, 0.0) });
-        t
+
+        self.op(&srcs, |ctx| unsafe { sys::ggml_soft_max_ext(ctx, a.raw(), m, scale, 0.0) })
     }
 
     /// Fused attention: `q [d, n_q, h]`, `k [d, n_kv, h_kv]`, `v [d, n_kv, h_kv]`,
@@ -163,9 +172,12 @@ impl Context {
     pub fn view(&self, a: &Tensor, ne: &[i64], nb: &[usize], offset: usize) -> Tensor {
         assert_eq!(nb.len() + 1, ne.len(), "view needs one stride per dimension after the first");
         let elem = a.ty().type_size() as i64 / a.ty().block_size() as i64;
-        let last = ne.iter().zip(std::iter::once(&(elem as usize)).chain(nb))
+        let last = ne
+            .iter()
+            .zip(std::iter::once(&(elem as usize)).chain(nb))
             .map(|(&n, &s)| (n.max(1) - 1) as usize * s)
-            .sum::<usize>() + elem.max(1) as usize;
+            .sum::<usize>()
+            + elem.max(1) as usize;
         assert!(offset + last <= a.nbytes(), "view outside tensor {}", a.name());
         // SAFETY: the context and `a` are live and the view stays inside `a` (checked above).
         self.op(&[a], |ctx| unsafe {
@@ -184,9 +196,7 @@ impl Context {
     /// Permutes dimensions: axis `i` of `a` becomes axis `axes[i]` of the result (a view).
     pub fn permute(&self, a: &Tensor, axes: [i32; 4]) -> Tensor {
         // SAFETY: the context and `a` are live; ggml checks the axes form a permutation.
-        self.op(&[a], |ctx| unsafe {
-            sys::ggml_permute(ctx, a.raw(), axes[0], axes[1], axes[2], axes[3])
-        })
+        self.op(&[a], |ctx| unsafe { sys::ggml_permute(ctx, a.raw(), axes[0], axes[1], axes[2], axes[3]) })
     }
 }
 

@@ -14,10 +14,10 @@ pub fn quantize_rows(ty: Type, src: &[f32], row_len: usize, imatrix: Option<&[f3
     // SAFETY: initialises the type's lookup tables; ggml guards this with its own
     // critical section and makes repeated calls no-ops, so it is thread-safe.
     unsafe { sys::ggml_quantize_init(ty.raw()) };
-    let row_size = ty.row_size(row_len).ok_or_else(|| {
-        Error::Invalid(format!("rows of {row_len} do not fit {ty} blocks of {}", ty.block_size()))
-    })?;
-    if row_len == 0 || src.len() % row_len != 0 {
+    let row_size = ty
+        .row_size(row_len)
+        .ok_or_else(|| Error::Invalid(format!("rows of {row_len} do not fit {ty} blocks of {}", ty.block_size())))?;
+    if row_len == 0 || !src.len().is_multiple_of(row_len) {
         return Err(Error::Invalid(format!("{} values are not whole rows of {row_len}", src.len())));
     }
     if let Some(im) = imatrix {
@@ -35,15 +35,7 @@ pub fn quantize_rows(ty: Type, src: &[f32], row_len: usize, imatrix: Option<&[f3
     // SAFETY: src holds nrows*row_len floats; out has room for nrows rows of the
     // type; im is null or row_len floats; quantization tables are initialised.
     let written = unsafe {
-        sys::ggml_quantize_chunk(
-            ty.raw(),
-            src.as_ptr(),
-            out.as_mut_ptr().cast(),
-            0,
-            nrows as i64,
-            row_len as i64,
-            im,
-        )
+        sys::ggml_quantize_chunk(ty.raw(), src.as_ptr(), out.as_mut_ptr().cast(), 0, nrows as i64, row_len as i64, im)
     };
     if written != out.len() {
         return Err(Error::Invalid(format!("ggml quantized {written} of {} bytes", out.len())));
@@ -62,7 +54,7 @@ pub fn quantize_rows(ty: Type, src: &[f32], row_len: usize, imatrix: Option<&[f3
 pub fn dequantize(ty: Type, src: &[u8], n: usize) -> Result<Vec<f32>> {
     let need = ty
         .nbytes(ty.block_size(), n)
-        .filter(|_| n % ty.block_size() == 0)
+        .filter(|_| n.is_multiple_of(ty.block_size()))
         .ok_or_else(|| Error::Invalid(format!("{n} elements are not whole {ty} blocks")))?;
     if src.len() != need {
         return Err(Error::Invalid(format!("{ty}: {} bytes for {n} elements, expected {need}", src.len())));

@@ -47,11 +47,7 @@ impl Scheduler {
             )
         };
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::BackendInit("scheduler".into()))?;
-        Ok(Scheduler {
-            ptr,
-            backends: backends.to_vec(),
-            allocated: None,
-        })
+        Ok(Scheduler { ptr, backends: backends.to_vec(), allocated: None })
     }
 
     fn raw(&self) -> *mut sys::ggml_backend_sched {

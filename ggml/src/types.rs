@@ -60,9 +60,7 @@ impl Type {
     /// ggml's name of the type (`"f32"`, `"q4_K"`, ...).
     pub fn name(self) -> &'static str {
         // SAFETY: type_name points to a static NUL-terminated string in ggml.
-        unsafe { CStr::from_ptr(self.traits().type_name) }
-            .to_str()
-            .unwrap_or("?")
+        unsafe { CStr::from_ptr(self.traits().type_name) }.to_str().unwrap_or("?")
     }
 
     /// Elements per block (1 for plain types, 32 or 256 for quantized ones).
@@ -82,7 +80,7 @@ impl Type {
 
     /// Bytes of one row of `n` elements, or `None` when `n` is not a multiple of the block size.
     pub fn row_size(self, n: usize) -> Option<usize> {
-        (n % self.block_size() == 0).then(|| n / self.block_size() * self.type_size())
+        n.is_multiple_of(self.block_size()).then(|| n / self.block_size() * self.type_size())
     }
 
     /// Bytes of a tensor of `n_elements` whose rows are `row_len` wide.
@@ -105,10 +103,7 @@ impl Type {
 
     /// Looks a type up by ggml's name, case-insensitively (`"q8_0"`, `"Q4_K"`, `"bf16"`).
     pub fn from_name(name: &str) -> Option<Type> {
-        Type::ALL
-            .iter()
-            .copied()
-            .find(|t| t.name().eq_ignore_ascii_case(name))
+        Type::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
     }
 }
 

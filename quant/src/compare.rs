@@ -50,7 +50,9 @@ pub fn main(args: CompareArgs) -> Result<()> {
         let t = Instant::now();
         ggml::llama::quantize_model(&args.model, &theirs, mix.name(), args.threads as i32)?;
         let t_llama = t.elapsed().as_secs_f64();
-        let size = |p: &PathBuf| -> Result<f64> { Ok(std::fs::metadata(p).with_context(|| p.display().to_string())?.len() as f64 / (1 << 20) as f64) };
+        let size = |p: &PathBuf| -> Result<f64> {
+            Ok(std::fs::metadata(p).with_context(|| p.display().to_string())?.len() as f64 / (1 << 20) as f64)
+        };
         println!(
             "| {} | {t_ours:.2} | {t_llama:.2} | {:.2} | {:.1} vs {:.1} |",
             mix.name(),

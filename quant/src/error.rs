@@ -20,7 +20,9 @@ pub enum QuantError {
         source: std::io::Error,
     },
     /// The input is already quantized and requantizing was not allowed.
-    #[error("{path}: tensor {tensor} is already {ty}; requantizing loses quality, pass --allow-requantize to do it anyway")]
+    #[error(
+        "{path}: tensor {tensor} is already {ty}; requantizing loses quality, pass --allow-requantize to do it anyway"
+    )]
     Requantize {
         /// The input.
         path: PathBuf,

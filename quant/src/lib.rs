@@ -7,9 +7,9 @@
 pub mod compare;
 mod error;
 pub mod mix;
+mod plot;
 pub mod policy;
 pub mod quantize;
-mod plot;
 pub mod stream;
 pub mod sweep;
 

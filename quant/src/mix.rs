@@ -80,7 +80,7 @@ impl Mix {
         let d = self.default_type();
         if !d.is_quantized() || d == Type::Q8_0 {
             d
-        } else if row_len % d.block_size() != 0 || row_len % Type::Q6_K.block_size() != 0 {
+        } else if !row_len.is_multiple_of(d.block_size()) || !row_len.is_multiple_of(Type::Q6_K.block_size()) {
             Type::Q8_0
         } else {
             Type::Q6_K
@@ -94,14 +94,32 @@ impl Mix {
         let more_bits = layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
         let d = self.default_type();
         match (self, lt) {
-            (Mix::Q2_K, AttnV) => if n_gqa >= 4 { Type::Q4_K } else { Type::Q3_K },
-            (Mix::Q3_K_M, AttnV) => if layer < 2 { Type::Q5_K } else { Type::Q4_K },
+            (Mix::Q2_K, AttnV) => {
+                if n_gqa >= 4 {
+                    Type::Q4_K
+                } else {
+                    Type::Q3_K
+                }
+            }
+            (Mix::Q3_K_M, AttnV) => {
+                if layer < 2 {
+                    Type::Q5_K
+                } else {
+                    Type::Q4_K
+                }
+            }
             (Mix::Q3_K_L, AttnV) => Type::Q5_K,
             (Mix::IQ4_NL | Mix::IQ4_XS, AttnV) if n_gqa >= 4 => Type::Q5_K,
             (Mix::Q4_K_M | Mix::Q5_K_M, AttnV) if more_bits => Type::Q6_K,
             (Mix::Q4_K_S, AttnV) if layer < 4 => Type::Q5_K,
             (Mix::Q2_K, FfnDown) => Type::Q3_K,
-            (Mix::Q3_K_M, FfnDown) => if layer < n_layer / 16 { Type::Q5_K } else { Type::Q4_K },
+            (Mix::Q3_K_M, FfnDown) => {
+                if layer < n_layer / 16 {
+                    Type::Q5_K
+                } else {
+                    Type::Q4_K
+                }
+            }
             (Mix::Q3_K_L, FfnDown) => Type::Q5_K,
             (Mix::Q4_K_M | Mix::Q5_K_M, FfnDown) if more_bits => Type::Q6_K,
             (Mix::IQ4_NL | Mix::IQ4_XS, FfnDown) if layer < n_layer / 8 => Type::Q5_K,

@@ -63,7 +63,10 @@ pub fn write_svg(path: &Path, rows: &[SweepRow]) -> Result<()> {
         .build_cartesian_2d(bpw, range(rows.iter().flat_map(|r| [r.pp_ts, r.tg_ts])))
         .map_err(|e| err(&e))?;
     s.configure_mesh().x_desc("bits per weight").y_desc("tokens / s").draw().map_err(|e| err(&e))?;
-    for (label, color, f) in [("prompt", MAGENTA, (|r: &SweepRow| r.pp_ts) as fn(&SweepRow) -> f64), ("generation", CYAN, |r: &SweepRow| r.tg_ts)] {
+    for (label, color, f) in [
+        ("prompt", MAGENTA, (|r: &SweepRow| r.pp_ts) as fn(&SweepRow) -> f64),
+        ("generation", CYAN, |r: &SweepRow| r.tg_ts),
+    ] {
         s.draw_series(LineSeries::new(pts.iter().map(|(x, r)| (*x, f(r))), &color))
             .map_err(|e| err(&e))?
             .label(label)

@@ -44,7 +44,10 @@ impl Role {
             TensorName::Base(..) => Role::Base,
             TensorName::Micro(..) => Role::Micro,
             TensorName::Merger(_, Part::Bias) | TensorName::Stop(_, Part::Bias) => Role::Vector,
-            TensorName::Merger(MergerLinear::Q | MergerLinear::K | MergerLinear::V | MergerLinear::Out, Part::Weight) => Role::Merger,
+            TensorName::Merger(
+                MergerLinear::Q | MergerLinear::K | MergerLinear::V | MergerLinear::Out,
+                Part::Weight,
+            ) => Role::Merger,
             TensorName::MergerPos => Role::MergerPos,
             TensorName::Stop(StopLinear::Out, Part::Weight) => Role::StopOut,
             TensorName::Stop(_, Part::Weight) => Role::StopHidden,
@@ -148,18 +151,25 @@ pub fn choose(name: TensorName, ne: &[i64], tied: bool, mix: Mix, stacks: Stacks
 /// When rows of `row_len` do not fit `target`'s blocks, the type llama.cpp
 /// falls back to (F16 when even that does not fit), with the reason.
 pub fn fit(target: Type, row_len: usize) -> Option<(Type, String)> {
-    if row_len % target.block_size() == 0 {
+    if row_len.is_multiple_of(target.block_size()) {
         return None;
     }
     let fallback = match target {
-        Type::IQ4_XS | Type::IQ2_XXS | Type::IQ2_XS | Type::IQ2_S | Type::IQ3_XXS | Type::IQ3_S | Type::IQ1_S | Type::IQ1_M => Type::IQ4_NL,
+        Type::IQ4_XS
+        | Type::IQ2_XXS
+        | Type::IQ2_XS
+        | Type::IQ2_S
+        | Type::IQ3_XXS
+        | Type::IQ3_S
+        | Type::IQ1_S
+        | Type::IQ1_M => Type::IQ4_NL,
         Type::Q2_K | Type::Q3_K => Type::Q4_0,
         Type::Q4_K => Type::Q5_0,
         Type::Q5_K => Type::Q5_1,
         Type::Q6_K => Type::Q8_0,
         other => other,
     };
-    let ty = if row_len % fallback.block_size() == 0 { fallback } else { Type::F16 };
+    let ty = if row_len.is_multiple_of(fallback.block_size()) { fallback } else { Type::F16 };
     Some((ty, format!("rows of {row_len} do not fit {target} blocks of {}", target.block_size())))
 }
 

@@ -96,12 +96,21 @@ pub fn plan(gguf: &Gguf, mix: Mix, overrides: &Overrides) -> Result<Plan, QuantE
     let tied = gguf.tensor(&TensorName::Output.to_string()).is_none();
     let mut rows = Vec::new();
     for t in &gguf.tensors {
-        let name = TensorName::parse(&t.name).ok_or_else(|| bad(format!("tensor {} is not part of the format", t.name)))?;
+        let name =
+            TensorName::parse(&t.name).ok_or_else(|| bad(format!("tensor {} is not part of the format", t.name)))?;
         let ne = shape(t);
         let choice = policy::choose(name, &ne, tied, mix, stacks, overrides);
         let n = t.n_elements() as usize;
         let bytes = choice.ty.nbytes(ne[0] as usize, n).unwrap_or(0);
-        rows.push(PlanRow { name: t.name.clone(), role: Role::of(name, tied), ne, from: t.ty, to: choice.ty, bytes, fallback: choice.fallback });
+        rows.push(PlanRow {
+            name: t.name.clone(),
+            role: Role::of(name, tied),
+            ne,
+            from: t.ty,
+            to: choice.ty,
+            bytes,
+            fallback: choice.fallback,
+        });
     }
     Ok(Plan { rows })
 }
@@ -124,7 +133,9 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeReport, QuantError> {
     let gguf = Gguf::open(&opts.input)?;
     let plan = plan(&gguf, opts.mix, &opts.overrides)?;
     if !opts.allow_requantize {
-        if let Some(r) = plan.rows.iter().find(|r| r.from != r.to && !matches!(r.from, Type::F32 | Type::F16 | Type::BF16)) {
+        if let Some(r) =
+            plan.rows.iter().find(|r| r.from != r.to && !matches!(r.from, Type::F32 | Type::F16 | Type::BF16))
+        {
             return Err(QuantError::Requantize { path: opts.input.clone(), tensor: r.name.clone(), ty: r.from });
         }
     }
@@ -143,7 +154,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeReport, QuantError> {
         (r.ne.iter().product::<i64>() as usize / row.max(1), row, false)
     }));
     let total: u64 = plan.rows.iter().map(|r| r.ne.iter().product::<i64>() as u64).sum();
-    let bar = stream::progress_bar(opts.progress, total, &format!("{}", opts.mix.name()));
+    let bar = stream::progress_bar(opts.progress, total, opts.mix.name());
     let convert = |c: &stream::Chunk| convert_chunk(&map, &gguf.tensors[c.tensor], &plan.rows[c.tensor], c);
     stream::write_ordered(&mut out, &chunks, convert, |c| {
         bar.inc(((c.row1 - c.row0) as i64 * plan.rows[c.tensor].ne[0]) as u64)
@@ -157,14 +168,18 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeReport, QuantError> {
 /// else dequantized and quantized again.
 fn convert_chunk(map: &MappedFile, info: &TensorInfo, row: &PlanRow, c: &stream::Chunk) -> Result<Vec<u8>, QuantError> {
     let row_len = row.ne[0] as usize;
-    let in_row = info.ty.row_size(row_len).ok_or_else(|| QuantError::Tensor { name: row.name.clone(), msg: "rows do not fit the input type".into() })?;
+    let in_row = info
+        .ty
+        .row_size(row_len)
+        .ok_or_else(|| QuantError::Tensor { name: row.name.clone(), msg: "rows do not fit the input type".into() })?;
     let start = info.offset as usize + c.row0 * in_row;
     let bytes = &map[start..start + (c.row1 - c.row0) * in_row];
     let out = if row.from == row.to {
         bytes.to_vec()
     } else {
         let values = ggml::dequantize(info.ty, bytes, (c.row1 - c.row0) * row_len)?;
-        crate::quantize_rows(row.to, &values, row_len).map_err(|e| QuantError::Tensor { name: row.name.clone(), msg: e.to_string() })?
+        crate::quantize_rows(row.to, &values, row_len)
+            .map_err(|e| QuantError::Tensor { name: row.name.clone(), msg: e.to_string() })?
     };
     map.release(start..start + bytes.len());
     Ok(out)
@@ -172,10 +187,19 @@ fn convert_chunk(map: &MappedFile, info: &TensorInfo, row: &PlanRow, c: &stream:
 
 /// Formats the plan for `--dry-run`: one line per tensor, then the totals.
 pub fn describe(plan: &Plan, input: &Path) -> String {
-    let mut s = format!("{:<36} {:<11} {:<16} {:>6} -> {:<7} {:>12}\n", "tensor", "role", "shape", "from", "to", "bytes");
+    let mut s =
+        format!("{:<36} {:<11} {:<16} {:>6} -> {:<7} {:>12}\n", "tensor", "role", "shape", "from", "to", "bytes");
     for r in &plan.rows {
         let shape = format!("{:?}", r.ne);
-        s.push_str(&format!("{:<36} {:<11} {:<16} {:>6} -> {:<7} {:>12}", r.name, r.role.label(), shape, r.from, r.to, r.bytes));
+        s.push_str(&format!(
+            "{:<36} {:<11} {:<16} {:>6} -> {:<7} {:>12}",
+            r.name,
+            r.role.label(),
+            shape,
+            r.from,
+            r.to,
+            r.bytes
+        ));
         if let Some(f) = &r.fallback {
             s.push_str(&format!("  (fallback: {f})"));
         }

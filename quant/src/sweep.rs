@@ -106,7 +106,13 @@ struct RefRun {
 }
 
 fn session_params(args: &SweepArgs, keep_logits: bool) -> SessionParams {
-    SessionParams { n_ctx: 1024, n_threads: args.threads, confidence: args.confidence, keep_logits, ..Default::default() }
+    SessionParams {
+        n_ctx: 1024,
+        n_threads: args.threads,
+        confidence: args.confidence,
+        keep_logits,
+        ..Default::default()
+    }
 }
 
 fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Result<Generation> {
@@ -216,15 +222,21 @@ pub fn main(args: SweepArgs) -> Result<()> {
     drop(session);
     let gguf = ggml::gguf::Gguf::open(&args.model)?;
     let input_plan = quantize::plan(&gguf, Mix::F32, &Overrides { pure: true, ..Default::default() })?;
-    let input_bpw = input_plan.rows.iter().map(|r| r.from.nbytes(r.ne[0] as usize, r.ne.iter().product::<i64>() as usize).unwrap_or(0)).sum::<usize>() as f64 * 8.0
+    let input_bpw = input_plan
+        .rows
+        .iter()
+        .map(|r| r.from.nbytes(r.ne[0] as usize, r.ne.iter().product::<i64>() as usize).unwrap_or(0))
+        .sum::<usize>() as f64
+        * 8.0
         / input_plan.rows.iter().map(|r| r.ne.iter().product::<i64>()).sum::<i64>() as f64;
     let mut rows = vec![measure(&args.model, "input", &args, &refs, input_bpw)?];
     bar.inc(1);
     let stem = args.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     for &mix in &args.types {
-        bar.set_message(format!("{}", mix.name()));
+        bar.set_message(mix.name().to_string());
         let out = args.out.join(format!("{stem}-{}.gguf", mix.name()));
-        let overrides = Overrides { grafted: args.grafted_type, tensor_types: args.tensor_types.clone(), ..Default::default() };
+        let overrides =
+            Overrides { grafted: args.grafted_type, tensor_types: args.tensor_types.clone(), ..Default::default() };
         let report = quantize::quantize(&QuantizeOptions {
             input: args.model.clone(),
             output: out.clone(),
@@ -259,8 +271,17 @@ pub fn csv(rows: &[SweepRow]) -> String {
     for r in rows {
         s.push_str(&format!(
             "{},{},{:.4},{:.2},{:.2},{:.3},{:.4},{:.4},{:.6},{},{}\n",
-            r.name, r.bytes, r.bpw, r.pp_ts, r.tg_ts, r.tokens_per_step, r.token_match, r.top1_agree, r.kl_mean,
-            fraction(r.micro_agree, 4, ""), fraction(r.stop_agree, 4, "")
+            r.name,
+            r.bytes,
+            r.bpw,
+            r.pp_ts,
+            r.tg_ts,
+            r.tokens_per_step,
+            r.token_match,
+            r.top1_agree,
+            r.kl_mean,
+            fraction(r.micro_agree, 4, ""),
+            fraction(r.stop_agree, 4, "")
         ));
     }
     s

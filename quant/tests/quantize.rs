@@ -29,7 +29,8 @@ fn all_mixes(input: &Path, dir: &Path) -> Vec<(Mix, PathBuf, String)> {
         .iter()
         .map(|&mix| {
             let out = dir.join(format!("{}.gguf", mix.name()));
-            let (ok, stdout, err) = quantize_bin(&[input.to_str().unwrap(), out.to_str().unwrap(), mix.name(), "-t", "2"]);
+            let (ok, stdout, err) =
+                quantize_bin(&[input.to_str().unwrap(), out.to_str().unwrap(), mix.name(), "-t", "2"]);
             assert!(ok, "{}: {err}", mix.name());
             (mix, out, format!("{stdout}{err}"))
         })
@@ -98,7 +99,8 @@ fn refusals_are_clear() {
     generates(&q4);
     let (ok, _, err) = quantize_bin(&[input.to_str().unwrap(), q4.to_str().unwrap(), "Q9_K"]);
     assert!(!ok && err.contains("Q9_K") && err.contains("Q4_K_M") && err.contains("IQ4_XS"), "{err}");
-    let (ok, _, err) = quantize_bin(&[input.to_str().unwrap(), q4.to_str().unwrap(), "Q4_0", "--tensor-type", "(=q4_0"]);
+    let (ok, _, err) =
+        quantize_bin(&[input.to_str().unwrap(), q4.to_str().unwrap(), "Q4_0", "--tensor-type", "(=q4_0"]);
     assert!(!ok && err.contains("--tensor-type"), "{err}");
 }
 
@@ -108,12 +110,22 @@ fn dry_run_and_overrides() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("never.gguf");
     let (ok, stdout, err) = quantize_bin(&[
-        input.to_str().unwrap(), out.to_str().unwrap(), "Q4_0", "--dry-run",
-        "--tensor-type", "ffn_down=q8_0", "--grafted-type", "f16", "--output-tensor-type", "q5_0",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "Q4_0",
+        "--dry-run",
+        "--tensor-type",
+        "ffn_down=q8_0",
+        "--grafted-type",
+        "f16",
+        "--output-tensor-type",
+        "q5_0",
     ]);
     assert!(ok, "{err}");
     assert!(!out.exists(), "dry run wrote a file");
-    let line = |name: &str| stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} not in plan")).to_string();
+    let line = |name: &str| {
+        stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} not in plan")).to_string()
+    };
     assert!(line("blk.3.ffn_down.weight").contains("-> Q8_0"));
     assert!(line("blk.3.ffn_up.weight").contains("-> Q4_0"));
     assert!(line("micro.blk.1.attn_q.weight").contains("-> F16"));
@@ -129,7 +141,20 @@ fn sweep_writes_csv_markdown_and_plot() {
     let input = converted(&tiny_fixture().join("model.safetensors"), "tiny-st", ggml::Type::F32, false).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (ok, stdout, err) = quantize_bin(&[
-        "sweep", input.to_str().unwrap(), "--types", "Q8_0,Q4_0", "--out", dir.path().to_str().unwrap(), "-t", "2", "-n", "8", "--pp", "32", "--tg", "16",
+        "sweep",
+        input.to_str().unwrap(),
+        "--types",
+        "Q8_0,Q4_0",
+        "--out",
+        dir.path().to_str().unwrap(),
+        "-t",
+        "2",
+        "-n",
+        "8",
+        "--pp",
+        "32",
+        "--tg",
+        "16",
     ]);
     assert!(ok, "{err}");
     let csv = std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap();

@@ -150,7 +150,10 @@ fn run(args: &Args) -> Result<()> {
             rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
         }
     }
-    let device = model.offload.gpu.map_or_else(|| "CPU".to_string(), |d| format!("{} ({} layers)", d.name(), args.n_gpu_layers.min(model.hp.n_layer)));
+    let device = model.offload.gpu.map_or_else(
+        || "CPU".to_string(),
+        |d| format!("{} ({} layers)", d.name(), args.n_gpu_layers.min(model.hp.n_layer)),
+    );
     eprintln!("device: {device}");
     let name = args.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let size = model.size_bytes as f64 / (1u64 << 30) as f64;
@@ -163,7 +166,9 @@ fn run(args: &Args) -> Result<()> {
 }
 
 fn print_md(name: &str, size_gib: f64, threads: usize, rows: &[Row]) {
-    println!("| model | size | threads | test | t/s | llama.cpp t/s | ratio | tok/step | KV B/tok | llama.cpp KV B/tok |");
+    println!(
+        "| model | size | threads | test | t/s | llama.cpp t/s | ratio | tok/step | KV B/tok | llama.cpp KV B/tok |"
+    );
     println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         let (base, ratio, base_kv) = match &r.base {
@@ -213,14 +218,31 @@ fn json_rows(name: &str, model: &Model, threads: usize, rows: &[Row]) -> Vec<ser
 }
 
 fn print_csv(rows: &[serde_json::Value]) {
-    let cols = ["engine", "model_filename", "model_size", "n_threads", "n_prompt", "n_gen", "test", "forced_steps", "avg_ns", "avg_ts", "stddev_ts", "tokens_per_step", "kv_bytes_per_token"];
+    let cols = [
+        "engine",
+        "model_filename",
+        "model_size",
+        "n_threads",
+        "n_prompt",
+        "n_gen",
+        "test",
+        "forced_steps",
+        "avg_ns",
+        "avg_ts",
+        "stddev_ts",
+        "tokens_per_step",
+        "kv_bytes_per_token",
+    ];
     println!("{}", cols.join(","));
     for r in rows {
-        let cells: Vec<String> = cols.iter().map(|c| match &r[*c] {
-            serde_json::Value::Null => String::new(),
-            serde_json::Value::String(s) => format!("\"{s}\""),
-            v => v.to_string(),
-        }).collect();
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|c| match &r[*c] {
+                serde_json::Value::Null => String::new(),
+                serde_json::Value::String(s) => format!("\"{s}\""),
+                v => v.to_string(),
+            })
+            .collect();
         println!("{}", cells.join(","));
     }
 }

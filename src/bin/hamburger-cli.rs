@@ -137,11 +137,19 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     if kv_type.is_quantized() && !flash_attn {
         bail!("--cache-type {} needs flash attention", args.cache_type);
     }
-    if !(args.confidence >= 0.0) {
+    if args.confidence.is_nan() || args.confidence < 0.0 {
         bail!("--confidence must be a number >= 0");
     }
     let n_ctx = if args.ctx_size == 0 { model.hp.n_ctx_train } else { args.ctx_size };
-    let mut p = SessionParams { n_ctx, n_batch: args.batch_size, kv_type, flash_attn, confidence: args.confidence, max_steps: args.max_steps, ..Default::default() };
+    let mut p = SessionParams {
+        n_ctx,
+        n_batch: args.batch_size,
+        kv_type,
+        flash_attn,
+        confidence: args.confidence,
+        max_steps: args.max_steps,
+        ..Default::default()
+    };
     if let Some(t) = args.threads {
         p.n_threads = t;
     }
@@ -149,7 +157,9 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
 }
 
 fn sampler(args: &Args) -> Sampler {
-    let seed = args.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    });
     Sampler::new(SamplerParams {
         temp: args.temp,
         top_k: args.top_k,
@@ -208,22 +218,11 @@ fn run(args: Args) -> Result<()> {
             write!(out, "{}", t.decode(&prompt_ids))?;
         }
     }
-    let mut stream = tokenizer.as_ref().map(TextStream::new);
-    let mut step_no = 0;
+    let mut printer = StepPrinter { stream: tokenizer.as_ref().map(TextStream::new), color: args.color, step: 0 };
     let gen = session.generate(&prompt_ids, n_predict, &mut sampler, |tokens| {
         if !args.json {
-            let text = match stream.as_mut() {
-                Some(s) => s.push(&visible(&model, tokens)),
-                None => tokens.iter().map(|t| format!("{t} ")).collect(),
-            };
-            let _ = if args.color {
-                write!(out, "{}{text}{RESET}", PALETTE[step_no % PALETTE.len()])
-            } else {
-                write!(out, "{text}")
-            };
-            let _ = out.flush();
+            printer.print(&mut out, &model, tokens);
         }
-        step_no += 1;
         true
     })?;
     if args.json {
@@ -234,6 +233,31 @@ fn run(args: Args) -> Result<()> {
         eprint!("{}", report(&gen));
     }
     Ok(())
+}
+
+/// Streams each macro step's text as it completes, coloured by step with `--color`.
+struct StepPrinter<'t> {
+    /// The detokenizer (`None`: print ids, for models without a tokenizer).
+    stream: Option<TextStream<'t>>,
+    color: bool,
+    step: usize,
+}
+
+impl StepPrinter<'_> {
+    fn print(&mut self, out: &mut impl Write, model: &Model, tokens: &[u32]) {
+        let text = match self.stream.as_mut() {
+            Some(s) => s.push(&visible(model, tokens)),
+            None => tokens.iter().map(|t| format!("{t} ")).collect(),
+        };
+        // Output errors (a closed pipe) end nothing here; generation finishes.
+        let _ = if self.color {
+            write!(out, "{}{text}{RESET}", PALETTE[self.step % PALETTE.len()])
+        } else {
+            write!(out, "{text}")
+        };
+        let _ = out.flush();
+        self.step += 1;
+    }
 }
 
 /// The tokens to show: end-of-generation tokens are not text.
@@ -321,13 +345,9 @@ fn chat(args: &Args, model: &Model, session: &mut Session, sampler: &mut Sampler
         let ids = tok.encode(&delta, first)?;
         first = false;
         let n_predict = budget(args, session, ids.len());
-        let mut stream = TextStream::new(&tok);
-        let mut step_no = 0;
+        let mut printer = StepPrinter { stream: Some(TextStream::new(&tok)), color: args.color, step: 0 };
         let gen = session.generate(&ids, n_predict, sampler, |tokens| {
-            let text = stream.push(&visible(model, tokens));
-            let _ = if args.color { write!(out, "{}{text}{RESET}", PALETTE[step_no % PALETTE.len()]) } else { write!(out, "{text}") };
-            let _ = out.flush();
-            step_no += 1;
+            printer.print(&mut out, model, tokens);
             true
         })?;
         writeln!(out)?;

@@ -40,7 +40,14 @@ impl BaseShape {
 ///
 /// # Errors
 /// When the graph cannot be allocated.
-pub fn build(model: &Model, kv: &KvCache, features: &Tensor, shape: BaseShape, cfg: AttnConfig, backends: &[Rc<Backend>]) -> Result<StepGraph> {
+pub fn build(
+    model: &Model,
+    kv: &KvCache,
+    features: &Tensor,
+    shape: BaseShape,
+    cfg: AttnConfig,
+    backends: &[Rc<Backend>],
+) -> Result<StepGraph> {
     let (hp, w) = (&model.hp, &model.weights);
     let size = graph_size(hp.n_layer);
     let g = Context::new(2 * size, size)?;
@@ -56,9 +63,7 @@ pub fn build(model: &Model, kv: &KvCache, features: &Tensor, shape: BaseShape, c
         let nb1 = t.nb()[1];
         g.view(t, &[hp.n_embd as i64, 1], &[nb1], nb1 * (t.ne()[1] as usize - 1))
     };
-    let feature_col = |f: usize| {
-        g.view(features, &[hp.n_embd as i64, 1], &[features.nb()[1]], f * features.nb()[1])
-    };
+    let feature_col = |f: usize| g.view(features, &[hp.n_embd as i64, 1], &[features.nb()[1]], f * features.nb()[1]);
     let last_layer = hp.n_layer - 1;
     for (il, lw) in w.layers.iter().enumerate() {
         x = decoder_layer(&g, &mut gf, &lc, lw, il, &x, il == last_layer);

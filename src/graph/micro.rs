@@ -16,7 +16,15 @@ use crate::Result;
 ///
 /// # Errors
 /// When the graph cannot be allocated.
-pub fn build(model: &Model, cache: &KvCache, features: &Tensor, s: usize, stop_head: bool, cfg: AttnConfig, backends: &[Rc<Backend>]) -> Result<StepGraph> {
+pub fn build(
+    model: &Model,
+    cache: &KvCache,
+    features: &Tensor,
+    s: usize,
+    stop_head: bool,
+    cfg: AttnConfig,
+    backends: &[Rc<Backend>],
+) -> Result<StepGraph> {
     let (hp, w) = (&model.hp, &model.weights);
     let size = graph_size(hp.n_micro_layer);
     let g = Context::new(2 * size, size)?;

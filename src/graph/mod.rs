@@ -113,7 +113,13 @@ pub fn ffn(g: &Context, w: &LayerWeights, x: &Tensor) -> Tensor {
 
 /// The rope configuration shared by the base and micro layers.
 pub fn rope_params(hp: &HParams) -> RopeParams {
-    RopeParams { n_dims: hp.n_rot as i32, mode: 0, n_ctx_orig: hp.n_ctx_train as i32, freq_base: hp.rope_freq_base, freq_scale: 1.0 }
+    RopeParams {
+        n_dims: hp.n_rot as i32,
+        mode: 0,
+        n_ctx_orig: hp.n_ctx_train as i32,
+        freq_base: hp.rope_freq_base,
+        freq_scale: 1.0,
+    }
 }
 
 /// Everything a decoder layer needs besides its weights.
@@ -135,7 +141,15 @@ pub struct LayerCtx<'a> {
 /// are still cached, but only the last position is queried and goes through
 /// the output projection and MLP (nothing reads the others after the final
 /// layer): the result is `[D, 1]`.
-pub fn decoder_layer(g: &Context, gf: &mut Graph, lc: &LayerCtx, w: &LayerWeights, il: usize, x: &Tensor, last_only: bool) -> Tensor {
+pub fn decoder_layer(
+    g: &Context,
+    gf: &mut Graph,
+    lc: &LayerCtx,
+    w: &LayerWeights,
+    il: usize,
+    x: &Tensor,
+    last_only: bool,
+) -> Tensor {
     let hp = lc.hp;
     let (hd, n) = (hp.head_dim as i64, x.ne()[1]);
     let h = rms_norm(g, x, &w.attn_norm, hp.rms_eps); // [D, n]
@@ -143,7 +157,10 @@ pub fn decoder_layer(g: &Context, gf: &mut Graph, lc: &LayerCtx, w: &LayerWeight
     let k = g.reshape(&g.mul_mat(&w.wk, &h), &[hd, hp.n_head_kv as i64, n]); // [hd, Hkv, n]
     let k = g.rope(&k, &lc.attn.pos, lc.rope_freqs, rope).named(&format!("k_l{il}"));
     let v = g.mul_mat(&w.wv, &h); // [E, n]
-    lc.cache.store(g, gf, il, &g.reshape(&k, &[hp.n_embd_kv() as i64, n]), &v, &lc.attn.kv_idx, &lc.attn.v_idx);
+    for write in lc.cache.store(g, il, &g.reshape(&k, &[hp.n_embd_kv() as i64, n]), &v, &lc.attn.kv_idx, &lc.attn.v_idx)
+    {
+        gf.expand(&write);
+    }
     // The queried positions: all, or the last one with its position and mask row.
     let (h, x, pos, mask) = if last_only && n > 1 {
         let last = |t: &Tensor| g.view(t, &[t.ne()[0], 1], &[t.nb()[1]], t.nb()[1] * (n as usize - 1));

@@ -21,8 +21,10 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
     for (ci, case) in cases.iter().enumerate() {
         let max_new = case["max_new_tokens"].as_u64().unwrap() as usize;
         let p = SessionParams { confidence: case["confidence"].as_f64().unwrap() as f32, ..params.clone() };
-        let mut session = Session::new(&model, p).unwrap();
-        let gen = session.generate(&ids(&case["prompt_ids"]), max_new, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();
+        let mut session = Session::new(model, p).unwrap();
+        let gen = session
+            .generate(&ids(&case["prompt_ids"]), max_new, &mut Sampler::new(SamplerParams::greedy()), |_| true)
+            .unwrap();
         let want: Vec<(usize, u32)> = case["macro_steps"]
             .as_array()
             .unwrap()

