@@ -266,3 +266,47 @@ fn missing_config_and_bad_flags_are_rejected() {
         run(&[tiny_fixture().join("model.safetensors").to_str().unwrap(), "-o", "x.gguf", "--outtype", "q3_k"]);
     assert!(!ok && err.contains("q3_k"), "{err}");
 }
+
+#[test]
+fn sharded_index_and_ignored_entries() {
+    let dir = scratch();
+    let bytes = std::fs::read(tiny_fixture().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    // Two shards plus the entries a real checkpoint carries and the format ignores.
+    let extra = vec![0u8; 64];
+    let mut weight_map = serde_json::Map::new();
+    for (i, part) in names.chunks(names.len() / 2 + 1).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", i + 1);
+        let mut views: Vec<(String, safetensors::tensor::TensorView)> =
+            part.iter().map(|n| (n.clone(), st.tensor(n).unwrap())).collect();
+        if i == 0 {
+            for n in ["teacher.lm_head.weight", "model.model.layers.0.self_attn.rotary_emb.inv_freq"] {
+                views.push((
+                    n.into(),
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![16], &extra).unwrap(),
+                ));
+            }
+        }
+        for (n, _) in &views {
+            weight_map.insert(n.clone(), serde_json::Value::String(file.clone()));
+        }
+        safetensors::serialize_to_file(views, None, &dir.path().join(&file)).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let out = dir.path().join("sharded.gguf");
+    let (ok, err) = run(&[dir.path().to_str().unwrap(), "-o", out.to_str().unwrap(), "--outtype", "f32"]);
+    assert!(ok, "{err}");
+    let reference = dir.path().join("single.gguf");
+    let (ok, err) = run(&[
+        tiny_fixture().join("model.safetensors").to_str().unwrap(),
+        "-o",
+        reference.to_str().unwrap(),
+        "--outtype",
+        "f32",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(tensor_data(&Gguf::open(&out).unwrap()), tensor_data(&Gguf::open(&reference).unwrap()));
+}

@@ -1,0 +1,63 @@
+//! hamburger-cli as a user runs it, on SmolLM2-HAMburger F32 (quantized, this
+//! 135M model answers chat prompts with nonsense in llama.cpp too): a completion
+//! streams sensible text, colour marks macro steps, and a two-turn chat keeps
+//! the first turn in the KV cache.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use convert::testmodel::{converted, smollm2_checkpoint};
+
+fn model() -> String {
+    let ck = smollm2_checkpoint().unwrap();
+    converted(&ck, "smollm2", ggml::Type::F32, false).unwrap().to_string_lossy().into_owned()
+}
+
+fn cli(args: &[&str], stdin: &str) -> (String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// The number after `label` in the stderr report.
+fn stat(report: &str, label: &str) -> usize {
+    let rest = &report[report.find(label).unwrap_or_else(|| panic!("no {label:?} in {report}")) + label.len()..];
+    rest.trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn completion_streams_sensible_text_and_reports() {
+    let m = model();
+    let (out, err) = cli(
+        &["-m", &m, "-p", "The capital of France is", "-n", "24", "--temp", "0", "--confidence", "1.01", "-t", "2"],
+        "",
+    );
+    assert!(out.starts_with("The capital of France is") && out.contains("Paris"), "{out}");
+    assert!(err.contains("tok/s") && err.contains("tokens per step") && err.contains("micro-step positions reached"));
+    let (out, _) =
+        cli(&["-m", &m, "-p", "Hello", "-n", "8", "--color", "--confidence", "0.3", "--temp", "0", "-t", "2"], "");
+    assert!(out.contains("\x1b[38;5;"), "macro steps are coloured");
+}
+
+#[test]
+fn two_turn_chat_keeps_history() {
+    let m = model();
+    let args = ["-m", &m, "-cnv", "--temp", "0", "--confidence", "1.01", "-n", "32", "-t", "2"];
+    let (out, err) = cli(&args, "What is the capital of France?\nAnd of Germany?\n");
+    assert_eq!(out.matches("> ").count(), 3, "two turns, then the prompt that reads end of input: {out}");
+    let replies: Vec<&str> = out.split("> ").skip(1).take(2).collect();
+    assert!(replies[0].contains("Paris"), "{out}");
+    assert!(replies[1].trim().len() > 3, "{out}");
+    // The second turn continues the first in the cache: more entries than one turn.
+    let (_, one_turn) = cli(&args, "What is the capital of France?\n");
+    let (one, two) = (stat(&one_turn, "KV cache:"), stat(&err, "KV cache:"));
+    assert!(two > one + 10, "{one} entries after one turn, {two} after two");
+}
