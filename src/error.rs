@@ -91,14 +91,6 @@ pub enum Error {
     /// An invalid option value.
     #[error("{0}")]
     Invalid(String),
-    /// An I/O error with its file.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
 }
 
 /// Result alias of the runtime.

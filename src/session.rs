@@ -266,19 +266,9 @@ impl<'m> Session<'m> {
         &self.params
     }
 
-    /// Changes the confidence threshold for later macro steps.
-    pub fn set_confidence(&mut self, c: f32) {
-        self.params.confidence = c;
-    }
-
     /// KV entries in use.
     pub fn n_slots(&self) -> usize {
         self.n_slots
-    }
-
-    /// Tokens in the conversation (fed or pending).
-    pub fn history(&self) -> &[u32] {
-        &self.history
     }
 
     /// Bytes of the whole KV cache and of one entry.

@@ -143,12 +143,6 @@ impl Device {
         unsafe { (*w.raw()).buffer = std::ptr::null_mut() };
         ok
     }
-
-    /// Whether the device can compute with tensors in buffers of type `buft`.
-    pub fn supports_buffer_type(&self, buft: BufferType) -> bool {
-        // SAFETY: both handles are static registry entries.
-        unsafe { sys::ggml_backend_dev_supports_buft(self.0, buft.0) }
-    }
 }
 
 /// The operation a weight feeds, for [`Device::supports_weight`].
@@ -175,12 +169,6 @@ impl BufferType {
     pub fn name(&self) -> String {
         // SAFETY: buffer types are static.
         cstr(unsafe { sys::ggml_backend_buft_name(self.0) })
-    }
-
-    /// Whether the memory is host memory (readable without a copy).
-    pub fn is_host(&self) -> bool {
-        // SAFETY: buffer types are static.
-        unsafe { sys::ggml_backend_buft_is_host(self.0) }
     }
 
     /// Bytes a tensor takes in a buffer of this type (repacked layouts may differ).

@@ -506,11 +506,6 @@ impl GgufWriter {
         Ok(())
     }
 
-    /// Name of the tensor whose data is expected next, if any.
-    pub fn next_tensor(&self) -> Option<&str> {
-        self.sizes.get(self.current).map(|(n, _)| n.as_str())
-    }
-
     /// Checks every tensor was written, flushes, and renames the file into place.
     ///
     /// # Errors

@@ -75,5 +75,5 @@ pub fn build(
     }
     let out = rms_norm(&g, &x, &w.output_norm, hp.rms_eps).named("out_0"); // [D, 1]
     gf.expand(&g.cpy(&out, &feature_col(hp.n_features() - 1)));
-    finish(&g, gf, backends, w.lm_head(), shape.stop_head.then_some(&w.stop), &out, tokens, attn, kv, n, size)
+    finish(&g, gf, backends, w.lm_head(), shape.stop_head.then_some(&w.stop), &out, tokens, attn, kv, size)
 }

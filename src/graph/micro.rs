@@ -40,5 +40,5 @@ pub fn build(
     for (il, lw) in w.micro.iter().enumerate() {
         x = decoder_layer(&g, &mut gf, &lc, lw, il, &x, il == last);
     }
-    finish(&g, gf, backends, w.lm_head(), stop_head.then_some(&w.stop), &x, tokens, attn, cache, n, size)
+    finish(&g, gf, backends, w.lm_head(), stop_head.then_some(&w.stop), &x, tokens, attn, cache, size)
 }

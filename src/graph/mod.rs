@@ -48,8 +48,6 @@ pub struct StepGraph {
     pub argmax: Tensor,
     /// Stop probability of the last position `[1]` (f32), when the graph computes it.
     pub p_stop: Option<Tensor>,
-    /// Inputs `n` and cache slots `n_kv` the graph was built for.
-    pub n: usize,
     /// Cache slots attended.
     pub n_kv: usize,
 }
@@ -220,7 +218,6 @@ pub fn finish(
     tokens: Tensor,
     attn: AttnInputs,
     cache: &KvCache,
-    n: usize,
     size: usize,
 ) -> Result<StepGraph> {
     let logits = g.mul_mat(lm_head, out).named("logits"); // [V, 1]
@@ -244,7 +241,6 @@ pub fn finish(
         logits,
         argmax,
         p_stop,
-        n,
         n_kv: attn.n_kv,
     })
 }
