@@ -29,6 +29,10 @@ struct Args {
     /// List the devices of this build and exit.
     #[arg(long)]
     list_devices: bool,
+    /// Keep every CPU weight on the memory-mapped file (no repacked copies of
+    /// Q4_0/Q4_K/IQ4_NL matrices): less memory, slower matrix products.
+    #[arg(long)]
+    no_repack: bool,
     /// Prompt text.
     #[arg(short = 'p', long, conflicts_with_all = ["file", "prompt_ids"])]
     prompt: Option<String>,
@@ -185,7 +189,7 @@ fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
-    let model = hamburger::device::load_model(path, args.device, args.n_gpu_layers, true)?;
+    let model = hamburger::device::load_model(path, args.device, args.n_gpu_layers, !args.no_repack)?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
     let mut sampler = sampler(&args);
     if args.chat {
