@@ -102,6 +102,21 @@ impl HParams {
                 p.push(format!("{what} must be positive"));
             }
         }
+        // Bounds that keep a hostile file from sizing tables by its claims (llama.cpp caps layers at 512).
+        let caps = [
+            ("block count", self.n_layer, 512),
+            ("micro block count", self.n_micro_layer, 64),
+            ("max steps", self.max_steps, 64),
+            ("feature layer count", self.feature_layers.len(), 64),
+            ("head count", self.n_head, 1 << 12),
+            ("embedding length", self.n_embd, 1 << 20),
+            ("vocab size", self.n_vocab, 1 << 24),
+        ];
+        for (what, v, max) in caps {
+            if v > max {
+                p.push(format!("{what} {v} exceeds {max}"));
+            }
+        }
         if self.n_head_kv > 0 && !self.n_head.is_multiple_of(self.n_head_kv) {
             p.push(format!("head count {} is not a multiple of kv head count {}", self.n_head, self.n_head_kv));
         }

@@ -233,7 +233,13 @@ impl<'m> Session<'m> {
         let base_bufts: Vec<BufferType> = (0..hp.n_layer).map(|il| buft_of(il >= first_gpu)).collect();
         let tail = buft_of(first_gpu < hp.n_layer);
         let v_trans = !params.flash_attn;
-        let kv = KvCache::new(&base_bufts, params.n_ctx, hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans)?;
+        let kv = KvCache::new(&base_bufts, params.n_ctx, hp.n_embd_kv(), hp.head_dim, params.kv_type, v_trans)
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "cannot allocate a KV cache of {} entries ({e}): use a smaller context (-c)",
+                    params.n_ctx
+                ))
+            })?;
         let micro = KvCache::new(
             &vec![tail; hp.n_micro_layer],
             hp.micro_cache_len(),

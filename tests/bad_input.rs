@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use convert::testmodel::{converted, tiny_fixture};
-use ggml::gguf::{Gguf, GgufBuilder};
+use ggml::gguf::{Gguf, GgufBuilder, Value};
 
 fn tiny(base_only: bool) -> PathBuf {
     converted(&tiny_fixture().join("model.safetensors"), "tiny-st", ggml::Type::F32, base_only).unwrap()
@@ -28,13 +28,28 @@ fn assert_clean_error(args: &[&str], must_name: &[&str]) {
     }
 }
 
-/// Copies `src` to `dst`, dropping tensor `drop` and giving tensor `reshape.0` shape `reshape.1`.
-fn rewrite(src: &Path, dst: &Path, drop: Option<&str>, reshape: Option<(&str, Vec<i64>)>) {
+/// A change to make to a copy of a GGUF.
+enum Edit<'a> {
+    Drop(&'a str),
+    Reshape(&'a str, Vec<i64>),
+    Set(&'a str, Value),
+}
+
+/// Copies `src` to `dst` with `edit` applied.
+fn rewrite(src: &Path, dst: &Path, edit: Edit) {
+    let (drop, reshape) = match &edit {
+        Edit::Drop(n) => (Some(*n), None),
+        Edit::Reshape(n, ne) => (None, Some((*n, ne.clone()))),
+        Edit::Set(..) => (None, None),
+    };
     let g = Gguf::open(src).unwrap();
     let bytes = std::fs::read(src).unwrap();
     let mut b = GgufBuilder::new(g.tensors.len()).unwrap();
     for (k, v) in &g.metadata {
-        b.set(k, v).unwrap();
+        match &edit {
+            Edit::Set(key, value) if key == k => b.set(k, value).unwrap(),
+            _ => b.set(k, v).unwrap(),
+        }
     }
     let kept: Vec<_> = g.tensors.iter().filter(|t| Some(t.name.as_str()) != drop).collect();
     for t in &kept {
@@ -55,7 +70,7 @@ fn rewrite(src: &Path, dst: &Path, drop: Option<&str>, reshape: Option<(&str, Ve
 fn missing_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("missing.gguf");
-    rewrite(&tiny(false), &p, Some("micro.blk.1.ffn_up.weight"), None);
+    rewrite(&tiny(false), &p, Edit::Drop("micro.blk.1.ffn_up.weight"));
     assert_clean_error(
         &["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "4"],
         &["missing.gguf", "micro.blk.1.ffn_up.weight"],
@@ -66,11 +81,25 @@ fn missing_tensor() {
 fn wrong_shape() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("shape.gguf");
-    rewrite(&tiny(false), &p, None, Some(("blk.2.attn_k.weight", vec![64, 128])));
+    rewrite(&tiny(false), &p, Edit::Reshape("blk.2.attn_k.weight", vec![64, 128]));
     assert_clean_error(
         &["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3"],
         &["shape.gguf", "blk.2.attn_k.weight", "[128, 64]"],
     );
+}
+
+#[test]
+fn hostile_hyper_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("layers.gguf");
+    rewrite(&tiny(false), &p, Edit::Set("hamburger.block_count", Value::U32(1_000_000_000)));
+    assert_clean_error(
+        &["-m", p.to_str().unwrap(), "-p", "hi"],
+        &["layers.gguf", "block count 1000000000 exceeds 512"],
+    );
+    let p = dir.path().join("features.gguf");
+    rewrite(&tiny(false), &p, Edit::Set("hamburger.feature_layers", Value::Array(ggml::gguf::Array::U32(vec![3, 99]))));
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["features.gguf", "feature layers"]);
 }
 
 #[test]
@@ -101,6 +130,7 @@ fn prompt_longer_than_the_context() {
         &["context"],
     );
     assert_clean_error(&["-m", p.to_str().unwrap(), "-c", "32", "--prompt-ids", "1,2,3", "-n", "40"], &["context"]);
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-c", "2000000000", "--prompt-ids", "1,2,3"], &["KV cache", "-c"]);
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::ffi::{c_char, CStr};
 use std::ptr::NonNull;
 use std::rc::Rc;
 
+use crate::log_bridge::capture_errors;
 use crate::{sys, Context, Error, Result, Tensor};
 
 fn cstr(p: *const c_char) -> String {
@@ -207,7 +208,8 @@ impl Buffer {
     /// When the device is out of memory.
     pub fn alloc_context(ctx: &Context, buft: BufferType) -> Result<Buffer> {
         // SAFETY: ctx is live and holds only unallocated tensors (no_alloc context).
-        let ptr = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.raw(), buft.raw()) };
+        let (ptr, _why) =
+            capture_errors(|| unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.raw(), buft.raw()) });
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::Alloc {
             buffer_type: buft.name(),
             size: ctx.tensors().iter().map(|t| buft.alloc_size(t)).sum(),
@@ -223,7 +225,7 @@ impl Buffer {
     /// When the device is out of memory.
     pub fn alloc(buft: BufferType, size: usize) -> Result<Buffer> {
         // SAFETY: plain allocation call.
-        let ptr = unsafe { sys::ggml_backend_buft_alloc_buffer(buft.raw(), size) };
+        let (ptr, _why) = capture_errors(|| unsafe { sys::ggml_backend_buft_alloc_buffer(buft.raw(), size) });
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::Alloc { buffer_type: buft.name(), size })?;
         Ok(Buffer(Rc::new(BufferInner { ptr, _owner: None })))
     }
