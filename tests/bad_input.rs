@@ -99,7 +99,7 @@ fn hostile_hyper_parameters() {
     );
     let p = dir.path().join("features.gguf");
     rewrite(&tiny(false), &p, Edit::Set("hamburger.feature_layers", Value::Array(ggml::gguf::Array::U32(vec![3, 99]))));
-    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["features.gguf", "feature layers"]);
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["features.gguf", "feature layer"]);
 }
 
 #[test]
