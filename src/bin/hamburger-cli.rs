@@ -304,7 +304,7 @@ fn report(gen: &Generation) -> String {
     let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     let mut s = format!(
         "\nprompt: {} tokens in {:.1} ms ({:.1} tok/s)\ngeneration: {} tokens in {:.1} ms ({:.1} tok/s)\n\
-         macro steps: {} ({:.2} tokens per step)\nKV cache: {} entries for {} tokens ({:.2} tokens per entry, {} bytes per entry)\n",
+         macro steps: {} ({:.2} tokens per step)\nKV cache: {} entries for {} tokens ({:.2} tokens per entry, {} bytes per entry, {:.0} bytes per token)\n",
         t.prompt_tokens,
         t.prompt_ms,
         rate(t.prompt_tokens, t.prompt_ms),
@@ -317,6 +317,7 @@ fn report(gen: &Generation) -> String {
         t.context_tokens,
         t.context_tokens as f64 / t.kv_entries.max(1) as f64,
         t.kv_bytes_per_entry,
+        (t.kv_entries * t.kv_bytes_per_entry) as f64 / t.context_tokens.max(1) as f64,
     );
     let reach: Vec<String> = t
         .reached
