@@ -28,6 +28,16 @@ pub struct Measurement {
 }
 
 impl Measurement {
+    /// An empty measurement of an `n`-token prompt test.
+    pub fn prompt(n: usize) -> Measurement {
+        Measurement { n_prompt: n, n_gen: 0, samples_ns: Vec::new(), tokens_per_step: 1.0, kv_bytes_per_token: 0.0 }
+    }
+
+    /// An empty measurement of an `n`-token generation test.
+    pub fn generation(n: usize) -> Measurement {
+        Measurement { n_gen: n, n_prompt: 0, ..Measurement::prompt(0) }
+    }
+
     fn tokens(&self) -> usize {
         self.n_prompt + self.n_gen
     }
@@ -153,7 +163,7 @@ pub fn measure_tg(model: &Model, params: &SessionParams, n: usize, reps: usize) 
     let (run, stats) = hamburger_tg(model, params, n)?;
     let samples_ns = interleaved(reps, &mut [run])?.remove(0);
     let (tokens_per_step, kv_bytes_per_token) = stats.get();
-    Ok(Measurement { n_prompt: 0, n_gen: n, samples_ns, tokens_per_step, kv_bytes_per_token })
+    Ok(Measurement { samples_ns, tokens_per_step, kv_bytes_per_token, ..Measurement::generation(n) })
 }
 
 fn llama_params(params: &SessionParams, n_ctx: usize) -> LlamaContextParams {
@@ -166,31 +176,13 @@ fn llama_params(params: &SessionParams, n_ctx: usize) -> LlamaContextParams {
     }
 }
 
-/// llama.cpp's prompt processing with the same settings.
+/// llama.cpp's prompt processing with the same settings: the prompt in
+/// batches of `params.n_batch`.
 ///
 /// # Errors
 /// When libllama cannot create the context.
 pub fn llama_pp<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
-    let mut ctx = LlamaContext::new(model, llama_params(params, params.n_ctx.max(n + 1)))?;
-    let tokens: Vec<i32> = random_tokens(n, model.n_vocab(), 1).into_iter().map(|t| t as i32).collect();
-    let batch = params.n_batch;
-    let meta = Measurement {
-        n_prompt: n,
-        n_gen: 0,
-        samples_ns: Vec::new(),
-        tokens_per_step: 1.0,
-        kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64,
-    };
-    let run = Box::new(move || {
-        ctx.clear();
-        let t = Instant::now();
-        for chunk in tokens.chunks(batch) {
-            ctx.decode(chunk)?;
-        }
-        ctx.synchronize();
-        Ok(t.elapsed().as_nanos() as u64)
-    });
-    Ok((run, meta))
+    llama_runner(model, params, random_tokens(n, model.n_vocab(), 1), params.n_batch, Measurement::prompt(n))
 }
 
 /// llama.cpp's generation with the same settings (one token per forward,
@@ -199,20 +191,25 @@ pub fn llama_pp<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> 
 /// # Errors
 /// When libllama cannot create the context.
 pub fn llama_tg<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
-    let mut ctx = LlamaContext::new(model, llama_params(params, params.n_ctx.max(n + 2)))?;
-    let tokens: Vec<i32> = random_tokens(n, model.n_vocab(), 2).into_iter().map(|t| t as i32).collect();
-    let meta = Measurement {
-        n_prompt: 0,
-        n_gen: n,
-        samples_ns: Vec::new(),
-        tokens_per_step: 1.0,
-        kv_bytes_per_token: model.kv_bytes_per_token(params.kv_type) as f64,
-    };
+    llama_runner(model, params, random_tokens(n, model.n_vocab(), 2), 1, Measurement::generation(n))
+}
+
+/// A runner decoding `tokens` into an empty libllama context, `chunk` at a time.
+fn llama_runner<'m>(
+    model: &'m LlamaModel,
+    params: &SessionParams,
+    tokens: Vec<u32>,
+    chunk: usize,
+    mut meta: Measurement,
+) -> Result<(Runner<'m>, Measurement)> {
+    let mut ctx = LlamaContext::new(model, llama_params(params, params.n_ctx.max(tokens.len() + 2)))?;
+    let tokens: Vec<i32> = tokens.into_iter().map(|t| t as i32).collect();
+    meta.kv_bytes_per_token = model.kv_bytes_per_token(params.kv_type) as f64;
     let run = Box::new(move || {
         ctx.clear();
         let t = Instant::now();
-        for &tok in &tokens {
-            ctx.decode(&[tok])?;
+        for c in tokens.chunks(chunk) {
+            ctx.decode(c)?;
         }
         ctx.synchronize();
         Ok(t.elapsed().as_nanos() as u64)

@@ -265,24 +265,46 @@ fn fraction(x: f64, digits: usize, none: &str) -> String {
     }
 }
 
+/// The cells of a row: exact values for CSV, rounded ones for Markdown.
+fn cells(r: &SweepRow, csv: bool) -> Vec<String> {
+    // Decimals of: rates, bits per weight, tokens per step, fractions, KL.
+    let (rate, bpw, steps, frac, kl) = if csv { (2, 4, 3, 4, 6) } else { (1, 2, 2, 3, 5) };
+    let none = if csv { "" } else { "-" };
+    let size = if csv { r.bytes.to_string() } else { format!("{:.1}", r.bytes as f64 / (1 << 20) as f64) };
+    vec![
+        r.name.clone(),
+        size,
+        format!("{:.bpw$}", r.bpw),
+        format!("{:.rate$}", r.pp_ts),
+        format!("{:.rate$}", r.tg_ts),
+        format!("{:.steps$}", r.tokens_per_step),
+        format!("{:.frac$}", r.token_match),
+        format!("{:.frac$}", r.top1_agree),
+        format!("{:.kl$}", r.kl_mean),
+        fraction(r.micro_agree, frac, none),
+        fraction(r.stop_agree, frac, none),
+    ]
+}
+
+const COLUMNS: [(&str, &str); 11] = [
+    ("type", "type"),
+    ("bytes", "size (MiB)"),
+    ("bits_per_weight", "bits/weight"),
+    ("pp_ts", "pp t/s"),
+    ("tg_ts", "tg t/s"),
+    ("tokens_per_step", "tokens/step"),
+    ("token_match", "token match"),
+    ("top1_agree", "top-1 agree"),
+    ("kl_mean", "mean KL"),
+    ("micro_agree", "micro agree"),
+    ("stop_agree", "stop agree"),
+];
+
 /// The rows as CSV.
 pub fn csv(rows: &[SweepRow]) -> String {
-    let mut s = "type,bytes,bits_per_weight,pp_ts,tg_ts,tokens_per_step,token_match,top1_agree,kl_mean,micro_agree,stop_agree\n".to_string();
+    let mut s = COLUMNS.map(|c| c.0).join(",") + "\n";
     for r in rows {
-        s.push_str(&format!(
-            "{},{},{:.4},{:.2},{:.2},{:.3},{:.4},{:.4},{:.6},{},{}\n",
-            r.name,
-            r.bytes,
-            r.bpw,
-            r.pp_ts,
-            r.tg_ts,
-            r.tokens_per_step,
-            r.token_match,
-            r.top1_agree,
-            r.kl_mean,
-            fraction(r.micro_agree, 4, ""),
-            fraction(r.stop_agree, 4, "")
-        ));
+        s.push_str(&(cells(r, true).join(",") + "\n"));
     }
     s
 }
@@ -298,23 +320,10 @@ pub fn markdown(rows: &[SweepRow], args: &SweepArgs) -> String {
         args.confidence,
         args.n_gen
     );
-    s.push_str("| type | size (MiB) | bits/weight | pp t/s | tg t/s | tokens/step | token match | top-1 agree | mean KL | micro agree | stop agree |\n");
-    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    s.push_str(&format!("| {} |\n", COLUMNS.map(|c| c.1).join(" | ")));
+    s.push_str(&format!("| --- |{}\n", " ---: |".repeat(COLUMNS.len() - 1)));
     for r in rows {
-        s.push_str(&format!(
-            "| {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.5} | {} | {} |\n",
-            r.name,
-            r.bytes as f64 / (1 << 20) as f64,
-            r.bpw,
-            r.pp_ts,
-            r.tg_ts,
-            r.tokens_per_step,
-            r.token_match,
-            r.top1_agree,
-            r.kl_mean,
-            fraction(r.micro_agree, 3, "-"),
-            fraction(r.stop_agree, 3, "-")
-        ));
+        s.push_str(&format!("| {} |\n", cells(r, false).join(" | ")));
     }
     s
 }

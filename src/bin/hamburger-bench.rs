@@ -142,7 +142,7 @@ fn run(args: &Args) -> Result<()> {
         }
         for ((&k, s), samples_ns) in forced.iter().zip(&stats).zip(samples) {
             let (tokens_per_step, kv_bytes_per_token) = s.get();
-            let ours = Measurement { n_prompt: 0, n_gen: n, samples_ns, tokens_per_step, kv_bytes_per_token };
+            let ours = Measurement { samples_ns, tokens_per_step, kv_bytes_per_token, ..Measurement::generation(n) };
             let test = match k {
                 Some(k) => format!("tg{n} k={k}"),
                 None => format!("tg{n} c={}", args.confidence),
