@@ -5,9 +5,9 @@
 
 use std::rc::Rc;
 
-use ggml::{Backend, Context, Graph, Tensor, Type};
+use ggml::{Backend, Tensor};
 
-use super::{decoder_layer, finish, graph_size, merger, rms_norm, AttnConfig, AttnInputs, LayerCtx, StepGraph};
+use super::{decoder_layer, finish, merger, rms_norm, AttnConfig, AttnInputs, LayerCtx, StepGraph};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::Result;
@@ -49,11 +49,7 @@ pub fn build(
     backends: &[Rc<Backend>],
 ) -> Result<StepGraph> {
     let (hp, w) = (&model.hp, &model.weights);
-    let size = graph_size(hp.n_layer);
-    let g = Context::new(2 * size, size)?;
-    let mut gf = Graph::new(&g, size);
-    let tokens = g.new_tensor(Type::I32, &[shape.n_tokens as i64]).named("inp_tokens");
-    tokens.set_input();
+    let (g, mut gf, tokens, size) = super::start(hp.n_layer, shape.n_tokens)?;
     let e = g.get_rows(&w.tok_embd, &tokens); // [D, n_tokens]
     let mut x = if shape.merged { merger::merge(&g, &w.merger, hp, &e) } else { e }; // [D, n]
     let n = shape.n_inputs();

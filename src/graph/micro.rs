@@ -4,9 +4,9 @@
 
 use std::rc::Rc;
 
-use ggml::{Backend, Context, Graph, Tensor, Type};
+use ggml::{Backend, Tensor};
 
-use super::{decoder_layer, finish, graph_size, AttnConfig, AttnInputs, LayerCtx, StepGraph};
+use super::{decoder_layer, finish, AttnConfig, AttnInputs, LayerCtx, StepGraph};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::Result;
@@ -26,11 +26,7 @@ pub fn build(
     backends: &[Rc<Backend>],
 ) -> Result<StepGraph> {
     let (hp, w) = (&model.hp, &model.weights);
-    let size = graph_size(hp.n_micro_layer);
-    let g = Context::new(2 * size, size)?;
-    let mut gf = Graph::new(&g, size);
-    let tokens = g.new_tensor(Type::I32, &[1]).named("inp_token");
-    tokens.set_input();
+    let (g, mut gf, tokens, size) = super::start(hp.n_micro_layer, 1)?;
     let e = g.get_rows(&w.tok_embd, &tokens); // [D, 1]
     let mut x = if s == 0 { g.concat(features, &e, 1) } else { e }; // [D, F+1] or [D, 1]
     let n = x.ne()[1] as usize;

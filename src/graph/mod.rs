@@ -25,6 +25,17 @@ pub fn graph_size(n_layers: usize) -> usize {
     64 * n_layers + 256
 }
 
+/// Starts a step graph over `n_layers` transformer layers: its context, the
+/// empty graph, the token-id input `[n_tokens]` (i32), and the graph size.
+pub fn start(n_layers: usize, n_tokens: usize) -> Result<(Context, Graph, Tensor, usize)> {
+    let size = graph_size(n_layers);
+    let g = Context::new(2 * size, size)?;
+    let gf = Graph::new(&g, size);
+    let tokens = g.new_tensor(Type::I32, &[n_tokens as i64]).named("inp_tokens");
+    tokens.set_input();
+    Ok((g, gf, tokens, size))
+}
+
 /// A built graph with its inputs (filled before each run) and outputs, and the
 /// scheduler that allocated it: built once per shape, reused every step.
 pub struct StepGraph {
