@@ -6,11 +6,12 @@
 use convert::testmodel::{converted, smollm2_checkpoint};
 use criterion::{criterion_group, criterion_main, Criterion};
 use hamburger::graph::merger::StandaloneMerger;
-use hamburger::{Model, Session, SessionParams};
+use hamburger::{LoadOptions, Model, Session, SessionParams};
 
 fn model() -> Model {
     let ck = smollm2_checkpoint().expect("SmolLM2 test checkpoint");
-    Model::load(&converted(&ck, "smollm2", ggml::Type::Q8_0, false).expect("conversion")).expect("load")
+    Model::open(&converted(&ck, "smollm2", ggml::Type::Q8_0, false).expect("conversion"), &LoadOptions::default())
+        .expect("load")
 }
 
 fn benches(c: &mut Criterion) {

@@ -77,11 +77,6 @@ impl HParams {
         self.n_embd / self.n_merger_head.max(1)
     }
 
-    /// Slots of the micro decoder's cache: F features + S - 1 token embeddings.
-    pub fn micro_cache_len(&self) -> usize {
-        self.n_features() + self.max_steps - 1
-    }
-
     /// Every inconsistency, one line each (empty when valid).
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();

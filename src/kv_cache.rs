@@ -1,70 +1,88 @@
-//! Key/value caches: preallocated per-layer tensors with slot writes
-//! (`set_rows` at slot indices given as graph inputs) and views for attention.
-//! The base model's cache has one slot per macro step (a merged input writes
-//! ONE entry); the micro decoder's tiny cache is rewritten every macro step.
+//! Key/value caches shared by many sequences: preallocated per-layer tensors
+//! of `n_cells` entries, and for each cell the sequence that owns it and the
+//! rope position of its entry (llama.cpp's unified cache). A graph writes its
+//! inputs' keys and values into cells with `set_rows` at cell indices given
+//! as graph inputs, and attends a window of cells under a mask that lets a
+//! query see only the cells of its own sequence at positions up to its own.
+//!
+//! The base model's cache holds one cell per macro step (a merged input
+//! writes ONE entry), cells taken first-free. The micro decoder's cache gives
+//! each sequence a fixed range of cells, rewritten every macro step (the
+//! layout is [`crate::graph::micro`]'s).
 
-use ggml::{Buffer, BufferType, Context, Tensor, Type};
+use ggml::{Buffer, BufferType, Context, ContextGroups, Tensor, Type};
 
-use crate::Result;
+use crate::{Error, Result};
 
-/// A preallocated cache of `n_slots` entries for each of `n_layer` layers.
+/// A sequence's index, below the engine's sequence count.
+pub type SeqId = usize;
+
+/// What an occupied cell holds: the entry of `seq` at rope position `pos`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cell {
+    seq: SeqId,
+    pos: i32,
+}
+
+/// A preallocated cache of `n_cells` entries for each of its layers.
 pub struct KvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
-    n_slots: usize,
     n_embd_kv: usize,
     head_dim: usize,
-    /// V is stored transposed (`[n_slots, E]`), as plain attention's matrix
+    /// V is stored transposed (`[n_cells, E]`), as plain attention's matrix
     /// product wants it; flash attention reads it untransposed.
     v_trans: bool,
-    ty: Type,
+    /// Bytes of one cell's K (or V) row in one layer.
+    row_bytes: usize,
+    /// Bytes of one head's `head_dim` values.
+    head_bytes: usize,
+    cells: Vec<Option<Cell>>,
     buffers: Vec<Buffer>,
 }
 
 impl KvCache {
-    /// Allocates and zeroes a cache whose layer `il` lives in a buffer of type
-    /// `bufts[il]` (the device of that layer's weights).
+    /// Allocates and zeroes a cache of `n_cells` cells whose layer `il` lives
+    /// in a buffer of type `bufts[il]` (the device of that layer's weights).
     ///
     /// # Errors
-    /// When a buffer cannot be allocated.
+    /// When the row size overflows or a buffer cannot be allocated.
     pub fn new(
         bufts: &[BufferType],
-        n_slots: usize,
+        n_cells: usize,
         n_embd_kv: usize,
         head_dim: usize,
         ty: Type,
         v_trans: bool,
     ) -> Result<KvCache> {
-        let mut groups: Vec<(BufferType, Context)> = Vec::new();
+        let row_size = |n: usize| {
+            ty.row_size(n).ok_or_else(|| Error::Invalid(format!("a KV row of {n} values does not fit type {ty}")))
+        };
+        let (row_bytes, head_bytes) = (row_size(n_embd_kv)?, row_size(head_dim)?);
+        let mut groups = ContextGroups::new(2 * bufts.len());
         let (mut k, mut v) = (Vec::new(), Vec::new());
+        let (e, n) = (n_embd_kv as i64, n_cells as i64);
         for (il, buft) in bufts.iter().enumerate() {
-            let ctx = match groups.iter().find(|(b, _)| b == buft) {
-                Some((_, c)) => c.clone(),
-                None => {
-                    let c = Context::new(2 * bufts.len(), 0)?;
-                    groups.push((*buft, c.clone()));
-                    c
-                }
-            };
-            k.push(ctx.new_tensor(ty, &[n_embd_kv as i64, n_slots as i64]).named(&format!("cache_k_l{il}")));
-            let v_shape = if v_trans { [n_slots as i64, n_embd_kv as i64] } else { [n_embd_kv as i64, n_slots as i64] };
+            let ctx = groups.get(*buft)?;
+            k.push(ctx.new_tensor(ty, &[e, n]).named(&format!("cache_k_l{il}")));
+            let v_shape = if v_trans { [n, e] } else { [e, n] };
             v.push(ctx.new_tensor(ty, &v_shape).named(&format!("cache_v_l{il}")));
         }
         let buffers = groups
             .iter()
             .map(|(buft, ctx)| {
                 let b = Buffer::alloc_context(ctx, *buft)?;
-                // Masked slots are multiplied by zero weights: they must hold finite values.
+                // Masked cells are multiplied by zero weights: they must hold finite values.
                 b.clear(0);
                 Ok(b)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { k, v, n_slots, n_embd_kv, head_dim, v_trans, ty, buffers })
+        Ok(KvCache { k, v, n_embd_kv, head_dim, v_trans, row_bytes, head_bytes, cells: vec![None; n_cells], buffers })
     }
 
-    /// Slots per layer.
-    pub fn n_slots(&self) -> usize {
-        self.n_slots
+    /// Cells per layer.
+    pub fn n_cells(&self) -> usize {
+        self.cells.len()
     }
 
     /// Whether V is stored transposed.
@@ -72,22 +90,63 @@ impl KvCache {
         self.v_trans
     }
 
-    /// Element type.
-    pub fn ty(&self) -> Type {
-        self.ty
-    }
-
     /// Bytes of the whole cache.
     pub fn bytes(&self) -> usize {
         self.buffers.iter().map(Buffer::size).sum()
     }
 
-    /// Bytes one slot takes over all layers (K and V).
-    pub fn bytes_per_slot(&self) -> usize {
-        2 * self.k.len() * self.ty.row_size(self.n_embd_kv).unwrap_or(0)
+    /// Bytes one cell takes over all layers (K and V).
+    pub fn bytes_per_cell(&self) -> usize {
+        2 * self.k.len() * self.row_bytes
     }
 
-    /// The writes of `k_cur`/`v_cur` (`[E, n]`) of layer `il` into the slots
+    /// Cells in use, all sequences together.
+    pub fn n_used(&self) -> usize {
+        self.cells.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// Cells `seq` owns.
+    pub fn n_cells_of(&self, seq: SeqId) -> usize {
+        self.cells.iter().filter(|c| c.is_some_and(|c| c.seq == seq)).count()
+    }
+
+    /// The first `n` free cells, or `None` when fewer are free.
+    pub fn find_free(&self, n: usize) -> Option<Vec<usize>> {
+        let free: Vec<usize> =
+            self.cells.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(i, _)| i).take(n).collect();
+        (free.len() == n).then_some(free)
+    }
+
+    /// Gives cell `cell` to `seq`'s entry at position `pos`.
+    pub fn occupy(&mut self, cell: usize, seq: SeqId, pos: i32) {
+        self.cells[cell] = Some(Cell { seq, pos });
+    }
+
+    /// Frees cell `cell`.
+    pub fn release(&mut self, cell: usize) {
+        self.cells[cell] = None;
+    }
+
+    /// Frees every cell of `seq` (their stale contents are never attended).
+    pub fn clear_seq(&mut self, seq: SeqId) {
+        for c in &mut self.cells {
+            if c.is_some_and(|c| c.seq == seq) {
+                *c = None;
+            }
+        }
+    }
+
+    /// One past the last occupied cell: the cells a graph must attend.
+    pub fn used_window(&self) -> usize {
+        self.cells.iter().rposition(Option::is_some).map_or(0, |i| i + 1)
+    }
+
+    /// Whether a query of `seq` at position `pos` attends cell `cell`.
+    pub fn attends(&self, cell: usize, seq: SeqId, pos: i32) -> bool {
+        self.cells[cell].is_some_and(|c| c.seq == seq && c.pos <= pos)
+    }
+
+    /// The writes of `k_cur`/`v_cur` (`[E, n]`) of layer `il` into the cells
     /// given by `k_idx` (`[n]` i64; for a transposed V, `v_idx` holds `[n*E]`
     /// element indices). The caller expands them into the graph before
     /// anything reads the cache.
@@ -104,7 +163,7 @@ impl KvCache {
         let k = g.set_rows(&self.k[il], k_cur, k_idx);
         let v = if self.v_trans {
             let e = self.n_embd_kv as i64;
-            let dst = g.reshape(&self.v[il], &[1, e * self.n_slots as i64]);
+            let dst = g.reshape(&self.v[il], &[1, e * self.n_cells() as i64]);
             let src = g.reshape(v_cur, &[1, e * n]);
             g.set_rows(&dst, &src, v_idx)
         } else {
@@ -113,15 +172,14 @@ impl KvCache {
         [k, v]
     }
 
-    /// Keys of the first `n_kv` slots of layer `il` as `[head_dim, n_kv, n_head_kv]`.
+    /// Keys of the first `n_kv` cells of layer `il` as `[head_dim, n_kv, n_head_kv]`.
     pub fn k_view(&self, g: &Context, il: usize, n_kv: usize) -> Tensor {
         let k = &self.k[il];
-        let (hd, row) = (self.head_dim, k.nb()[1]);
-        let esize = self.ty.row_size(hd).expect("head fits the cache type");
-        g.view(k, &[hd as i64, n_kv as i64, (self.n_embd_kv / hd) as i64], &[row, esize], 0)
+        let n_head_kv = (self.n_embd_kv / self.head_dim) as i64;
+        g.view(k, &[self.head_dim as i64, n_kv as i64, n_head_kv], &[k.nb()[1], self.head_bytes], 0)
     }
 
-    /// Values of the first `n_kv` slots of layer `il`: `[n_kv, head_dim, n_head_kv]`
+    /// Values of the first `n_kv` cells of layer `il`: `[n_kv, head_dim, n_head_kv]`
     /// when transposed, else `[head_dim, n_kv, n_head_kv]`.
     pub fn v_view(&self, g: &Context, il: usize, n_kv: usize) -> Tensor {
         let v = &self.v[il];
@@ -131,14 +189,13 @@ impl KvCache {
             let row = v.nb()[1];
             g.view(v, &[n_kv as i64, hd as i64, n_head_kv], &[row, row * hd], 0)
         } else {
-            let esize = self.ty.row_size(hd).expect("head fits the cache type");
-            g.view(v, &[hd as i64, n_kv as i64, n_head_kv], &[v.nb()[1], esize], 0)
+            g.view(v, &[hd as i64, n_kv as i64, n_head_kv], &[v.nb()[1], self.head_bytes], 0)
         }
     }
 
-    /// The element indices of a transposed-V write of `slots` (see [`KvCache::store`]).
-    pub fn v_trans_indices(&self, slots: &[i64]) -> Vec<i64> {
-        let e = self.n_embd_kv as i64;
-        slots.iter().flat_map(|&s| (0..e).map(move |i| i * self.n_slots as i64 + s)).collect()
+    /// The element indices of a transposed-V write of `cells` (see [`KvCache::store`]).
+    pub fn v_trans_indices(&self, cells: &[i64]) -> Vec<i64> {
+        let (e, n) = (self.n_embd_kv as i64, self.n_cells() as i64);
+        cells.iter().flat_map(|&c| (0..e).map(move |i| i * n + c)).collect()
     }
 }

@@ -1,28 +1,41 @@
 //! The HAMburger runtime: loads a HAMburger GGUF and decodes with macro steps
 //! (one base forward, one KV entry) that emit up to `max_steps` tokens through
-//! the micro-step decoder. See `docs/` and `shared/docs/hamburger-model.md`.
+//! the micro-step decoder. See `docs/architecture.md` and
+//! `shared/docs/hamburger-model.md`.
 //!
 //! Modules follow llama.cpp's split: [`arch`] (names), [`hparams`],
-//! [`weights`] (loader), [`kv_cache`], [`graph`] (builders), [`session`]
-//! (the macro/micro loop), [`sampling`], and the text side
-//! ([`tokenizer`], [`chat`]).
+//! [`placement`] and [`weights`] (loader), [`model`], [`kv_cache`],
+//! [`graph`] (builders), [`engine`] (caches and graphs of many sequences),
+//! [`batch`], [`generate`] (the macro/micro loop), [`session`] (one
+//! sequence), [`sampling`], and the text side ([`tokenizer`], [`chat`]).
 
 pub mod arch;
+pub mod batch;
 pub mod bench;
 pub mod chat;
 pub mod cli;
-pub mod device;
+pub mod engine;
 mod error;
+pub mod generate;
 pub mod graph;
 pub mod hparams;
 pub mod kv_cache;
 pub mod model;
+pub mod placement;
 pub mod sampling;
 pub mod session;
+pub mod step;
+mod threads;
 pub mod tokenizer;
 pub mod weights;
 
+pub use batch::Batch;
+pub use engine::{Engine, EngineParams};
 pub use error::{Error, Result};
-pub use model::Model;
+pub use generate::{DecodeConfig, SeqGen};
+pub use graph::StepOut;
+pub use model::{LoadOptions, Model};
+pub use placement::DeviceChoice;
 pub use sampling::{Sampler, SamplerParams};
-pub use session::{Generation, MacroStep, Session, SessionParams, Timings};
+pub use session::{Session, SessionParams};
+pub use step::{Generation, MacroStep, StepRule, Timings};

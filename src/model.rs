@@ -7,10 +7,10 @@ use std::rc::Rc;
 use ggml::gguf::{Array, Gguf, Value};
 use ggml::MappedFile;
 
-use crate::arch::{keys, TensorName, ARCH_HAMBURGER};
-use crate::device::Offload;
+use crate::arch::{keys, ARCH_HAMBURGER};
 use crate::hparams::HParams;
-use crate::weights::{self, Placement, Weights};
+use crate::placement::{DeviceChoice, PlacementPlan};
+use crate::weights::{self, Weights};
 use crate::{Error, Result};
 
 /// Token texts that end a turn or a text, as llama.cpp recognises them.
@@ -78,6 +78,25 @@ impl VocabInfo {
     }
 }
 
+/// How to load a model: the device, the offloaded layers and whether CPU
+/// weights may use repacked layouts (the binaries' `--device`, `-ngl` and
+/// `--no-repack`).
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// The device choice (the default is the CPU).
+    pub device: DeviceChoice,
+    /// Base layers to offload to the GPU (the last ones), when there is one.
+    pub n_gpu_layers: usize,
+    /// Whether CPU matrices may be copied into repacked layouts (llama.cpp's default: yes).
+    pub repack: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { device: DeviceChoice::Cpu, n_gpu_layers: 0, repack: true }
+    }
+}
+
 /// A HAMburger model.
 pub struct Model {
     /// The GGUF file.
@@ -92,54 +111,22 @@ pub struct Model {
     pub weights: Weights,
     /// Bytes of tensor data in the file.
     pub size_bytes: u64,
-    /// Where the weights are (and so where the caches and graphs go).
-    pub offload: Offload,
+    /// Where the weights are, and so where the caches and graphs go.
+    pub plan: PlacementPlan,
 }
 
 impl Model {
-    /// Loads a HAMburger GGUF for the CPU: weights stay on the memory-mapped
-    /// file, except matrices whose type has a repacked CPU layout (Q4_0, Q4_K,
-    /// IQ4_NL... on x86), which are copied into it as llama.cpp does by default.
+    /// Opens a HAMburger GGUF: the header is parsed once, the hyper-parameters
+    /// validated, a [`PlacementPlan`] built from `options`, and every weight
+    /// checked and placed. CPU weights stay on the memory-mapped file, except
+    /// matrices whose type has a repacked CPU layout (Q4_0, Q4_K, IQ4_NL... on
+    /// x86), which are copied into it as llama.cpp does by default.
     ///
     /// # Errors
     /// When the file is not a valid HAMburger GGUF (wrong architecture, missing
-    /// keys, missing/misshapen tensors), naming the file and the culprit.
-    pub fn load(path: &Path) -> Result<Model> {
-        Model::load_offloaded(path, Offload::cpu())
-    }
-
-    /// Loads with `offload.n_gpu_layers` base layers (and what follows them)
-    /// on `offload.gpu`; the rest as [`Model::load`] does.
-    ///
-    /// # Errors
-    /// As [`Model::load`], plus device allocation failures.
-    pub fn load_offloaded(path: &Path, offload: Offload) -> Result<Model> {
-        Model::load_placed(path, offload, true)
-    }
-
-    /// [`Model::load_offloaded`], choosing whether CPU weights may use the
-    /// repacked layouts (`repack`; llama.cpp's default is yes).
-    ///
-    /// # Errors
-    /// As [`Model::load`].
-    pub fn load_placed(path: &Path, offload: Offload, repack: bool) -> Result<Model> {
-        let cpu = cpu_placement(repack);
-        let gpu = offload.gpu.map(|d| d.buffer_type());
-        // The layer count is needed before the placement runs: read it first.
-        let n_layer = HParams::from_gguf(&Gguf::open(path)?, ARCH_HAMBURGER).map_or(0, |h| h.n_layer);
-        let mut m = Model::load_with(path, move |name, ty, ne| match gpu {
-            Some(b) if offload.on_gpu(name, n_layer) => Placement::Buffer(b),
-            _ => cpu(name, ty, ne),
-        })?;
-        m.offload = offload;
-        Ok(m)
-    }
-
-    /// Loads with a custom weight placement.
-    ///
-    /// # Errors
-    /// As [`Model::load`], plus allocation failures.
-    pub fn load_with(path: &Path, placement: impl Fn(TensorName, ggml::Type, &[i64]) -> Placement) -> Result<Model> {
+    /// keys, missing/misshapen tensors), naming the file and the culprit; when
+    /// the device asked for is not available; on failed allocations.
+    pub fn open(path: &Path, options: &LoadOptions) -> Result<Model> {
         let gguf = Gguf::open(path)?;
         let arch = gguf.get_str(keys::ARCHITECTURE)?.unwrap_or("").to_string();
         if arch != ARCH_HAMBURGER {
@@ -150,8 +137,9 @@ impl Model {
         if hp.n_vocab == 0 {
             hp.n_vocab = vocab.tokens.len();
         }
+        let plan = PlacementPlan::new(options.device, options.n_gpu_layers, options.repack, hp.n_layer)?;
         let map = Rc::new(MappedFile::open(path)?);
-        let weights = weights::load(&gguf, map, &hp, placement)?;
+        let weights = weights::load(&gguf, map, &hp, &plan)?;
         Ok(Model {
             path: path.into(),
             name: gguf.get_str(keys::NAME)?.unwrap_or("").to_string(),
@@ -159,29 +147,7 @@ impl Model {
             vocab,
             weights,
             size_bytes: gguf.tensors.iter().map(|t| t.size).sum(),
-            offload: Offload::cpu(),
+            plan,
         })
-    }
-}
-
-/// Places weights for the CPU: matrix-product weights go to the first of the
-/// CPU's extra (repacked) buffer types that has a kernel for them, when
-/// `repack`; everything else stays on the mapped file. The token embedding is
-/// read by row lookups (and is the tied lm_head), so it stays mapped, as in llama.cpp.
-pub fn cpu_placement(repack: bool) -> impl Fn(TensorName, ggml::Type, &[i64]) -> Placement {
-    let cpu = ggml::Device::all().into_iter().find(|d| d.kind() == ggml::DeviceKind::Cpu);
-    let extras = match (&cpu, repack) {
-        (Some(d), true) => d.extra_buffer_types(),
-        _ => Vec::new(),
-    };
-    move |name, ty, ne| {
-        let matrix = ne.len() == 2 && ne[1] > 1 && name != TensorName::TokenEmbd;
-        match &cpu {
-            Some(dev) if matrix => extras
-                .iter()
-                .find(|b| dev.supports_weight(**b, ty, ne, ggml::WeightOp::MulMat))
-                .map_or(Placement::Mapped, |b| Placement::Buffer(*b)),
-            _ => Placement::Mapped,
-        }
     }
 }

@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use ggml::gguf::Gguf;
-use ggml::{Buffer, BufferType, Context, MappedFile, Tensor, Type};
+use ggml::{Buffer, ContextGroups, MappedFile, Tensor, Type};
 
 use crate::arch::{LayerTensor, MergerLinear, Part, StopLinear, TensorName};
 use crate::hparams::HParams;
+use crate::placement::{Placement, PlacementPlan};
 use crate::{Error, Result};
 
 /// One transformer layer (base or micro decoder).
@@ -67,15 +68,6 @@ pub struct StopHeadWeights {
     pub out: Linear,
 }
 
-/// Where a tensor's memory lives.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// On the memory-mapped file (host memory, no copy).
-    Mapped,
-    /// Copied into a buffer of this type (a GPU's, or the CPU's repacked layouts).
-    Buffer(BufferType),
-}
-
 /// All weights of a HAMburger model.
 pub struct Weights {
     /// Token embedding `[D, V]`.
@@ -94,8 +86,6 @@ pub struct Weights {
     pub merger: MergerWeights,
     /// The stop head.
     pub stop: StopHeadWeights,
-    /// Bytes of weights per buffer type name.
-    pub bytes_by_buffer: Vec<(String, usize)>,
 }
 
 impl Weights {
@@ -126,16 +116,11 @@ fn type_allowed(name: TensorName, ty: Type) -> bool {
 }
 
 /// Loads and checks every weight of `gguf` (already mapped as `map`),
-/// placing each according to `placement`.
+/// placing each where `plan` says.
 ///
 /// # Errors
 /// A missing, unexpected, misshapen or mistyped tensor, or a failed allocation.
-pub fn load(
-    gguf: &Gguf,
-    map: Rc<MappedFile>,
-    hp: &HParams,
-    placement: impl Fn(TensorName, Type, &[i64]) -> Placement,
-) -> Result<Weights> {
+pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan) -> Result<Weights> {
     let path = &gguf.path;
     let tied = gguf.tensor(&TensorName::Output.to_string()).is_none();
     let rope = gguf.tensor(&TensorName::RopeFreqs.to_string()).is_some();
@@ -146,7 +131,8 @@ pub fn load(
         }
     }
     // One metadata context per placement, so device buffers hold exactly their tensors.
-    let mut contexts: Vec<(Placement, Context)> = Vec::new();
+    // (+1: a tied lm_head may be duplicated onto a device.)
+    let mut contexts = ContextGroups::<Placement>::new(expected.len() + 1);
     let mut tensors: HashMap<TensorName, Tensor> = HashMap::new();
     let mut offsets: Vec<(Tensor, u64, u64, Placement)> = Vec::new();
     for (name, ne) in &expected {
@@ -166,16 +152,8 @@ pub fn load(
         if !type_allowed(*name, info.ty) || info.ty.row_size(ne[0] as usize).is_none() {
             return Err(Error::TensorType { path: path.clone(), name: s, ty: info.ty });
         }
-        let place = placement(*name, info.ty, ne);
-        let ctx = match contexts.iter().find(|(p, _)| *p == place) {
-            Some((_, c)) => c.clone(),
-            None => {
-                let c = Context::new(expected.len(), 0)?;
-                contexts.push((place, c.clone()));
-                c
-            }
-        };
-        let t = ctx.new_tensor(info.ty, ne).named(&s);
+        let place = plan.weight(*name, info.ty, ne);
+        let t = contexts.get(place)?.new_tensor(info.ty, ne).named(&s);
         offsets.push((t.clone(), info.offset, info.size, place));
         tensors.insert(*name, t);
     }
@@ -186,23 +164,14 @@ pub fn load(
         let embd =
             &offsets.iter().find(|o| o.0.name() == TensorName::TokenEmbd.to_string()).expect("embedding").clone();
         let ne = [hp.n_embd as i64, hp.n_vocab as i64];
-        let place = placement(TensorName::Output, embd.0.ty(), &ne);
+        let place = plan.weight(TensorName::Output, embd.0.ty(), &ne);
         if place != embd.3 {
-            let ctx = match contexts.iter().find(|(p, _)| *p == place) {
-                Some((_, c)) => c.clone(),
-                None => {
-                    let c = Context::new(1, 0)?;
-                    contexts.push((place, c.clone()));
-                    c
-                }
-            };
-            let t = ctx.new_tensor(embd.0.ty(), &ne).named(&TensorName::Output.to_string());
+            let t = contexts.get(place)?.new_tensor(embd.0.ty(), &ne).named(&TensorName::Output.to_string());
             offsets.push((t.clone(), embd.1, embd.2, place));
             output_dup = Some(t);
         }
     }
-    let mut bytes_by_buffer = Vec::new();
-    for (place, ctx) in &contexts {
+    for (place, ctx) in contexts.iter() {
         match place {
             Placement::Mapped => {
                 let buf = Buffer::from_host_memory(map.clone())?;
@@ -212,8 +181,6 @@ pub fn load(
                     }
                 }
                 buf.set_weights_usage();
-                let bytes = offsets.iter().filter(|o| o.3 == *place).map(|o| o.2 as usize).sum();
-                bytes_by_buffer.push(("CPU (mapped)".to_string(), bytes));
             }
             Placement::Buffer(buft) => {
                 let buf = Buffer::alloc_context(ctx, *buft)?;
@@ -223,7 +190,6 @@ pub fn load(
                         t.write_bytes(0, &map[*off as usize..(*off + *size) as usize])?;
                     }
                 }
-                bytes_by_buffer.push((buft.name(), buf.size()));
             }
         }
     }
@@ -264,6 +230,5 @@ pub fn load(
         micro,
         merger,
         stop,
-        bytes_by_buffer,
     })
 }

@@ -4,13 +4,13 @@
 //! stop probabilities within 1e-4.
 
 use convert::testmodel::{converted, tiny_fixture};
-use hamburger::{Model, SessionParams};
+use hamburger::{LoadOptions, Model, SessionParams};
 
 mod common;
 
 fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
-    common::check_golden(&Model::load(&gguf).unwrap(), params, logit_tol, stop_tol);
+    common::check_golden(&Model::open(&gguf, &LoadOptions::default()).unwrap(), params, logit_tol, stop_tol);
 }
 
 #[test]

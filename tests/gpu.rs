@@ -1,23 +1,25 @@
 //! GPU runs (CUDA or Metal builds on a machine with a GPU): the golden cases
 //! on the device, partial offload (`-ngl`) decoding exactly like the CPU in
-//! F32, and Q8_0 agreeing with the CPU. Where this build or machine has no
-//! GPU, each test says so and passes without running.
+//! F32, and Q8_0 agreeing with the CPU. They are ignored by default and,
+//! when asked for, fail where this build or machine has no GPU:
+//! `cargo test --release --features cuda --test gpu -- --ignored`.
 
 use convert::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
-use hamburger::device::{self, DeviceChoice, Offload};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{DeviceChoice, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 
 mod common;
 
-fn gpu() -> Option<ggml::Device> {
-    let d = device::select(DeviceChoice::Auto).unwrap();
-    if d.is_none() {
-        eprintln!(
-            "skipped: no GPU backend in this build or no GPU on this machine (build with --features cuda or metal)"
-        );
-    }
-    d
+/// Why the tests are ignored, and how to run them.
+const NEEDS_GPU: &str = "needs a GPU: cargo test --release --features cuda --test gpu -- --ignored";
+
+/// Opens `gguf` with its last `ngl` base layers (and what follows them) on the
+/// first GPU; fails where there is none.
+fn on_gpu(gguf: &std::path::Path, ngl: usize) -> Model {
+    let model =
+        Model::open(gguf, &LoadOptions { device: DeviceChoice::Auto, n_gpu_layers: ngl, repack: true }).unwrap();
+    assert!(model.plan.gpu().is_some(), "no GPU backend in this build or no GPU on this machine ({NEEDS_GPU})");
+    model
 }
 
 fn greedy_tokens(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
@@ -46,10 +48,10 @@ fn smollm2_prompts(model: &Model) -> Vec<Vec<u32>> {
 }
 
 #[test]
+#[ignore = "needs a GPU: cargo test --release --features cuda --test gpu -- --ignored"]
 fn golden_cases_on_the_gpu() {
-    let Some(gpu) = gpu() else { return };
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
-    let model = Model::load_offloaded(&gguf, Offload { gpu: Some(gpu), n_gpu_layers: 999 }).unwrap();
+    let model = on_gpu(&gguf, 999);
     let p = SessionParams {
         n_ctx: 256,
         kv_type: ggml::Type::F32,
@@ -61,10 +63,10 @@ fn golden_cases_on_the_gpu() {
 }
 
 #[test]
+#[ignore = "needs a GPU: cargo test --release --features cuda --test gpu -- --ignored"]
 fn partial_offload_decodes_like_the_cpu_in_f32() {
-    let Some(gpu) = gpu() else { return };
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
-    let cpu = Model::load(&gguf).unwrap();
+    let cpu = Model::open(&gguf, &LoadOptions::default()).unwrap();
     let p = SessionParams {
         n_ctx: 256,
         kv_type: ggml::Type::F32,
@@ -75,17 +77,17 @@ fn partial_offload_decodes_like_the_cpu_in_f32() {
     let prompts = smollm2_prompts(&cpu);
     let want = greedy_tokens(&cpu, &p, &prompts, 32);
     for ngl in [10, 30] {
-        let model = Model::load_offloaded(&gguf, Offload { gpu: Some(gpu), n_gpu_layers: ngl }).unwrap();
+        let model = on_gpu(&gguf, ngl);
         assert_eq!(greedy_tokens(&model, &p, &prompts, 32), want, "-ngl {ngl}");
     }
 }
 
 #[test]
+#[ignore = "needs a GPU: cargo test --release --features cuda --test gpu -- --ignored"]
 fn q8_0_on_the_gpu_agrees_with_the_cpu() {
-    let Some(gpu) = gpu() else { return };
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::Q8_0, false).unwrap();
-    let cpu = Model::load(&gguf).unwrap();
-    let model = Model::load_offloaded(&gguf, Offload { gpu: Some(gpu), n_gpu_layers: 999 }).unwrap();
+    let cpu = Model::open(&gguf, &LoadOptions::default()).unwrap();
+    let model = on_gpu(&gguf, 999);
     let p = SessionParams { n_ctx: 256, confidence: 1.01, ..Default::default() };
     let prompts = smollm2_prompts(&cpu);
     let (a, b) = (greedy_tokens(&cpu, &p, &prompts, 32), greedy_tokens(&model, &p, &prompts, 32));

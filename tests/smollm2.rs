@@ -7,7 +7,7 @@ use convert::reference::Reference;
 use convert::testmodel::{converted, smollm2_checkpoint};
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 
 const PROMPTS: [&str; 5] = [
     "The capital of France is",
@@ -24,7 +24,7 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> hamburger::Generat
 
 fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {
     let ck = smollm2_checkpoint().unwrap();
-    let ours = Model::load(&converted(&ck, "smollm2", ty, false).unwrap()).unwrap();
+    let ours = Model::open(&converted(&ck, "smollm2", ty, false).unwrap(), &LoadOptions::default()).unwrap();
     let base = LlamaModel::load(&converted(&ck, "smollm2", ty, true).unwrap(), 0).unwrap();
     let lp = LlamaContextParams { n_ctx: 256, flash_attn: Some(flash), kv_type, n_threads: 2, ..Default::default() };
     let mut llama = LlamaContext::new(&base, lp).unwrap();
@@ -56,7 +56,8 @@ fn one_token_per_step_equals_libllama_q8_0() {
 #[test]
 fn lower_confidence_emits_several_tokens_per_kv_entry() {
     let ck = smollm2_checkpoint().unwrap();
-    let model = Model::load(&converted(&ck, "smollm2", ggml::Type::F32, false).unwrap()).unwrap();
+    let model =
+        Model::open(&converted(&ck, "smollm2", ggml::Type::F32, false).unwrap(), &LoadOptions::default()).unwrap();
     let sp = SessionParams {
         n_ctx: 256,
         confidence: 0.3,

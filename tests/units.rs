@@ -6,11 +6,11 @@ use convert::reference::{argmax, Reference};
 use convert::testmodel::{converted, tiny_fixture};
 use ggml::Type;
 use hamburger::graph::merger;
-use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 
 fn tiny() -> (Model, Reference) {
     let ck = tiny_fixture().join("hamburger.ckpt");
-    let model = Model::load(&converted(&ck, "tiny", Type::F32, false).unwrap()).unwrap();
+    let model = Model::open(&converted(&ck, "tiny", Type::F32, false).unwrap(), &LoadOptions::default()).unwrap();
     (model, Reference::load(&ck, &tiny_fixture()).unwrap())
 }
 

@@ -159,6 +159,12 @@ pub enum WeightOp {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct BufferType(pub(crate) sys::ggml_backend_buffer_type_t);
 
+impl std::fmt::Debug for BufferType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferType({})", self.name())
+    }
+}
+
 impl BufferType {
     /// The host (CPU) buffer type.
     pub fn cpu() -> BufferType {

@@ -17,6 +17,7 @@ mod context;
 mod error;
 pub mod gguf;
 mod graph;
+mod groups;
 pub mod llama;
 mod log_bridge;
 mod mmap;
@@ -29,6 +30,7 @@ pub use backend::{Backend, Buffer, BufferType, Device, DeviceKind, ThreadPool, W
 pub use context::{as_bytes, Context, Pod, Tensor};
 pub use error::{Error, Result};
 pub use graph::Graph;
+pub use groups::ContextGroups;
 pub use log_bridge::init_logging;
 pub use mmap::MappedFile;
 pub use ops::RopeParams;

@@ -71,6 +71,8 @@ impl Context {
         cpy => ggml_cpy;
         /// SwiGLU of two halves: `silu(a) * b`.
         swiglu_split => ggml_swiglu_split;
+        /// `a` tiled to the shape of `b`.
+        repeat => ggml_repeat;
     }
 
     /// RMS normalisation of each row with epsilon `eps`.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use ggml::Type;
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{bench, Generation, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{bench, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 
 use crate::quantize::{self, QuantizeOptions};
 use crate::{Mix, Overrides};
@@ -174,7 +174,7 @@ fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<Agreement
 }
 
 fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64) -> Result<SweepRow> {
-    let model = Model::load(path)?;
+    let model = Model::open(path, &LoadOptions::default())?;
     let p = session_params(args, false);
     let pp = bench::measure_pp(&model, &p, args.pp, args.repetitions)?;
     let tg = bench::measure_tg(&model, &p, args.tg, args.repetitions)?;
@@ -207,7 +207,7 @@ pub fn main(args: SweepArgs) -> Result<()> {
         Some(p) => std::fs::read_to_string(p).with_context(|| p.display().to_string())?,
         None => DEFAULT_PROMPTS.to_string(),
     };
-    let reference = Model::load(&args.model)?;
+    let reference = Model::open(&args.model, &LoadOptions::default())?;
     let tok = Tokenizer::from_model(&reference)?;
     let prompts: Vec<Vec<u32>> =
         text.lines().filter(|l| !l.trim().is_empty()).map(|l| tok.encode(l, true)).collect::<Result<_, _>>()?;

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use convert::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 use ggml::gguf::Gguf;
-use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 use quant::Mix;
 
 fn quantize_bin(args: &[&str]) -> (bool, String, String) {
@@ -16,7 +16,7 @@ fn quantize_bin(args: &[&str]) -> (bool, String, String) {
 }
 
 fn generates(path: &Path) -> Vec<u32> {
-    let model = Model::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let model = Model::open(path, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let p = SessionParams { n_ctx: 64, confidence: 0.5, n_threads: 2, ..Default::default() };
     let mut s = Session::new(&model, p).unwrap();
     let gen = s.generate(&[5, 17, 42, 99], 8, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();

@@ -8,7 +8,7 @@ use anyhow::Result;
 use clap::Parser;
 use ggml::llama::LlamaModel;
 use hamburger::bench::{self, Measurement};
-use hamburger::device::DeviceChoice;
+use hamburger::DeviceChoice;
 use hamburger::{Model, SessionParams};
 
 /// Measures prompt processing (pp) and generation (tg) speed, llama-bench style.
@@ -47,7 +47,7 @@ struct Args {
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
     /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = |s: &str| DeviceChoice::from_name(s).ok_or(format!("unknown device '{s}' (auto, cpu, cuda, metal)")))]
+    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceChoice>().map_err(|e| e.to_string()))]
     device: DeviceChoice,
     /// Base layers offloaded to the GPU (both engines). Also -ngl.
     #[arg(long = "n-gpu-layers", default_value_t = 999)]
@@ -88,8 +88,11 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<()> {
-    let model = hamburger::device::load_model(&args.model, args.device, args.n_gpu_layers, !args.no_repack)?;
-    let base_ngl = if model.offload.gpu.is_some() { args.n_gpu_layers.min(i32::MAX as usize) as i32 } else { 0 };
+    let model = hamburger::Model::open(
+        &args.model,
+        &hamburger::LoadOptions { device: args.device, n_gpu_layers: args.n_gpu_layers, repack: !args.no_repack },
+    )?;
+    let base_ngl = if model.plan.gpu().is_some() { args.n_gpu_layers.min(i32::MAX as usize) as i32 } else { 0 };
     let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, base_ngl, !args.no_repack)).transpose()?;
     let params = SessionParams {
         n_ctx: 0,
@@ -150,7 +153,7 @@ fn run(args: &Args) -> Result<()> {
             rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
         }
     }
-    let device = model.offload.gpu.map_or_else(
+    let device = model.plan.gpu().map_or_else(
         || "CPU".to_string(),
         |d| format!("{} ({} layers)", d.name(), args.n_gpu_layers.min(model.hp.n_layer)),
     );

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
-use hamburger::device::DeviceChoice;
 use hamburger::tokenizer::{TextStream, Tokenizer};
+use hamburger::DeviceChoice;
 use hamburger::{Generation, Model, Sampler, SamplerParams, Session, SessionParams};
 
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
@@ -20,7 +20,7 @@ struct Args {
     #[arg(short = 'm', long, required_unless_present = "list_devices")]
     model: Option<PathBuf>,
     /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = |s: &str| DeviceChoice::from_name(s).ok_or(format!("unknown device '{s}' (auto, cpu, cuda, metal)")))]
+    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceChoice>().map_err(|e| e.to_string()))]
     device: DeviceChoice,
     /// Base layers offloaded to the GPU (the last ones; the micro decoder,
     /// merger and heads follow the last offloaded layer). Also -ngl.
@@ -185,11 +185,14 @@ fn budget(args: &Args, session: &Session, prompt_len: usize) -> usize {
 
 fn run(args: Args) -> Result<()> {
     if args.list_devices {
-        print!("{}", hamburger::device::describe_devices());
+        print!("{}", hamburger::placement::describe_devices());
         return Ok(());
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
-    let model = hamburger::device::load_model(path, args.device, args.n_gpu_layers, !args.no_repack)?;
+    let model = hamburger::Model::open(
+        path,
+        &hamburger::LoadOptions { device: args.device, n_gpu_layers: args.n_gpu_layers, repack: !args.no_repack },
+    )?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
     let mut sampler = sampler(&args);
     if args.chat {

@@ -1,42 +1,159 @@
-//! The macro step's base forward: a batch of inputs (a prompt chunk, or the
-//! one merged input of the previous macro step) through every base layer,
-//! writing one KV entry per input, with the features of the last position
-//! copied out for the micro decoder and out_0's logits and stop probability.
+//! The macro step's base forward: a batch of inputs of one or more sequences
+//! (prompt tokens, and the merged inputs of previous macro steps) through
+//! every base layer, writing one KV cell per input. At the last input of each
+//! sequence it copies the features out for the micro decoder and computes
+//! out_0's logits and stop probability.
+//!
+//! Graph rows: the embeddings come out grouped (merged inputs by token count,
+//! then single tokens); the rows are then ordered so that the output rows
+//! come last, where the final layer and the heads read them.
 
 use std::rc::Rc;
 
-use ggml::{Backend, Tensor};
+use ggml::{Backend, Context, Tensor, Type};
 
-use super::{decoder_layer, finish, merger, rms_norm, AttnConfig, AttnInputs, LayerCtx, StepGraph};
-use crate::kv_cache::KvCache;
+use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
+use super::{finish, merger, rms_norm, start, token_input, StepGraph};
+use crate::batch::Batch;
+use crate::hparams::HParams;
+use crate::kv_cache::{KvCache, SeqId};
 use crate::model::Model;
 use crate::Result;
 
+/// The rope position of each input of `batch` (in batch order) given each
+/// sequence's next token position, and the next positions after it. A
+/// merged input sits at the position of its last token.
+pub fn positions(batch: &Batch, next_pos: &[usize]) -> (Vec<i32>, Vec<usize>) {
+    let mut next = next_pos.to_vec();
+    let pos = batch
+        .inputs()
+        .iter()
+        .map(|i| {
+            next[i.seq] += i.n_tokens;
+            (next[i.seq] - 1) as i32
+        })
+        .collect();
+    (pos, next)
+}
+
 /// The shape a base graph is built for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BaseShape {
-    /// Token ids read.
-    pub n_tokens: usize,
-    /// Whether the tokens are merged into one input (a macro step's output, k > 1).
-    pub merged: bool,
-    /// Cache slots attended (padded).
+    /// `merged[k - 2]`: inputs of k merged tokens.
+    pub merged: Vec<usize>,
+    /// Single-token inputs.
+    pub n_plain: usize,
+    /// Output rows (one per sequence of the batch).
+    pub n_out: usize,
+    /// Whether the rows are reordered after embedding.
+    pub permuted: bool,
+    /// Cache cells attended (a padded window from cell 0).
     pub n_kv: usize,
-    /// Whether to compute the stop head (not when the step length is forced).
+    /// Whether to compute the stop head (not when the step length cannot depend on it).
     pub stop_head: bool,
 }
 
 impl BaseShape {
-    /// Inputs (KV entries written).
-    pub fn n_inputs(&self) -> usize {
-        if self.merged {
-            1
-        } else {
-            self.n_tokens
+    fn n_tokens(&self) -> usize {
+        self.n_plain + self.merged.iter().enumerate().map(|(i, m)| (i + 2) * m).sum::<usize>()
+    }
+
+    fn n_rows(&self) -> usize {
+        self.n_plain + self.merged.iter().sum::<usize>()
+    }
+}
+
+/// Where the inputs of one batch go in the graph, and the values of its inputs.
+pub struct BaseLayout {
+    /// The graph's shape.
+    pub shape: BaseShape,
+    /// Token ids in embedding order.
+    tokens: Vec<i32>,
+    /// For each graph row, its index in embedding order.
+    perm: Vec<i32>,
+    /// The rows in graph order.
+    rows: Vec<Row>,
+    /// Feature-store rows: `[n_out, F]`, `seq * F + f`.
+    feat_idx: Vec<i64>,
+    /// The sequence of each output row, in order ([`Batch::seqs`]).
+    pub out_seqs: Vec<SeqId>,
+}
+
+impl BaseLayout {
+    /// Lays out `batch`, whose inputs have the rope positions `pos` and the
+    /// cache cells `cells` (batch order), attending `n_kv` cells.
+    pub fn new(hp: &HParams, batch: &Batch, pos: &[i32], cells: &[usize], n_kv: usize, stop_head: bool) -> BaseLayout {
+        let inputs = batch.inputs();
+        let group = |i: usize| match inputs[i].n_tokens {
+            1 => usize::MAX,
+            k => k,
+        };
+        let mut embed_order: Vec<usize> = (0..inputs.len()).collect();
+        embed_order.sort_by_key(|&i| group(i)); // stable: batch order within a group
+        let out_seqs = batch.seqs();
+        let last_of = |seq: SeqId| inputs.iter().rposition(|i| i.seq == seq).expect("a sequence of the batch");
+        let outs: Vec<usize> = out_seqs.iter().map(|&s| last_of(s)).collect();
+        let graph_order: Vec<usize> =
+            (0..inputs.len()).filter(|i| !outs.contains(i)).chain(outs.iter().copied()).collect();
+        let mut merged = vec![0; hp.max_steps.saturating_sub(1)];
+        for i in inputs.iter().filter(|i| i.n_tokens > 1) {
+            merged[i.n_tokens - 2] += 1;
+        }
+        let perm: Vec<i32> = graph_order
+            .iter()
+            .map(|g| embed_order.iter().position(|e| e == g).expect("a batch input") as i32)
+            .collect();
+        let permuted = perm.iter().enumerate().any(|(r, &p)| p != r as i32);
+        let f = hp.n_features();
+        BaseLayout {
+            shape: BaseShape {
+                merged,
+                n_plain: inputs.iter().filter(|i| i.n_tokens == 1).count(),
+                n_out: outs.len(),
+                permuted,
+                n_kv,
+                stop_head,
+            },
+            tokens: embed_order.iter().flat_map(|&i| batch.tokens_of(&inputs[i]).iter().map(|&t| t as i32)).collect(),
+            perm,
+            rows: graph_order.iter().map(|&i| Row { seq: inputs[i].seq, pos: pos[i], cell: cells[i] }).collect(),
+            feat_idx: (0..f).flat_map(|fi| out_seqs.iter().map(move |&s| (s * f + fi) as i64)).collect(),
+            out_seqs,
         }
     }
 }
 
-/// Builds the base graph; `features [D, F]` receives the last position's features.
+/// The input tensors of a base graph.
+pub struct BaseInputs {
+    tokens: Tensor,
+    perm: Option<Tensor>,
+    attn: AttnInputs,
+    feat_idx: Tensor,
+}
+
+impl BaseInputs {
+    /// Writes the values of `layout` (whose cells `kv` already holds).
+    ///
+    /// # Errors
+    /// When a tensor cannot be written.
+    pub fn set(&self, kv: &KvCache, layout: &BaseLayout) -> Result<()> {
+        self.tokens.write(&layout.tokens)?;
+        if let Some(p) = &self.perm {
+            p.write(&layout.perm)?;
+        }
+        self.feat_idx.write(&layout.feat_idx)?;
+        self.attn.set(kv, &layout.rows)
+    }
+}
+
+/// The rows of `[D, ...]`'s `n` last columns.
+fn last_cols(g: &Context, t: &Tensor, n: usize) -> Tensor {
+    let nb1 = t.nb()[1];
+    g.view(t, &[t.ne()[0], n as i64], &[nb1], nb1 * (t.ne()[1] as usize - n))
+}
+
+/// Builds the base graph of `shape`; `features [D, F * n_seq]` receives the
+/// features of each output row at its sequence's columns.
 ///
 /// # Errors
 /// When the graph cannot be allocated.
@@ -44,32 +161,55 @@ pub fn build(
     model: &Model,
     kv: &KvCache,
     features: &Tensor,
-    shape: BaseShape,
-    cfg: AttnConfig,
+    shape: &BaseShape,
+    flash: bool,
     backends: &[Rc<Backend>],
-) -> Result<StepGraph> {
+) -> Result<StepGraph<BaseInputs>> {
     let (hp, w) = (&model.hp, &model.weights);
-    let (g, mut gf, tokens, size) = super::start(hp.n_layer, shape.n_tokens)?;
+    let mut gs = start(hp.n_layer)?;
+    let g = gs.g.clone();
+    let tokens = token_input(&g, shape.n_tokens());
     let e = g.get_rows(&w.tok_embd, &tokens); // [D, n_tokens]
-    let mut x = if shape.merged { merger::merge(&g, &w.merger, hp, &e) } else { e }; // [D, n]
-    let n = shape.n_inputs();
-    let attn = AttnInputs::new(&g, kv, hp.n_embd_kv(), n, shape.n_kv, cfg);
-    let lc = LayerCtx { hp, cache: kv, attn: &attn, rope_freqs: w.rope_freqs.as_ref(), cfg };
-    let last_col = |t: &Tensor| {
-        let nb1 = t.nb()[1];
-        g.view(t, &[hp.n_embd as i64, 1], &[nb1], nb1 * (t.ne()[1] as usize - 1))
+    let (d, col) = (hp.n_embd as i64, e.nb()[1]);
+    let mut parts = Vec::new();
+    let mut first = 0;
+    for (k, m) in shape.merged.iter().enumerate().map(|(i, &m)| (i + 2, m)).filter(|&(_, m)| m > 0) {
+        let ek = g.view(&e, &[d, (k * m) as i64], &[col], first * col);
+        parts.push(merger::merge(&g, &w.merger, hp, &g.reshape(&ek, &[d, k as i64, m as i64]))); // [D, m]
+        first += k * m;
+    }
+    if shape.n_plain > 0 {
+        parts.push(if first == 0 { e.clone() } else { last_cols(&g, &e, shape.n_plain) });
+    }
+    let x = parts.iter().skip(1).fold(parts[0].clone(), |x, p| g.concat(&x, p, 1)); // [D, n]
+    let perm = shape.permuted.then(|| {
+        let p = g.new_tensor(Type::I32, &[shape.n_rows() as i64]).named("inp_perm");
+        p.set_input();
+        p
+    });
+    let mut x = match &perm {
+        Some(p) => g.get_rows(&x, p),
+        None => x,
     };
-    let feature_col = |f: usize| g.view(features, &[hp.n_embd as i64, 1], &[features.nb()[1]], f * features.nb()[1]);
+    let f = hp.n_features();
+    let feat_idx = g.new_tensor(Type::I64, &[shape.n_out as i64, f as i64]).named("inp_feat_idx");
+    feat_idx.set_input();
+    let store_feature = |gf: &mut ggml::Graph, fi: usize, src: &Tensor| {
+        let idx = g.view(&feat_idx, &[shape.n_out as i64], &[], fi * feat_idx.nb()[1]);
+        gf.expand(&g.set_rows(features, src, &idx));
+    };
+    let attn = AttnInputs::new(&g, kv, hp.n_embd_kv(), shape.n_rows(), shape.n_kv, flash);
+    let lc = LayerCtx { hp, cache: kv, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last_layer = hp.n_layer - 1;
     for (il, lw) in w.layers.iter().enumerate() {
-        x = decoder_layer(&g, &mut gf, &lc, lw, il, &x, il == last_layer);
+        x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last_layer).then_some(shape.n_out));
         if il != last_layer {
-            if let Some(f) = hp.feature_layers.iter().position(|&l| l == il) {
-                gf.expand(&g.cpy(&last_col(&x), &feature_col(f)));
+            if let Some(fi) = hp.feature_layers.iter().position(|&l| l == il) {
+                store_feature(&mut gs.gf, fi, &last_cols(&g, &x, shape.n_out));
             }
         }
     }
-    let out = rms_norm(&g, &x, &w.output_norm, hp.rms_eps).named("out_0"); // [D, 1]
-    gf.expand(&g.cpy(&out, &feature_col(hp.n_features() - 1)));
-    finish(&g, gf, backends, w.lm_head(), shape.stop_head.then_some(&w.stop), &out, tokens, attn, kv, size)
+    let out = rms_norm(&g, &x, &w.output_norm, hp.rms_eps).named("out_0"); // [D, n_out]
+    store_feature(&mut gs.gf, f - 1, &out);
+    finish(gs, backends, w, &out, shape.stop_head, BaseInputs { tokens, perm, attn, feat_idx })
 }

@@ -1,18 +1,103 @@
-//! One micro step of the micro-step decoder: the step's first call feeds the
-//! base's features and embed(t_0) at micro positions 0..=F; later calls feed
-//! embed(t_s) at position F+s, attending to the micro cache. No final norm.
+//! One micro step of the micro-step decoder for a batch of sequences. Step 0
+//! feeds each sequence's base features and embed(t_0) at micro positions
+//! 0..=F; step s > 0 feeds embed(t_s) at position F+s, attending to the
+//! sequence's micro cache. No final norm.
+//!
+//! The micro cache gives each sequence a fixed range of cells, one per micro
+//! position (F features + S - 1 token embeddings), rewritten every macro step.
 
 use std::rc::Rc;
 
-use ggml::{Backend, Tensor};
+use ggml::{Backend, Tensor, Type};
 
-use super::{decoder_layer, finish, AttnConfig, AttnInputs, LayerCtx, StepGraph};
-use crate::kv_cache::KvCache;
+use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
+use super::{finish, start, token_input, StepGraph};
+use crate::hparams::HParams;
+use crate::kv_cache::{KvCache, SeqId};
 use crate::model::Model;
 use crate::Result;
 
-/// Builds the graph of micro step `s` (computing out_{s+1} from t_s), with the
-/// stop head when `stop_head`.
+/// Cells of the micro cache per sequence: F features + S - 1 token embeddings.
+pub fn cells_per_seq(hp: &HParams) -> usize {
+    hp.n_features() + hp.max_steps - 1
+}
+
+/// The shape a micro graph is built for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MicroShape {
+    /// Step 0 (features and t_0 per sequence) or a later step (one token per sequence).
+    pub first: bool,
+    /// Sequences stepped together.
+    pub n_seqs: usize,
+    /// Cache cells attended (the whole micro cache).
+    pub n_kv: usize,
+    /// Whether to compute the stop head.
+    pub stop_head: bool,
+}
+
+/// Where the sequences of one micro step go in the graph, and the values of its inputs.
+pub struct MicroLayout {
+    /// The graph's shape.
+    pub shape: MicroShape,
+    tokens: Vec<i32>,
+    /// Step 0: for each row, its column in `[features | embeddings]`.
+    gather: Vec<i32>,
+    /// The rows in graph order (each sequence's token row last).
+    pub rows: Vec<Row>,
+}
+
+impl MicroLayout {
+    /// Lays out micro step `s` feeding `token` to each `(seq, token)`, with
+    /// `n_feature_cols` columns in the feature store and `n_kv` micro cells.
+    pub fn new(
+        hp: &HParams,
+        s: usize,
+        inputs: &[(SeqId, u32)],
+        n_feature_cols: usize,
+        n_kv: usize,
+        stop_head: bool,
+    ) -> MicroLayout {
+        let (f, len) = (hp.n_features(), cells_per_seq(hp));
+        let row = |seq: SeqId, pos: usize| Row { seq, pos: pos as i32, cell: seq * len + pos };
+        let (rows, gather) = if s == 0 {
+            let feature_rows = inputs.iter().flat_map(|&(seq, _)| (0..f).map(move |p| (row(seq, p), seq * f + p)));
+            let token_rows = inputs.iter().enumerate().map(|(j, &(seq, _))| (row(seq, f), n_feature_cols + j));
+            feature_rows.chain(token_rows).map(|(r, c)| (r, c as i32)).unzip()
+        } else {
+            (inputs.iter().map(|&(seq, _)| row(seq, f + s)).collect(), Vec::new())
+        };
+        MicroLayout {
+            shape: MicroShape { first: s == 0, n_seqs: inputs.len(), n_kv, stop_head },
+            tokens: inputs.iter().map(|&(_, t)| t as i32).collect(),
+            gather,
+            rows,
+        }
+    }
+}
+
+/// The input tensors of a micro graph.
+pub struct MicroInputs {
+    tokens: Tensor,
+    gather: Option<Tensor>,
+    attn: AttnInputs,
+}
+
+impl MicroInputs {
+    /// Writes the values of `layout` (whose cells `cache` already holds).
+    ///
+    /// # Errors
+    /// When a tensor cannot be written.
+    pub fn set(&self, cache: &KvCache, layout: &MicroLayout) -> Result<()> {
+        self.tokens.write(&layout.tokens)?;
+        if let Some(t) = &self.gather {
+            t.write(&layout.gather)?;
+        }
+        self.attn.set(cache, &layout.rows)
+    }
+}
+
+/// Builds the micro graph of `shape` over the micro cache `cache`, reading
+/// the feature store `features [D, F * n_seq]` at step 0.
 ///
 /// # Errors
 /// When the graph cannot be allocated.
@@ -20,21 +105,30 @@ pub fn build(
     model: &Model,
     cache: &KvCache,
     features: &Tensor,
-    s: usize,
-    stop_head: bool,
-    cfg: AttnConfig,
+    shape: &MicroShape,
+    flash: bool,
     backends: &[Rc<Backend>],
-) -> Result<StepGraph> {
+) -> Result<StepGraph<MicroInputs>> {
     let (hp, w) = (&model.hp, &model.weights);
-    let (g, mut gf, tokens, size) = super::start(hp.n_micro_layer, 1)?;
-    let e = g.get_rows(&w.tok_embd, &tokens); // [D, 1]
-    let mut x = if s == 0 { g.concat(features, &e, 1) } else { e }; // [D, F+1] or [D, 1]
-    let n = x.ne()[1] as usize;
-    let attn = AttnInputs::new(&g, cache, hp.n_embd_kv(), n, hp.n_features() + s + 1, cfg);
-    let lc = LayerCtx { hp, cache, attn: &attn, rope_freqs: w.rope_freqs.as_ref(), cfg };
+    let mut gs = start(hp.n_micro_layer)?;
+    let g = gs.g.clone();
+    let tokens = token_input(&g, shape.n_seqs);
+    let e = g.get_rows(&w.tok_embd, &tokens); // [D, n_seqs]
+    let n_rows = if shape.first { shape.n_seqs * (hp.n_features() + 1) } else { shape.n_seqs };
+    let gather = shape.first.then(|| {
+        let t = g.new_tensor(Type::I32, &[n_rows as i64]).named("inp_gather");
+        t.set_input();
+        t
+    });
+    let mut x = match &gather {
+        Some(idx) => g.get_rows(&g.concat(features, &e, 1), idx), // [D, n_seqs * (F+1)]
+        None => e,
+    };
+    let attn = AttnInputs::new(&g, cache, hp.n_embd_kv(), n_rows, shape.n_kv, flash);
+    let lc = LayerCtx { hp, cache, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last = hp.n_micro_layer - 1;
     for (il, lw) in w.micro.iter().enumerate() {
-        x = decoder_layer(&g, &mut gf, &lc, lw, il, &x, il == last);
+        x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last).then_some(shape.n_seqs));
     }
-    finish(&g, gf, backends, w.lm_head(), stop_head.then_some(&w.stop), &x, tokens, attn, cache, size)
+    finish(gs, backends, w, &x, shape.stop_head, MicroInputs { tokens, gather, attn })
 }

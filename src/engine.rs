@@ -1,0 +1,246 @@
+//! The engine (llama.cpp's `llama_context`): for up to `n_seq` sequences of
+//! one model, the base KV cache they share, each one's micro cache range and
+//! feature columns, the graphs built for them, and each one's next token
+//! position. It runs base forwards over batches of inputs of several
+//! sequences, and micro steps over several sequences at once; the decode
+//! loop ([`crate::generate`]) and the single-sequence [`crate::Session`] sit on top.
+
+use std::rc::Rc;
+
+use ggml::{Backend, Buffer, Context, Tensor, Type};
+
+use crate::batch::Batch;
+use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape};
+use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape};
+use crate::graph::{StepGraph, StepOut};
+use crate::kv_cache::{KvCache, SeqId};
+use crate::model::Model;
+use crate::{Error, Result};
+
+/// Attention windows grow in steps of this many cells, so decode graphs are rebuilt rarely.
+const KV_PAD: usize = 256;
+/// Built graphs kept per kind (base, micro).
+const GRAPHS_KEPT: usize = 16;
+
+/// The settings of an engine.
+#[derive(Debug, Clone)]
+pub struct EngineParams {
+    /// Base KV cells, shared by all sequences.
+    pub n_ctx: usize,
+    /// Sequences (ids `0..n_seq`).
+    pub n_seq: usize,
+    /// CPU threads.
+    pub n_threads: usize,
+    /// KV cache element type.
+    pub kv_type: Type,
+    /// Fused flash attention.
+    pub flash_attn: bool,
+}
+
+/// Built graphs by shape, most recently used first.
+struct GraphCache<K, G> {
+    entries: Vec<(K, G)>,
+}
+
+impl<K: PartialEq, G> GraphCache<K, G> {
+    fn get(&mut self, key: K, build: impl FnOnce(&K) -> Result<G>) -> Result<&mut G> {
+        if let Some(i) = self.entries.iter().position(|(k, _)| *k == key) {
+            let e = self.entries.remove(i);
+            self.entries.insert(0, e);
+        } else {
+            let g = build(&key)?;
+            self.entries.insert(0, (key, g));
+            self.entries.truncate(GRAPHS_KEPT);
+        }
+        Ok(&mut self.entries[0].1)
+    }
+}
+
+/// Caches, graphs and positions of several sequences over a borrowed model.
+pub struct Engine<'m> {
+    model: &'m Model,
+    flash: bool,
+    backends: Vec<Rc<Backend>>,
+    kv: KvCache,
+    micro: KvCache,
+    /// Each sequence's features `[D, F * n_seq]`: the base forward writes them, micro step 0 reads them.
+    features: Tensor,
+    _features_buf: Buffer,
+    base_graphs: GraphCache<BaseShape, StepGraph<BaseInputs>>,
+    micro_graphs: GraphCache<MicroShape, StepGraph<MicroInputs>>,
+    next_pos: Vec<usize>,
+    forwards: usize,
+}
+
+impl<'m> Engine<'m> {
+    /// An engine with empty caches, placed as the model's plan says.
+    ///
+    /// # Errors
+    /// On invalid settings or failed allocations.
+    pub fn new(model: &'m Model, p: &EngineParams) -> Result<Engine<'m>> {
+        let hp = &model.hp;
+        if p.n_ctx == 0 || p.n_seq == 0 || p.n_threads == 0 {
+            return Err(Error::Invalid("context, sequence and thread counts must be positive".into()));
+        }
+        let plan = &model.plan;
+        let v_trans = !p.flash_attn;
+        let base_bufts: Vec<_> = (0..hp.n_layer).map(|il| plan.cache_layer(il)).collect();
+        let kv = KvCache::new(&base_bufts, p.n_ctx, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans).map_err(|e| {
+            Error::Invalid(format!(
+                "cannot allocate a KV cache of {} entries ({e}): use a smaller context (-c)",
+                p.n_ctx
+            ))
+        })?;
+        let micro_bufts = vec![plan.tail(); hp.n_micro_layer];
+        let micro_cells = micro::cells_per_seq(hp) * p.n_seq;
+        let micro = KvCache::new(&micro_bufts, micro_cells, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans)?;
+        let fctx = Context::new(1, 0)?;
+        let n_cols = (hp.n_features() * p.n_seq) as i64;
+        let features = fctx.new_tensor(Type::F32, &[hp.n_embd as i64, n_cols]).named("features");
+        let features_buf = Buffer::alloc_context(&fctx, plan.tail())?;
+        Ok(Engine {
+            model,
+            flash: p.flash_attn,
+            backends: plan.backends(p.n_threads)?,
+            kv,
+            micro,
+            features,
+            _features_buf: features_buf,
+            base_graphs: GraphCache { entries: Vec::new() },
+            micro_graphs: GraphCache { entries: Vec::new() },
+            next_pos: vec![0; p.n_seq],
+            forwards: 0,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// The base KV cache (sizes, cells in use).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Sequences this engine holds.
+    pub fn n_seq(&self) -> usize {
+        self.next_pos.len()
+    }
+
+    /// Tokens in `seq`'s context (the next token position).
+    pub fn next_pos(&self, seq: SeqId) -> usize {
+        self.next_pos[seq]
+    }
+
+    /// Base forwards (macro steps of all sequences together) run so far.
+    pub fn n_forwards(&self) -> usize {
+        self.forwards
+    }
+
+    /// Forgets `seq`: frees its cells and restarts its positions.
+    pub fn clear_seq(&mut self, seq: SeqId) {
+        self.kv.clear_seq(seq);
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = 0;
+    }
+
+    fn check_tokens<'a>(&self, tokens: impl IntoIterator<Item = &'a u32>) -> Result<()> {
+        let n_vocab = self.model.hp.n_vocab;
+        match tokens.into_iter().find(|&&t| t as usize >= n_vocab) {
+            Some(t) => Err(Error::Invalid(format!("token id {t} is outside the vocabulary of {n_vocab}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// One base forward over `batch`: each input takes a free cell of its
+    /// sequence. Returns, for each sequence of the batch in order of first
+    /// appearance, the outputs of its last input (the logits only with
+    /// `want_logits`; the stop probability only with `stop_head`).
+    ///
+    /// # Errors
+    /// On an unknown sequence or token, a full cache, or a failed computation
+    /// (the batch's cells are freed again then).
+    pub fn decode(&mut self, batch: &Batch, stop_head: bool, want_logits: bool) -> Result<Vec<(SeqId, StepOut)>> {
+        if batch.is_empty() {
+            return Err(Error::Invalid("nothing to decode: the batch is empty".into()));
+        }
+        if let Some(i) = batch.inputs().iter().find(|i| i.seq >= self.n_seq()) {
+            return Err(Error::Invalid(format!("sequence {} is beyond the engine's {}", i.seq, self.n_seq())));
+        }
+        self.check_tokens(batch.tokens())?;
+        let n = batch.inputs().len();
+        let cells = self.kv.find_free(n).ok_or_else(|| {
+            Error::Invalid(format!(
+                "the KV cache is full: {n} more entries do not fit in {} (use a larger context, -c)",
+                self.kv.n_cells()
+            ))
+        })?;
+        let (pos, next_pos) = base::positions(batch, &self.next_pos);
+        for ((i, &c), &p) in batch.inputs().iter().zip(&cells).zip(&pos) {
+            self.kv.occupy(c, i.seq, p);
+        }
+        let n_kv = self.kv.used_window().next_multiple_of(KV_PAD).min(self.kv.n_cells());
+        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, stop_head);
+        let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
+        let mut run = || -> Result<Vec<StepOut>> {
+            let sg =
+                self.base_graphs.get(layout.shape.clone(), |s| base::build(model, kv, features, s, flash, backends))?;
+            sg.inputs.set(kv, &layout)?;
+            sg.sched.compute(&sg.graph)?;
+            sg.outputs.read(want_logits)
+        };
+        match run() {
+            Ok(outs) => {
+                self.next_pos = next_pos;
+                self.forwards += 1;
+                Ok(layout.out_seqs.into_iter().zip(outs).collect())
+            }
+            Err(e) => {
+                cells.iter().for_each(|&c| self.kv.release(c));
+                Err(e)
+            }
+        }
+    }
+
+    /// Micro step `s` of the current macro step of each `(seq, token)`:
+    /// feeds `token` (t_s) to the micro decoder and returns out_{s+1}'s
+    /// outputs, in order. Step 0 first feeds the features of the sequence's
+    /// last base forward.
+    ///
+    /// # Errors
+    /// When `s` is beyond the micro cache, a sequence or token is unknown or
+    /// repeated, or a computation fails.
+    pub fn micro_step(
+        &mut self,
+        s: usize,
+        inputs: &[(SeqId, u32)],
+        stop_head: bool,
+        want_logits: bool,
+    ) -> Result<Vec<StepOut>> {
+        let hp = &self.model.hp;
+        if s + 1 >= hp.max_steps {
+            return Err(Error::Invalid(format!("micro step {s} is beyond max_steps {}", hp.max_steps)));
+        }
+        let n_seq = self.n_seq();
+        if inputs.iter().enumerate().any(|(j, &(q, _))| q >= n_seq || inputs[..j].iter().any(|&(p, _)| p == q)) {
+            return Err(Error::Invalid(format!("micro step: sequences must be distinct and below {n_seq}")));
+        }
+        self.check_tokens(inputs.iter().map(|(_, t)| t))?;
+        let layout = MicroLayout::new(hp, s, inputs, self.features.ne()[1] as usize, self.micro.n_cells(), stop_head);
+        if s == 0 {
+            inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));
+        }
+        for r in &layout.rows {
+            self.micro.occupy(r.cell, r.seq, r.pos);
+        }
+        let (model, cache, features, flash, backends) =
+            (self.model, &self.micro, &self.features, self.flash, &self.backends);
+        let sg = self
+            .micro_graphs
+            .get(layout.shape.clone(), |s| micro::build(model, cache, features, s, flash, backends))?;
+        sg.inputs.set(cache, &layout)?;
+        sg.sched.compute(&sg.graph)?;
+        sg.outputs.read(want_logits)
+    }
+}

@@ -1,0 +1,260 @@
+//! The decode loop of shared/docs/hamburger-model.md for one or more
+//! sequences in lockstep. Each macro step runs ONE base forward over every
+//! sequence's pending inputs (prompt chunks, and the merged tokens of its
+//! last step as one input), then the micro steps of all sequences whose
+//! steps continue, batched, sampling each sequence with its own sampler.
+
+use std::time::Instant;
+
+use crate::batch::Batch;
+use crate::engine::Engine;
+use crate::graph::StepOut;
+use crate::kv_cache::SeqId;
+use crate::sampling::Sampler;
+use crate::step::{Generation, MacroStep, StepRule};
+use crate::{Error, Model, Result, SessionParams};
+
+/// The settings of the decode loop.
+#[derive(Debug, Clone)]
+pub struct DecodeConfig {
+    /// When a macro step ends.
+    pub rule: StepRule,
+    /// Inputs per base forward, all sequences together.
+    pub n_batch: usize,
+    /// Keep generating past end-of-generation tokens (benchmarks).
+    pub ignore_eog: bool,
+    /// Keep every micro step's logits in the result (tests).
+    pub keep_logits: bool,
+    /// The end-of-generation tokens.
+    pub eog: Vec<u32>,
+}
+
+impl DecodeConfig {
+    /// The loop settings of `params` for `model`.
+    pub fn new(model: &Model, params: &SessionParams) -> DecodeConfig {
+        DecodeConfig {
+            rule: StepRule::new(model.hp.max_steps, params.max_steps, params.confidence, params.forced_steps),
+            n_batch: params.n_batch,
+            ignore_eog: params.ignore_eog,
+            keep_logits: params.keep_logits,
+            eog: model.vocab.eog.clone(),
+        }
+    }
+
+    fn is_eog(&self, token: u32) -> bool {
+        !self.ignore_eog && self.eog.contains(&token)
+    }
+}
+
+/// Called with each macro step's kept tokens as soon as it completes; returns
+/// false to stop the sequence.
+pub type OnStep<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
+
+/// One sequence's generation: what is left to feed, its sampler and budget,
+/// and what it has generated.
+pub struct SeqGen<'a> {
+    seq: SeqId,
+    /// The last macro step's tokens, fed first as ONE merged input.
+    merged: Vec<u32>,
+    prompt: Vec<u32>,
+    fed: usize,
+    n_predict: usize,
+    sampler: &'a mut Sampler,
+    /// Tokens of the context so far (for repetition penalties).
+    history: Vec<u32>,
+    on_step: Option<OnStep<'a>>,
+    gen: Generation,
+    done: bool,
+    started: Instant,
+    gen_started: Option<Instant>,
+}
+
+impl<'a> SeqGen<'a> {
+    /// Generation of up to `n_predict` tokens after `prompt` in sequence `seq`
+    /// (whose context is empty, or is continued with [`SeqGen::continuing`]).
+    pub fn new(seq: SeqId, prompt: &[u32], n_predict: usize, sampler: &'a mut Sampler) -> SeqGen<'a> {
+        SeqGen {
+            seq,
+            merged: Vec::new(),
+            prompt: prompt.to_vec(),
+            fed: 0,
+            n_predict,
+            sampler,
+            history: prompt.to_vec(),
+            on_step: None,
+            gen: Generation::default(),
+            done: false,
+            started: Instant::now(),
+            gen_started: None,
+        }
+    }
+
+    /// Continues a conversation: `merged` (the last macro step's tokens, not
+    /// yet fed) goes first, and `history` precedes the prompt.
+    pub fn continuing(mut self, merged: Vec<u32>, mut history: Vec<u32>) -> SeqGen<'a> {
+        history.append(&mut self.history);
+        SeqGen { merged, history, ..self }
+    }
+
+    /// Calls `f` with each macro step's kept tokens; `f` returns false to stop.
+    pub fn on_step(self, f: OnStep<'a>) -> SeqGen<'a> {
+        SeqGen { on_step: Some(f), ..self }
+    }
+
+    /// Whether the sequence has finished.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The generation, the last step's tokens (not yet fed), and the history.
+    pub fn into_parts(self) -> (Generation, Vec<u32>, Vec<u32>) {
+        (self.gen, self.merged, self.history)
+    }
+
+    fn remaining(&self) -> usize {
+        self.n_predict.saturating_sub(self.gen.output_ids.len())
+    }
+
+    fn sample(&mut self, out: &StepOut) -> u32 {
+        match &out.logits {
+            Some(l) if !self.sampler.is_greedy() => self.sampler.sample(l, &self.history),
+            _ => out.argmax,
+        }
+    }
+
+    /// Ends the sequence, filling the statistics that describe its end.
+    fn finish(&mut self, engine: &Engine) {
+        self.done = true;
+        let t = &mut self.gen.timings;
+        t.gen_ms = self.gen_started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3);
+        t.gen_tokens = self.gen.output_ids.len();
+        t.macro_steps = self.gen.macro_steps.len();
+        t.kv_entries = engine.kv().n_cells_of(self.seq);
+        t.context_tokens = engine.next_pos(self.seq) + self.merged.len();
+        t.kv_bytes_per_entry = engine.kv().bytes_per_cell();
+    }
+
+    /// Records a completed macro step: cut at end-of-generation, kept
+    /// tokens become the next merged input.
+    fn end_step(&mut self, step: MacroStep, cfg: &DecodeConfig, engine: &Engine) {
+        for (s, r) in self.gen.timings.reached.iter_mut().enumerate() {
+            *r += usize::from(step.tokens.len() > s);
+        }
+        let eog = step.tokens.iter().position(|&t| cfg.is_eog(t));
+        let kept = &step.tokens[..eog.map_or(step.tokens.len(), |i| i + 1)];
+        self.gen.output_ids.extend_from_slice(kept);
+        self.history.extend_from_slice(kept);
+        self.merged = kept.to_vec();
+        let go_on = self.on_step.as_mut().is_none_or(|f| f(kept));
+        self.gen.macro_steps.push(step);
+        if eog.is_some() || !go_on || self.remaining() == 0 {
+            self.finish(engine);
+        }
+    }
+}
+
+/// Runs every sequence to its end.
+///
+/// # Errors
+/// As [`macro_step`].
+pub fn run(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) -> Result<()> {
+    while seqs.iter().any(|s| !s.done) {
+        macro_step(engine, cfg, seqs)?;
+    }
+    Ok(())
+}
+
+/// One macro step of the sequences not done: one base forward over their
+/// pending inputs (at most `n_batch`, earlier sequences first), then, for
+/// each sequence whose inputs are all fed, the micro steps of the macro step.
+///
+/// # Errors
+/// When a sequence has nothing to feed, the cache is full, or a computation fails.
+pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) -> Result<()> {
+    let mut batch = Batch::new();
+    let mut budget = cfg.n_batch;
+    let mut fed: Vec<(usize, usize)> = Vec::new(); // (sequence index, prompt tokens fed)
+    for (i, sg) in seqs.iter_mut().enumerate().filter(|(_, s)| !s.done) {
+        if sg.merged.is_empty() && sg.fed == sg.prompt.len() {
+            return Err(Error::Invalid("nothing to feed: the prompt is empty".into()));
+        }
+        if budget == 0 {
+            break;
+        }
+        if sg.gen.timings.reached.is_empty() {
+            sg.gen.timings.reached = vec![0; cfg.rule.max_steps];
+            sg.gen.timings.prompt_tokens = sg.prompt.len();
+        }
+        if !sg.merged.is_empty() {
+            batch.push_merged(sg.seq, &sg.merged);
+            budget -= 1;
+        }
+        let take = budget.min(sg.prompt.len() - sg.fed);
+        batch.push_tokens(sg.seq, &sg.prompt[sg.fed..sg.fed + take]);
+        budget -= take;
+        fed.push((i, take));
+    }
+    let want_logits = cfg.keep_logits || seqs.iter().any(|s| !s.done && !s.sampler.is_greedy());
+    let stop_head = cfg.rule.needs_stop_head();
+    let mut outs = engine.decode(&batch, stop_head, want_logits)?;
+    let mut ready = Vec::new();
+    for (i, take) in fed {
+        let sg = &mut seqs[i];
+        sg.merged.clear();
+        sg.fed += take;
+        if sg.fed == sg.prompt.len() {
+            let j = outs.iter().position(|(s, _)| *s == sg.seq).expect("every sequence of the batch has an output");
+            if sg.gen_started.is_none() {
+                sg.gen.timings.prompt_ms = sg.started.elapsed().as_secs_f64() * 1e3;
+                sg.gen_started = Some(Instant::now());
+            }
+            if sg.remaining() == 0 {
+                sg.finish(engine);
+            } else {
+                ready.push((i, outs.swap_remove(j).1));
+            }
+        }
+    }
+    micro_steps(engine, cfg, seqs, ready, stop_head, want_logits)
+}
+
+/// The micro loops of the sequences in `ready` (index, out_0), batched: at
+/// each micro step every sequence whose step continues feeds its token.
+fn micro_steps(
+    engine: &mut Engine,
+    cfg: &DecodeConfig,
+    seqs: &mut [SeqGen],
+    ready: Vec<(usize, StepOut)>,
+    stop_head: bool,
+    want_logits: bool,
+) -> Result<()> {
+    let mut steps: Vec<(usize, MacroStep)> = ready.iter().map(|(i, _)| (*i, MacroStep::default())).collect();
+    let mut current: Vec<(usize, StepOut)> = ready.into_iter().enumerate().map(|(a, (_, out))| (a, out)).collect();
+    for s in 0.. {
+        let mut next = Vec::new();
+        for (a, mut out) in current {
+            let (i, step) = &mut steps[a];
+            let sg = &mut seqs[*i];
+            let token = sg.sample(&out);
+            step.tokens.push(token);
+            step.p_stop.push(out.p_stop);
+            if cfg.keep_logits {
+                step.logits.push(out.logits.take().unwrap_or_default());
+            }
+            let n = step.tokens.len();
+            if !(cfg.rule.stops(n, out.p_stop) || cfg.is_eog(token) || n >= sg.remaining()) {
+                next.push((a, sg.seq, token));
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        let inputs: Vec<(SeqId, u32)> = next.iter().map(|&(_, seq, t)| (seq, t)).collect();
+        let outs = engine.micro_step(s, &inputs, stop_head, want_logits)?;
+        current = next.iter().map(|&(a, _, _)| a).zip(outs).collect();
+    }
+    for (i, step) in steps {
+        seqs[i].end_step(step, cfg, engine);
+    }
+    Ok(())
+}

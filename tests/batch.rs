@@ -1,0 +1,96 @@
+//! Several sequences decoded together by one engine: every macro step runs
+//! ONE base forward over all of them (prompts, then merged inputs of
+//! different token counts at different positions) and batches their micro
+//! steps. Each sequence must get exactly what a single-sequence session
+//! gives: the same tokens in the same macro steps, and the same stop
+//! probabilities and logits up to float rounding (F32 weights and cache).
+
+use convert::testmodel::{converted, tiny_fixture};
+use hamburger::generate::{self, DecodeConfig, SeqGen};
+use hamburger::{Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+
+/// The prompts and confidence of the golden cases at `confidence`.
+fn golden_prompts(confidence: f64) -> Vec<Vec<u32>> {
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("golden.json")).unwrap()).unwrap();
+    g["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["confidence"].as_f64() == Some(confidence))
+        .map(|c| c["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+        .collect()
+}
+
+fn tiny_f32() -> Model {
+    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
+    Model::open(&gguf, &LoadOptions::default()).unwrap()
+}
+
+fn solo(model: &Model, params: &SessionParams, prompt: &[u32], n: usize) -> Generation {
+    let mut s = Session::new(model, params.clone()).unwrap();
+    s.generate(prompt, n, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap()
+}
+
+/// Decodes `prompts` together in one engine; returns each generation and the base forwards run.
+fn together(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usize) -> (Vec<Generation>, usize) {
+    let mut engine = Engine::new(model, &params.engine_params(prompts.len())).unwrap();
+    let cfg = DecodeConfig::new(model, params);
+    let mut samplers: Vec<Sampler> = prompts.iter().map(|_| Sampler::new(SamplerParams::greedy())).collect();
+    let mut seqs: Vec<SeqGen> =
+        samplers.iter_mut().zip(prompts).enumerate().map(|(i, (s, p))| SeqGen::new(i, p, n, s)).collect();
+    generate::run(&mut engine, &cfg, &mut seqs).unwrap();
+    (seqs.into_iter().map(|s| s.into_parts().0).collect(), engine.n_forwards())
+}
+
+fn assert_same(got: &Generation, want: &Generation, what: &str) {
+    let steps = |g: &Generation| g.macro_steps.iter().map(|s| s.tokens.clone()).collect::<Vec<_>>();
+    assert_eq!(steps(got), steps(want), "{what}: macro steps");
+    assert_eq!(got.output_ids, want.output_ids, "{what}: tokens");
+    assert_eq!(got.timings.kv_entries, want.timings.kv_entries, "{what}: KV entries");
+    for (a, b) in got.macro_steps.iter().zip(&want.macro_steps) {
+        for (p, q) in a.p_stop.iter().zip(&b.p_stop) {
+            assert!((p - q).abs() < 1e-5, "{what}: p_stop {p} vs {q}");
+        }
+        for (la, lb) in a.logits.iter().zip(&b.logits) {
+            let d = la.iter().zip(lb).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(d < 1e-4, "{what}: logits differ by {d}");
+        }
+    }
+}
+
+fn check(flash_attn: bool, confidence: f64, group: usize) {
+    let model = tiny_f32();
+    let params = SessionParams {
+        n_ctx: 512,
+        kv_type: ggml::Type::F32,
+        flash_attn,
+        confidence: confidence as f32,
+        keep_logits: true,
+        n_threads: 2,
+        ..Default::default()
+    };
+    const N: usize = 24;
+    let prompts = golden_prompts(confidence);
+    let solos: Vec<Generation> = prompts.iter().map(|p| solo(&model, &params, p, N)).collect();
+    for (ci, chunk) in prompts.chunks(group).enumerate() {
+        let (gens, forwards) = together(&model, &params, chunk, N);
+        let longest = gens.iter().map(|g| g.macro_steps.len()).max().unwrap();
+        assert_eq!(forwards, longest, "one base forward per macro step for all sequences together");
+        for (j, g) in gens.iter().enumerate() {
+            assert_same(g, &solos[ci * group + j], &format!("confidence {confidence}, prompt {}", ci * group + j));
+        }
+    }
+}
+
+#[test]
+fn two_prompts_in_one_batch_decode_like_single_sessions() {
+    check(false, 0.3, 2);
+    check(false, 0.5, 2);
+}
+
+#[test]
+fn six_prompts_in_one_batch_with_flash_attention() {
+    check(true, 0.3, 6);
+    check(true, 0.8, 6);
+}
