@@ -79,6 +79,18 @@ impl Key {
     }
 }
 
+/// Values of `tokenizer.ggml.token_type` (llama.cpp's `llama_token_type`).
+pub mod token_type {
+    /// An ordinary token.
+    pub const NORMAL: i32 = 1;
+    /// A control token (BOS, EOS, end-of-turn markers...).
+    pub const CONTROL: i32 = 3;
+    /// A token added by the user, matched before tokenization.
+    pub const USER_DEFINED: i32 = 4;
+    /// A padding id without a token.
+    pub const UNUSED: i32 = 5;
+}
+
 /// General and tokenizer keys (no architecture prefix).
 pub mod keys {
     /// The architecture name.

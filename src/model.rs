@@ -7,7 +7,7 @@ use std::rc::Rc;
 use ggml::gguf::{Array, Gguf, Value};
 use ggml::MappedFile;
 
-use crate::arch::{keys, ARCH_HAMBURGER};
+use crate::arch::{keys, token_type, ARCH_HAMBURGER};
 use crate::hparams::HParams;
 use crate::placement::{DeviceChoice, PlacementPlan};
 use crate::weights::{self, Weights};
@@ -61,7 +61,8 @@ impl VocabInfo {
             .filter_map(|k| id(k))
             .collect();
         for (i, t) in tokens.iter().enumerate() {
-            let control = types.get(i).is_some_and(|&ty| ty == 3 || ty == 4);
+            let control =
+                types.get(i).is_some_and(|&ty| [token_type::CONTROL, token_type::USER_DEFINED].contains(&(ty as i32)));
             if control && EOG_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
                 eog.push(i as u32);
             }

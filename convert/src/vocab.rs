@@ -6,18 +6,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use ggml::gguf::{Array, Value};
-use hamburger::arch::keys;
+use hamburger::arch::{keys, token_type};
 use serde_json::Value as Json;
 
 use crate::ConvertError;
-
-/// llama.cpp token types.
-mod token_type {
-    pub const NORMAL: i32 = 1;
-    pub const CONTROL: i32 = 3;
-    pub const USER_DEFINED: i32 = 4;
-    pub const UNUSED: i32 = 5;
-}
 
 /// Texts of special tokens that end a turn, as llama.cpp recognises them.
 const EOT_TEXTS: &[&str] = &["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"];

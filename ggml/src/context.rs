@@ -109,7 +109,7 @@ impl Context {
         })
     }
 
-    /// The first tensor of this context (for iteration with [`Context::tensors`]).
+    /// Every tensor of this context, in creation order.
     pub fn tensors(&self) -> Vec<Tensor> {
         let mut out = Vec::new();
         // SAFETY: iterating the tensor list of a live context.
