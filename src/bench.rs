@@ -10,7 +10,8 @@ use std::time::Instant;
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use rand::{Rng, SeedableRng};
 
-use crate::{Model, Result, Sampler, SamplerParams, Session, SessionParams};
+use crate::generate::{self, DecodeConfig, SeqGen};
+use crate::{Engine, Model, Result, Sampler, SamplerParams, Session, SessionParams};
 
 /// One test's samples.
 #[derive(Debug, Clone)]
@@ -145,6 +146,51 @@ pub fn hamburger_tg<'m>(model: &'m Model, params: &SessionParams, n: usize) -> R
     Ok((run, stats))
 }
 
+/// Generation of `n_seq` sequences together (a server's slots): each emits
+/// `n` tokens after a one-token prompt, every macro step ONE base forward over
+/// all of them, end-of-generation tokens ignored. A run's tokens are all
+/// sequences' together.
+///
+/// # Errors
+/// When the engine cannot be created.
+pub fn hamburger_tg_parallel<'m>(model: &'m Model, params: &SessionParams, n: usize, n_seq: usize) -> Result<Runner<'m>> {
+    let p = SessionParams { n_ctx: n_seq * (n + 2), ignore_eog: true, ..params.clone() };
+    let mut engine = Engine::new(model, &p.engine_params(n_seq))?;
+    let cfg = DecodeConfig::new(model, &p);
+    let first = [model.vocab.bos.unwrap_or(0)];
+    Ok(Box::new(move || {
+        let greedy = || Sampler::new(SamplerParams::greedy());
+        let mut seqs: Vec<SeqGen> = (0..n_seq).map(|s| SeqGen::new(s, &first, n, greedy())).collect();
+        (0..n_seq).for_each(|s| engine.clear_seq(s));
+        let t = Instant::now();
+        generate::run(&mut engine, &cfg, &mut seqs)?;
+        Ok(t.elapsed().as_nanos() as u64)
+    }))
+}
+
+/// libllama's generation of `n_seq` sequences together, as llama-server
+/// decodes its slots: one `llama_decode` per step with one token of every
+/// sequence, logits for each (llama-bench's method for the tokens: random).
+///
+/// # Errors
+/// When libllama cannot create the context.
+pub fn llama_tg_parallel<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize, n_seq: usize) -> Result<Runner<'m>> {
+    let lp = LlamaContextParams { n_seq_max: n_seq as u32, ..llama_params(params, n_seq * (n + 2)) };
+    let mut ctx = LlamaContext::new(model, lp)?;
+    let tokens = random_tokens(n * n_seq, model.n_vocab(), 3);
+    Ok(Box::new(move || {
+        ctx.clear();
+        let t = Instant::now();
+        for (pos, step) in tokens.chunks(n_seq).enumerate() {
+            let inputs: Vec<(i32, i32, i32)> =
+                step.iter().enumerate().map(|(s, &tok)| (tok as i32, pos as i32, s as i32)).collect();
+            ctx.decode_seqs(&inputs)?;
+        }
+        ctx.synchronize();
+        Ok(t.elapsed().as_nanos() as u64)
+    }))
+}
+
 /// Measures `n`-token prompt processing alone (`reps` after a warm-up).
 ///
 /// # Errors
@@ -173,6 +219,7 @@ fn llama_params(params: &SessionParams, n_ctx: usize) -> LlamaContextParams {
         n_threads: params.n_threads as i32,
         flash_attn: Some(params.flash_attn),
         kv_type: params.kv_type,
+        ..Default::default()
     }
 }
 

@@ -14,7 +14,7 @@ use crate::sampling::Sampler;
 use crate::step::{Generation, MacroStep, StepRule};
 use crate::{Error, Model, Result, SessionParams};
 
-/// The settings of the decode loop.
+/// The settings of the decode loop (a sequence may bring its own [`StepRule`]).
 #[derive(Debug, Clone)]
 pub struct DecodeConfig {
     /// When a macro step ends.
@@ -59,7 +59,11 @@ pub struct SeqGen<'a> {
     prompt: Vec<u32>,
     fed: usize,
     n_predict: usize,
-    sampler: &'a mut Sampler,
+    sampler: Sampler,
+    /// This sequence's stop rule, when it differs from the loop's.
+    rule: Option<StepRule>,
+    /// Generate past end-of-generation tokens (a benchmark request).
+    ignore_eog: bool,
     /// Tokens of the context so far (for repetition penalties).
     history: Vec<u32>,
     on_step: Option<OnStep<'a>>,
@@ -72,7 +76,7 @@ pub struct SeqGen<'a> {
 impl<'a> SeqGen<'a> {
     /// Generation of up to `n_predict` tokens after `prompt` in sequence `seq`
     /// (whose context is empty, or is continued with [`SeqGen::continuing`]).
-    pub fn new(seq: SeqId, prompt: &[u32], n_predict: usize, sampler: &'a mut Sampler) -> SeqGen<'a> {
+    pub fn new(seq: SeqId, prompt: &[u32], n_predict: usize, sampler: Sampler) -> SeqGen<'a> {
         SeqGen {
             seq,
             merged: Vec::new(),
@@ -80,6 +84,8 @@ impl<'a> SeqGen<'a> {
             fed: 0,
             n_predict,
             sampler,
+            rule: None,
+            ignore_eog: false,
             history: prompt.to_vec(),
             on_step: None,
             gen: Generation::default(),
@@ -101,14 +107,45 @@ impl<'a> SeqGen<'a> {
         SeqGen { on_step: Some(f), ..self }
     }
 
+    /// Decodes with `rule` instead of the loop's (a request's own confidence or step cap).
+    pub fn with_rule(self, rule: StepRule) -> SeqGen<'a> {
+        SeqGen { rule: Some(rule), ..self }
+    }
+
+    /// Generates past end-of-generation tokens, whatever the loop's setting.
+    pub fn ignoring_eog(self) -> SeqGen<'a> {
+        SeqGen { ignore_eog: true, ..self }
+    }
+
+    /// The sequence id.
+    pub fn seq(&self) -> SeqId {
+        self.seq
+    }
+
     /// Whether the sequence has finished.
     pub fn is_done(&self) -> bool {
         self.done
     }
 
-    /// The generation, the last step's tokens (not yet fed), and the history.
-    pub fn into_parts(self) -> (Generation, Vec<u32>, Vec<u32>) {
-        (self.gen, self.merged, self.history)
+    /// What it has generated so far.
+    pub fn generation(&self) -> &Generation {
+        &self.gen
+    }
+
+    /// Ends the sequence now (a stop string matched, the client left).
+    pub fn stop(&mut self, engine: &Engine) {
+        if !self.done {
+            self.finish(engine);
+        }
+    }
+
+    /// The generation, the last step's tokens (not yet fed), the history and the sampler.
+    pub fn into_parts(self) -> (Generation, Vec<u32>, Vec<u32>, Sampler) {
+        (self.gen, self.merged, self.history, self.sampler)
+    }
+
+    fn is_eog(&self, cfg: &DecodeConfig, token: u32) -> bool {
+        !self.ignore_eog && cfg.is_eog(token)
     }
 
     fn remaining(&self) -> usize {
@@ -140,7 +177,7 @@ impl<'a> SeqGen<'a> {
         for (s, r) in self.gen.timings.reached.iter_mut().enumerate() {
             *r += usize::from(step.tokens.len() > s);
         }
-        let eog = step.tokens.iter().position(|&t| cfg.is_eog(t));
+        let eog = step.tokens.iter().position(|&t| self.is_eog(cfg, t));
         let kept = &step.tokens[..eog.map_or(step.tokens.len(), |i| i + 1)];
         self.gen.output_ids.extend_from_slice(kept);
         self.history.extend_from_slice(kept);
@@ -182,7 +219,7 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
             break;
         }
         if sg.gen.timings.reached.is_empty() {
-            sg.gen.timings.reached = vec![0; cfg.rule.max_steps];
+            sg.gen.timings.reached = vec![0; sg.rule.unwrap_or(cfg.rule).max_steps];
             sg.gen.timings.prompt_tokens = sg.prompt.len();
         }
         if !sg.merged.is_empty() {
@@ -195,7 +232,7 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
         fed.push((i, take));
     }
     let want_logits = cfg.keep_logits || seqs.iter().any(|s| !s.done && !s.sampler.is_greedy());
-    let stop_head = cfg.rule.needs_stop_head();
+    let stop_head = seqs.iter().any(|s| !s.done && s.rule.unwrap_or(cfg.rule).needs_stop_head());
     let mut outs = engine.decode(&batch, stop_head, want_logits)?;
     let mut ready = Vec::new();
     for (i, take) in fed {
@@ -242,7 +279,7 @@ fn micro_steps(
                 step.logits.push(out.logits.take().unwrap_or_default());
             }
             let n = step.tokens.len();
-            if !(cfg.rule.stops(n, out.p_stop) || cfg.is_eog(token) || n >= sg.remaining()) {
+            if !(sg.rule.unwrap_or(cfg.rule).stops(n, out.p_stop) || sg.is_eog(cfg, token) || n >= sg.remaining()) {
                 next.push((a, sg.seq, token));
             }
         }

@@ -10,7 +10,7 @@ use crate::generate::{self, DecodeConfig, SeqGen};
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::model::Model;
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, SamplerParams};
 use crate::step::Generation;
 use crate::{Batch, Error, Result};
 
@@ -222,12 +222,13 @@ impl<'m> Session<'m> {
         self.check_room(prompt.len(), n_predict)?;
         let pending = std::mem::take(&mut self.pending);
         let history = std::mem::take(&mut self.history);
-        let seq = SeqGen::new(SEQ, prompt, n_predict, sampler).continuing(pending, history).on_step(&mut on_step);
+        let lent = std::mem::replace(sampler, Sampler::new(SamplerParams::greedy()));
+        let seq = SeqGen::new(SEQ, prompt, n_predict, lent).continuing(pending, history).on_step(&mut on_step);
         let mut seqs = [seq];
         let result = generate::run(&mut self.engine, &self.cfg, &mut seqs);
         let [seq] = seqs;
-        let (gen, pending, history) = seq.into_parts();
-        (self.pending, self.history) = (pending, history);
+        let (gen, pending, history, lent) = seq.into_parts();
+        (self.pending, self.history, *sampler) = (pending, history, lent);
         result.map(|()| gen)
     }
 }

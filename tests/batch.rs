@@ -36,9 +36,8 @@ fn solo(model: &Model, params: &SessionParams, prompt: &[u32], n: usize) -> Gene
 fn together(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usize) -> (Vec<Generation>, usize) {
     let mut engine = Engine::new(model, &params.engine_params(prompts.len())).unwrap();
     let cfg = DecodeConfig::new(model, params);
-    let mut samplers: Vec<Sampler> = prompts.iter().map(|_| Sampler::new(SamplerParams::greedy())).collect();
-    let mut seqs: Vec<SeqGen> =
-        samplers.iter_mut().zip(prompts).enumerate().map(|(i, (s, p))| SeqGen::new(i, p, n, s)).collect();
+    let greedy = || Sampler::new(SamplerParams::greedy());
+    let mut seqs: Vec<SeqGen> = prompts.iter().enumerate().map(|(i, p)| SeqGen::new(i, p, n, greedy())).collect();
     generate::run(&mut engine, &cfg, &mut seqs).unwrap();
     (seqs.into_iter().map(|s| s.into_parts().0).collect(), engine.n_forwards())
 }

@@ -143,11 +143,13 @@ pub struct LlamaContextParams {
     pub flash_attn: Option<bool>,
     /// KV cache element type.
     pub kv_type: Type,
+    /// Sequences the context holds (llama-server's slots), sharing one unified cache.
+    pub n_seq_max: u32,
 }
 
 impl Default for LlamaContextParams {
     fn default() -> Self {
-        LlamaContextParams { n_ctx: 2048, n_batch: 512, n_threads: 2, flash_attn: None, kv_type: Type::F16 }
+        LlamaContextParams { n_ctx: 2048, n_batch: 512, n_threads: 2, flash_attn: None, kv_type: Type::F16, n_seq_max: 1 }
     }
 }
 
@@ -188,6 +190,8 @@ impl<'m> LlamaContext<'m> {
             Some(false) => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
         };
         params.no_perf = true;
+        params.n_seq_max = p.n_seq_max;
+        params.kv_unified = true;
         // SAFETY: the model is live for 'm; params is initialised.
         let (ptr, why) = capture_errors(|| unsafe { sys::llama_init_from_model(model.0.as_ptr(), params) });
         let ptr =
@@ -212,6 +216,40 @@ impl<'m> LlamaContext<'m> {
         let rc = unsafe {
             let batch = sys::llama_batch_get_one(toks.as_mut_ptr(), toks.len() as i32);
             sys::llama_decode(self.ptr.as_ptr(), batch)
+        };
+        if rc != 0 {
+            return Err(Error::Llama(format!("llama_decode returned {rc}")));
+        }
+        Ok(())
+    }
+
+    /// One decode of several sequences: each `(token, position, sequence)`
+    /// is one input, and every input gets logits (as llama-server decodes one
+    /// token of each running slot per step).
+    ///
+    /// # Errors
+    /// When decoding fails (context full, sequence beyond `n_seq_max`, ...).
+    pub fn decode_seqs(&mut self, inputs: &[(i32, i32, i32)]) -> Result<()> {
+        if inputs.is_empty() {
+            return Err(Error::Invalid("decode of no tokens".into()));
+        }
+        let n = inputs.len();
+        // SAFETY: a batch of n tokens with one sequence id each, filled below
+        // within those bounds and freed after the decode.
+        let rc = unsafe {
+            let batch = sys::llama_batch_init(n as i32, 0, 1);
+            for (i, &(token, pos, seq)) in inputs.iter().enumerate() {
+                *batch.token.add(i) = token;
+                *batch.pos.add(i) = pos;
+                *batch.n_seq_id.add(i) = 1;
+                **batch.seq_id.add(i) = seq;
+                *batch.logits.add(i) = 1;
+            }
+            let mut b = batch;
+            b.n_tokens = n as i32;
+            let rc = sys::llama_decode(self.ptr.as_ptr(), b);
+            sys::llama_batch_free(batch);
+            rc
         };
         if rc != 0 {
             return Err(Error::Llama(format!("llama_decode returned {rc}")));

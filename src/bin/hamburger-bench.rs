@@ -55,6 +55,10 @@ struct Args {
     /// Keep CPU weights in their file layout (no repacking), in both engines.
     #[arg(long)]
     no_repack: bool,
+    /// Also generate with this many sequences decoded together (a server's
+    /// slots; aggregate tokens/s against libllama's multi-sequence decode).
+    #[arg(long, value_delimiter = ',')]
+    parallel: Vec<usize>,
     /// Flash attention: on or off.
     #[arg(long = "flash-attn", default_value = "on", value_parser = ["on", "off"])]
     flash_attn: String,
@@ -151,6 +155,27 @@ fn run(args: &Args) -> Result<()> {
                 None => format!("tg{n} c={}", args.confidence),
             };
             rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
+        }
+    }
+    for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+        for &p in args.parallel.iter().filter(|&&p| p > 0) {
+            let mut runners = Vec::new();
+            for &k in &forced {
+                runners.push(bench::hamburger_tg_parallel(&model, &SessionParams { forced_steps: k, ..params.clone() }, n, p)?);
+            }
+            if let Some(b) = &baseline {
+                runners.push(bench::llama_tg_parallel(b, &params, n, p)?);
+            }
+            let mut samples = bench::interleaved(r, &mut runners)?;
+            let base = baseline.as_ref().map(|_| Measurement { samples_ns: samples.pop().unwrap_or_default(), ..Measurement::generation(n * p) });
+            for (&k, samples_ns) in forced.iter().zip(samples) {
+                let ours = Measurement { samples_ns, tokens_per_step: k.unwrap_or(0) as f64, ..Measurement::generation(n * p) };
+                let test = match k {
+                    Some(k) => format!("tg{n} x{p} k={k}"),
+                    None => format!("tg{n} x{p} c={}", args.confidence),
+                };
+                rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
+            }
         }
     }
     let device = model.plan.gpu().map_or_else(

@@ -1,0 +1,299 @@
+//! The OpenAI request bodies the server accepts, parsed with the path of any
+//! field at fault, and checked into a prompt plus [`JobParams`]. HAMburger's
+//! own knobs are extension fields: `confidence` and `max_steps`.
+
+use hamburger::chat::Message;
+use hamburger::{SamplerParams, Timings};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::scheduler::{FinishReason, JobParams, ModelInfo};
+
+/// Parses a JSON body into `T`, naming the field at fault.
+///
+/// # Errors
+/// A 400 for malformed JSON or a field of the wrong type.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." {
+            ApiError::field("body", format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::field(&path, format!("invalid field '{path}': {inner}"))
+        }
+    })
+}
+
+/// One string or several (`stop`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// The settings shared by both completion endpoints.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Common {
+    /// Ignored: the server has one model.
+    pub model: Option<String>,
+    /// Tokens to generate at most.
+    pub max_tokens: Option<u64>,
+    /// Alias of `max_tokens` (chat).
+    pub max_completion_tokens: Option<u64>,
+    /// Sampling temperature (0: greedy).
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    pub top_p: Option<f64>,
+    /// Top-k sampling (llama-server's extension).
+    pub top_k: Option<u64>,
+    /// Min-p sampling (llama-server's extension).
+    pub min_p: Option<f64>,
+    /// Random seed.
+    pub seed: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<OneOrMany>,
+    /// Server-sent events, one chunk per macro step.
+    pub stream: Option<bool>,
+    /// Number of choices (only 1).
+    pub n: Option<u64>,
+    /// HAMburger: stop a macro step when `1 - p_stop < confidence`.
+    pub confidence: Option<f64>,
+    /// HAMburger: most tokens per macro step.
+    pub max_steps: Option<u64>,
+    /// Generate past end-of-generation tokens (llama-server's extension, for benchmarks).
+    pub ignore_eos: Option<bool>,
+}
+
+/// A message's content: text, or parts of which the text ones count.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Typed parts.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// `text` (other types are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`...
+    pub role: String,
+    /// Its content (none for an assistant message with tool calls only).
+    pub content: Option<Content>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+    /// The rest.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// A completion prompt: text or token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+    /// One text in a list.
+    Texts(Vec<String>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The prompt.
+    pub prompt: Prompt,
+    /// The rest.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    /// The text.
+    pub content: String,
+    /// Whether to add BOS as the model wants.
+    #[serde(default)]
+    pub add_special: bool,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+}
+
+fn in_range(param: &str, v: Option<f64>, ok: impl Fn(f64) -> bool, want: &str) -> Result<Option<f32>, ApiError> {
+    match v {
+        Some(x) if !(x.is_finite() && ok(x)) => Err(ApiError::field(param, format!("'{param}' must be {want}, got {x}"))),
+        v => Ok(v.map(|x| x as f32)),
+    }
+}
+
+/// The chat messages as the template wants them.
+///
+/// # Errors
+/// A 400 for no message, or a non-text content part.
+pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::field("messages", "'messages' must hold at least one message"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => Ok(t.as_str()),
+                        _ => Err(ApiError::field(
+                            &format!("messages[{i}].content"),
+                            format!("content parts of type '{}' are not supported (text only)", p.kind),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .concat(),
+            };
+            Ok(Message { role: m.role.clone(), content })
+        })
+        .collect()
+}
+
+impl Common {
+    /// Whether the answer is streamed.
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// The job settings for a prompt of `n_prompt` tokens.
+    ///
+    /// # Errors
+    /// A 400 naming the field: values out of range, `n` other than 1, or a
+    /// prompt that leaves no room in a slot's context.
+    pub fn job_params(&self, info: &ModelInfo, n_prompt: usize) -> Result<JobParams, ApiError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::field("n", "only n = 1 is supported"));
+        }
+        if n_prompt == 0 {
+            return Err(ApiError::field("prompt", "the prompt is empty"));
+        }
+        if n_prompt >= info.n_ctx_slot {
+            return Err(ApiError::field(
+                "prompt",
+                format!(
+                    "the prompt ({n_prompt} tokens) does not fit the context of {} tokens per slot",
+                    info.n_ctx_slot
+                ),
+            ));
+        }
+        let room = (info.n_ctx_slot - n_prompt) as u64;
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            Some(0) => return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1")),
+            Some(n) => n.min(room),
+            None => room,
+        };
+        let d = SamplerParams::default();
+        let temp = in_range("temperature", self.temperature, |x| (0.0..=100.0).contains(&x), "between 0 and 100")?;
+        let top_p = in_range("top_p", self.top_p, |x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
+        let min_p = in_range("min_p", self.min_p, |x| (0.0..=1.0).contains(&x), "in [0, 1]")?;
+        let confidence = in_range("confidence", self.confidence, |x| x >= 0.0, "a number >= 0")?;
+        let max_steps = match self.max_steps {
+            Some(s) if s == 0 || s as usize > info.max_steps => {
+                return Err(ApiError::field("max_steps", format!("'max_steps' must be in 1..={}", info.max_steps)))
+            }
+            s => s.map(|s| s as usize),
+        };
+        let top_k = match self.top_k {
+            Some(k) if k > info.n_vocab as u64 => {
+                return Err(ApiError::field("top_k", format!("'top_k' must be at most {}", info.n_vocab)))
+            }
+            k => k.map_or(d.top_k, |k| k as usize),
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(OneOrMany::One(s)) => vec![s.clone()],
+            Some(OneOrMany::Many(v)) => v.clone(),
+        };
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::field("stop", "stop strings must not be empty"));
+        }
+        Ok(JobParams {
+            n_predict: max_tokens as usize,
+            sampler: SamplerParams {
+                temp: temp.unwrap_or(d.temp),
+                top_p: top_p.unwrap_or(d.top_p),
+                min_p: min_p.unwrap_or(d.min_p),
+                top_k,
+                seed: self.seed.unwrap_or(d.seed),
+                ..d
+            },
+            confidence,
+            max_steps,
+            stop,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+        })
+    }
+}
+
+/// `finish_reason` as OpenAI spells it.
+pub fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// The `usage` object.
+pub fn usage(t: &Timings) -> Value {
+    json!({
+        "prompt_tokens": t.prompt_tokens,
+        "completion_tokens": t.gen_tokens,
+        "total_tokens": t.prompt_tokens + t.gen_tokens,
+    })
+}
+
+/// The `timings` object: llama-server's fields plus HAMburger's macro steps.
+pub fn timings(t: &Timings) -> Value {
+    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    json!({
+        "prompt_n": t.prompt_tokens,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_second": per_second(t.prompt_tokens, t.prompt_ms),
+        "predicted_n": t.gen_tokens,
+        "predicted_ms": t.gen_ms,
+        "predicted_per_second": per_second(t.gen_tokens, t.gen_ms),
+        "macro_steps": t.macro_steps,
+        "tokens_per_step": t.tokens_per_step(),
+        "kv_entries": t.kv_entries,
+        "kv_bytes_per_entry": t.kv_bytes_per_entry,
+    })
+}

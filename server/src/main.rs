@@ -1,0 +1,128 @@
+//! `hamburger-server`: serves a HAMburger GGUF over an OpenAI-compatible
+//! HTTP API (llama-server's flag names where they exist).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+use hamburger::{DeviceChoice, LoadOptions, SessionParams};
+use server::{Scheduler, SchedulerConfig};
+
+/// An OpenAI-compatible server that batches macro steps across requests.
+#[derive(Parser, Debug)]
+#[command(name = "hamburger-server", version)]
+struct Args {
+    /// The HAMburger GGUF.
+    #[arg(short = 'm', long)]
+    model: PathBuf,
+    /// Address to listen on (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences decoded together (slots). Also --parallel.
+    #[arg(short = 'n', long = "parallel", visible_alias = "np", default_value_t = 4)]
+    parallel: usize,
+    /// KV cache entries of all slots together (each slot gets an equal share).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Base inputs per forward, all sequences together.
+    #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
+    batch_size: usize,
+    /// Default stop confidence: a macro step ends when 1 - p_stop < confidence.
+    #[arg(long, default_value_t = SessionParams::default().confidence)]
+    confidence: f32,
+    /// Default cap of tokens per macro step (0: the model's).
+    #[arg(long, default_value_t = 0)]
+    max_steps: usize,
+    /// Make every macro step emit exactly K tokens (benchmarks of untrained grafted modules).
+    #[arg(long)]
+    forced_steps: Option<usize>,
+    /// Requests that may wait for a slot; more are answered 503.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Key clients must send as `Authorization: Bearer KEY`.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// CPU threads.
+    #[arg(short = 't', long, default_value_t = SessionParams::default().n_threads)]
+    threads: usize,
+    /// auto, cpu, cuda or metal.
+    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceChoice>().map_err(|e| e.to_string()))]
+    device: DeviceChoice,
+    /// Base layers offloaded to the GPU. Also -ngl.
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 999)]
+    n_gpu_layers: usize,
+    /// Seconds a request may wait for its next piece of text before it is cancelled.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    log::info!("stopping: no new requests; finishing the ones in flight");
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.parallel == 0 || args.ctx_size < args.parallel || args.threads == 0 || args.batch_size == 0 {
+        anyhow::bail!("--parallel, --ctx-size (at least one entry per slot), --threads and --batch-size must be positive");
+    }
+    if !args.confidence.is_finite() || args.confidence < 0.0 {
+        anyhow::bail!("--confidence must be a number >= 0, got {}", args.confidence);
+    }
+    let session = SessionParams {
+        n_ctx: args.ctx_size,
+        n_batch: args.batch_size,
+        n_threads: args.threads,
+        confidence: args.confidence,
+        max_steps: args.max_steps,
+        forced_steps: args.forced_steps,
+        ..Default::default()
+    };
+    let load = LoadOptions { device: args.device, n_gpu_layers: args.n_gpu_layers, ..Default::default() };
+    let cfg = SchedulerConfig { model: args.model, load, session, n_slots: args.parallel, queue: args.queue };
+    let scheduler = Scheduler::start(cfg).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(async {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local: SocketAddr = listener.local_addr()?;
+        log::info!("listening on http://{local} ({} slots)", args.parallel);
+        let timeout = Duration::from_secs(args.timeout);
+        server::serve(listener, scheduler, args.api_key, timeout, shutdown_signal()).await.context("serving")
+    })
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.render().to_string();
+            eprintln!("hamburger-server: {}", text.lines().next().unwrap_or("invalid arguments").trim());
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(args) {
+        eprintln!("hamburger-server: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,69 @@
+//! Counters of the server, rendered in Prometheus' text format at `/metrics`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The server's counters and gauges, shared by the HTTP side and the engine thread.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests accepted into the queue.
+    pub requests: AtomicU64,
+    /// Requests answered 503 because the queue was full.
+    pub rejected: AtomicU64,
+    /// Requests ended because their client left.
+    pub cancelled: AtomicU64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: AtomicU64,
+    /// Tokens generated.
+    pub generated_tokens: AtomicU64,
+    /// Macro steps of all sequences.
+    pub macro_steps: AtomicU64,
+    /// Base forwards run (each shared by the sequences of its batch).
+    pub base_forwards: AtomicU64,
+    /// Requests waiting for a slot.
+    pub queue_depth: AtomicU64,
+    /// Requests decoding.
+    pub processing: AtomicU64,
+    /// KV cells in use.
+    pub kv_cells_used: AtomicU64,
+    /// KV cells in all.
+    pub kv_cells_total: AtomicU64,
+}
+
+/// Adds `n` to a counter.
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Sets a gauge.
+pub fn set(c: &AtomicU64, n: u64) {
+    c.store(n, Ordering::Relaxed);
+}
+
+impl Metrics {
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let steps = get(&self.macro_steps);
+        let tokens_per_step = if steps == 0 { 0.0 } else { get(&self.generated_tokens) as f64 / steps as f64 };
+        let rows: [(&str, &str, &str, String); 12] = [
+            ("requests_total", "counter", "Requests accepted.", get(&self.requests).to_string()),
+            ("requests_rejected_total", "counter", "Requests refused with 503 (queue full).", get(&self.rejected).to_string()),
+            ("requests_cancelled_total", "counter", "Requests whose client left.", get(&self.cancelled).to_string()),
+            ("prompt_tokens_total", "counter", "Prompt tokens processed.", get(&self.prompt_tokens).to_string()),
+            ("tokens_generated_total", "counter", "Tokens generated.", get(&self.generated_tokens).to_string()),
+            ("macro_steps_total", "counter", "Macro steps of all sequences.", steps.to_string()),
+            ("base_forwards_total", "counter", "Base forwards, each shared by a batch of sequences.", get(&self.base_forwards).to_string()),
+            ("tokens_per_step", "gauge", "Mean tokens per macro step.", format!("{tokens_per_step:.4}")),
+            ("queue_depth", "gauge", "Requests waiting for a slot.", get(&self.queue_depth).to_string()),
+            ("requests_processing", "gauge", "Requests decoding.", get(&self.processing).to_string()),
+            ("kv_cells_used", "gauge", "KV cache cells in use.", get(&self.kv_cells_used).to_string()),
+            ("kv_cells_total", "gauge", "KV cache cells.", get(&self.kv_cells_total).to_string()),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            let _ = write!(out, "# HELP hamburger_{name} {help}\n# TYPE hamburger_{name} {kind}\nhamburger_{name} {value}\n");
+        }
+        out
+    }
+}

@@ -1,0 +1,265 @@
+//! The HTTP side: axum routes, the API-key check, body limits, and turning a
+//! job's events into a JSON answer or Server-Sent Events (one chunk per
+//! macro step, then `data: [DONE]`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, FinishReason, Job, ModelInfo, SubmitError, Submitter};
+use hamburger::Timings;
+
+/// Largest request body accepted; a larger one is answered 413.
+pub const BODY_LIMIT: usize = 4 << 20;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// Queues jobs for the engine thread.
+    pub submitter: Submitter,
+    /// The model.
+    pub info: Arc<ModelInfo>,
+    /// The counters.
+    pub metrics: Arc<Metrics>,
+    /// The key clients must send as `Authorization: Bearer KEY`, if any.
+    pub api_key: Option<String>,
+    /// Longest wait for the next piece of a generation.
+    pub timeout: Duration,
+}
+
+/// The server's routes over `state`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), check_key))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .with_state(state)
+}
+
+async fn check_key(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(key) = &s.api_key else { return next.run(req).await };
+    let sent = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if sent.and_then(|v| v.strip_prefix("Bearer ")) == Some(key.as_str()) {
+        next.run(req).await
+    } else {
+        ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key").into_response()
+    }
+}
+
+/// The body, or the error (413 over the limit) in OpenAI's shape.
+fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    b.map_err(|r| ApiError::new(r.status(), r.body_text()))
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Which OpenAI object a generation answers as.
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+impl Kind {
+    fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// One choice carrying `text` (a delta when streaming).
+    fn choice(self, text: Option<&str>, finish: Option<&str>, chunk: bool) -> Value {
+        match (self, chunk) {
+            (Kind::Chat, false) => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+            }
+            (Kind::Chat, true) => {
+                let delta = text.map_or(json!({}), |t| json!({"content": t}));
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            }
+            (Kind::Completion, _) => {
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+            }
+        }
+    }
+}
+
+/// A generation answered as `kind`: its id and model name for every chunk.
+struct Answer {
+    kind: Kind,
+    id: String,
+    model: String,
+    created: u64,
+}
+
+impl Answer {
+    fn object(&self, choice: Value, chunk: bool) -> Value {
+        json!({"id": self.id, "object": self.kind.object(chunk), "created": self.created, "model": self.model, "choices": [choice]})
+    }
+}
+
+/// Queues the job of `prompt` and answers it, streamed or not.
+async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -> Result<Response, ApiError> {
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= s.info.n_vocab) {
+        return Err(ApiError::field("prompt", format!("token id {t} is outside the vocabulary of {}", s.info.n_vocab)));
+    }
+    let params = common.job_params(&s.info, prompt.len())?;
+    let (events, rx) = unbounded_channel();
+    s.submitter.submit(Job { prompt, params, events }).map_err(|e| match e {
+        SubmitError::Full => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is busy: the queue is full"),
+        SubmitError::Closed => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"),
+    })?;
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl",
+        Kind::Completion => "cmpl",
+    };
+    let n = s.metrics.requests.load(std::sync::atomic::Ordering::Relaxed);
+    let answer = Answer { kind, id: format!("{prefix}-{:x}{n:04x}", now()), model: s.info.name.clone(), created: now() };
+    Ok(if common.stream() { stream(answer, rx, s.timeout) } else { collect(answer, rx, s.timeout).await })
+}
+
+/// The final object (or chunk) of a generation: finish reason, usage, timings.
+fn finished(a: &Answer, text: Option<&str>, reason: FinishReason, timings: &Timings, chunk: bool) -> Value {
+    let mut v = a.object(a.kind.choice(text, Some(api::finish_reason(reason)), chunk), chunk);
+    v["usage"] = api::usage(timings);
+    v["timings"] = api::timings(timings);
+    v
+}
+
+/// The next event of a generation, or the error that ends it.
+async fn next_event(rx: &mut UnboundedReceiver<Event>, timeout: Duration) -> Result<Event, ApiError> {
+    match tokio::time::timeout(timeout, rx.recv()).await {
+        Ok(Some(Event::Failed(e))) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
+        Ok(Some(e)) => Ok(e),
+        Ok(None) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the generation ended unexpectedly")),
+        Err(_) => Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, "the generation timed out")),
+    }
+}
+
+/// Waits for the whole generation and answers it in one object.
+async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Response {
+    let mut text = String::new();
+    loop {
+        match next_event(&mut rx, timeout).await {
+            Ok(Event::Text(t)) => text.push_str(&t),
+            Ok(Event::Done { reason, timings }) => return Json(finished(&a, Some(&text), reason, &timings, false)).into_response(),
+            Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
+            Err(e) => return e.into_response(),
+        }
+    }
+}
+
+/// Streams the generation as Server-Sent Events: a task forwards the job's
+/// events as chunks and ends the stream after the last one, an error or a
+/// timeout; when the client leaves, the task ends and the job's channel closes.
+fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Response {
+    let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
+    tokio::spawn(async move {
+        let send = |v: Value| tx.send(Ok(SseEvent::default().data(v.to_string())));
+        if matches!(a.kind, Kind::Chat) {
+            let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
+            if send(a.object(role, true)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let (v, last) = match next_event(&mut rx, timeout).await {
+                Ok(Event::Text(t)) => (a.object(a.kind.choice(Some(&t), None, true), true), false),
+                Ok(Event::Done { reason, timings }) => (finished(&a, None, reason, &timings, true), true),
+                Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
+                Err(e) => (e.body(), true),
+            };
+            if send(v).await.is_err() {
+                return;
+            }
+            if last {
+                let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                return;
+            }
+        }
+    });
+    Sse::new(ReceiverStream::new(out)).into_response()
+}
+
+async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: ChatRequest = api::parse(&body(b)?)?;
+    let messages = api::chat_messages(&req.messages)?;
+    let template = s
+        .info
+        .chat_template
+        .as_ref()
+        .ok_or_else(|| ApiError::field("messages", "the model has no chat template: use /v1/completions"))?;
+    let text = template.render(&messages, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
+    let prompt = s.info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
+    generate(&s, Kind::Chat, prompt, &req.common).await
+}
+
+async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: CompletionRequest = api::parse(&body(b)?)?;
+    let text = match req.prompt {
+        Prompt::Ids(ids) => return generate(&s, Kind::Completion, ids, &req.common).await,
+        Prompt::Text(t) => t,
+        Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
+        Prompt::Texts(_) => return Err(ApiError::field("prompt", "only one prompt per request is supported")),
+    };
+    let prompt = s.info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?;
+    generate(&s, Kind::Completion, prompt, &req.common).await
+}
+
+async fn models(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.info.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "hamburger",
+            "meta": {"n_ctx_slot": s.info.n_ctx_slot, "n_vocab": s.info.n_vocab, "max_steps": s.info.max_steps},
+        }],
+    }))
+}
+
+async fn tokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let req: TokenizeRequest = api::parse(&body(b)?)?;
+    let tokens = s.info.tokenizer.encode(&req.content, req.add_special).map_err(|e| ApiError::field("content", e.to_string()))?;
+    Ok(Json(json!({"tokens": tokens})))
+}
+
+async fn detokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let req: DetokenizeRequest = api::parse(&body(b)?)?;
+    if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= s.info.n_vocab) {
+        return Err(ApiError::field("tokens", format!("token id {t} is outside the vocabulary of {}", s.info.n_vocab)));
+    }
+    Ok(Json(json!({"content": s.info.tokenizer.decode(&req.tokens)})))
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+}

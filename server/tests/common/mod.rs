@@ -1,0 +1,72 @@
+//! The test harness: hamburger-server on an ephemeral loopback port,
+//! serving SmolLM2-HAMburger in F32 with an F32 cache.
+
+use std::time::Duration;
+
+use convert::testmodel::{converted, smollm2_checkpoint};
+use hamburger::{LoadOptions, SessionParams};
+use serde_json::Value;
+use server::{Scheduler, SchedulerConfig};
+
+/// A server on an ephemeral loopback port, stopped on drop.
+pub struct TestServer {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Starts a server of `n_slots` slots and a queue of `queue`.
+    pub fn start(n_slots: usize, queue: usize, api_key: Option<&str>) -> TestServer {
+        let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
+        let session = SessionParams {
+            n_ctx: 512 * n_slots,
+            kv_type: ggml::Type::F32,
+            flash_attn: false,
+            confidence: 0.3,
+            n_threads: 2,
+            ..Default::default()
+        };
+        let cfg = SchedulerConfig { model, load: LoadOptions::default(), session, n_slots, queue };
+        let scheduler = Scheduler::start(cfg).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let key = api_key.map(str::to_string);
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                let shutdown = async move {
+                    let _ = stopped.await;
+                };
+                server::serve(listener, scheduler, key, Duration::from_secs(60), shutdown).await.unwrap();
+            });
+        });
+        let addr = addr_rx.recv().unwrap();
+        TestServer { url: format!("http://{addr}"), stop: Some(stop), thread: Some(thread) }
+    }
+
+    /// POSTs `body` as JSON; the status and the JSON answer.
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = reqwest::blocking::Client::new().post(format!("{}{path}", self.url)).json(body).send().unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().unwrap())
+    }
+
+    /// The value of metric `hamburger_NAME`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::blocking::get(format!("{}/metrics", self.url)).unwrap().text().unwrap();
+        let line = text.lines().find(|l| l.starts_with(&format!("hamburger_{name} "))).unwrap();
+        line.split(' ').nth(1).unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+

@@ -1,0 +1,211 @@
+//! hamburger-server over real loopback HTTP with a real client, on
+//! SmolLM2-HAMburger in F32 with an F32 cache (where greedy output must not
+//! depend on what else is in the batch): chat and completions, streaming,
+//! concurrent requests against their solo results, every error, slot release
+//! when a client leaves, and the metrics.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::TestServer;
+use serde_json::{json, Value};
+
+mod common;
+
+fn chat_body(text: &str, max_tokens: usize) -> Value {
+    json!({"model": "x", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0})
+}
+
+/// The `data:` payloads of a Server-Sent Events body.
+fn sse_payloads(body: &str) -> Vec<String> {
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+#[test]
+fn chat_and_completion_answer_in_openai_shape() {
+    let s = TestServer::start(2, 8, None);
+    let (status, v) = s.post("/v1/chat/completions", &chat_body("What is the capital of France?", 24));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(!v["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
+    let u = &v["usage"];
+    assert_eq!(u["total_tokens"], u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap());
+    let t = &v["timings"];
+    assert!(t["macro_steps"].as_u64().unwrap() >= 1 && t["tokens_per_step"].as_f64().unwrap() >= 1.0);
+    assert_eq!(t["kv_entries"].as_u64().unwrap(), u["prompt_tokens"].as_u64().unwrap() + t["macro_steps"].as_u64().unwrap() - 1);
+
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": "The three primary colors are", "max_tokens": 16, "temperature": 0}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let (_, ids) = s.post("/tokenize", &json!({"content": "The three primary colors are", "add_special": true}));
+    let (_, by_ids) = s.post("/v1/completions", &json!({"prompt": ids["tokens"], "max_tokens": 16, "temperature": 0}));
+    assert_eq!(by_ids["choices"][0]["text"], v["choices"][0]["text"], "a prompt as token ids");
+    let (_, text) = s.post("/detokenize", &json!({"tokens": ids["tokens"]}));
+    assert!(text["content"].as_str().unwrap().ends_with("The three primary colors are"));
+
+    let models: Value = reqwest::blocking::get(format!("{}/v1/models", s.url)).unwrap().json().unwrap();
+    assert_eq!(models["data"][0]["object"], "model");
+    let health: Value = reqwest::blocking::get(format!("{}/health", s.url)).unwrap().json().unwrap();
+    assert_eq!(health["status"], "ok");
+}
+
+#[test]
+fn streamed_chunks_concatenate_to_the_unstreamed_text() {
+    let s = TestServer::start(2, 8, None);
+    for (path, body) in [
+        ("/v1/chat/completions", chat_body("Write a short poem about the sea.", 40)),
+        ("/v1/completions", json!({"prompt": "Once upon a time,", "max_tokens": 40, "temperature": 0})),
+    ] {
+        let (_, whole) = s.post(path, &body);
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let r = reqwest::blocking::Client::new().post(format!("{}{path}", s.url)).json(&streamed).send().unwrap();
+        assert_eq!(r.headers()["content-type"], "text/event-stream");
+        let payloads = sse_payloads(&r.text().unwrap());
+        assert_eq!(payloads.last().unwrap(), "[DONE]");
+        let chunks: Vec<Value> = payloads[..payloads.len() - 1].iter().map(|p| serde_json::from_str(p).unwrap()).collect();
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().or(c["choices"][0]["text"].as_str()))
+            .collect();
+        let want = whole["choices"][0]["message"]["content"].as_str().or(whole["choices"][0]["text"].as_str());
+        assert_eq!(Some(text.as_str()), want, "{path}");
+        let last = chunks.last().unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], whole["choices"][0]["finish_reason"]);
+        assert_eq!(last["usage"], whole["usage"]);
+        // One chunk per macro step (plus the role chunk of chat and the final one).
+        let steps = whole["timings"]["macro_steps"].as_u64().unwrap() as usize;
+        assert!(chunks.len() <= steps + 2, "{} chunks for {steps} macro steps", chunks.len());
+    }
+}
+
+#[test]
+fn eight_concurrent_requests_each_equal_their_solo_result() {
+    let prompts: Vec<String> = (0..8).map(|i| format!("Tell me fact number {i} about the Moon.")).collect();
+    let solo: Vec<Value> = {
+        let s = TestServer::start(1, 8, None);
+        prompts.iter().map(|p| s.post("/v1/chat/completions", &chat_body(p, 32)).1).collect()
+    };
+    let s = TestServer::start(8, 8, None);
+    let together: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| s.post("/v1/chat/completions", &chat_body(p, 32)).1)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
+        assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"], "request {i}");
+        assert_eq!(a["timings"]["macro_steps"], b["timings"]["macro_steps"], "request {i}");
+    }
+    // The eight shared base forwards: far fewer forwards than macro steps.
+    let steps = s.metric("macro_steps_total");
+    assert!(s.metric("base_forwards_total") < steps, "base forwards were shared");
+    assert_eq!(s.metric("requests_total"), 8.0);
+    let generated: u64 = together.iter().map(|v| v["usage"]["completion_tokens"].as_u64().unwrap()).sum();
+    assert_eq!(s.metric("tokens_generated_total"), generated as f64);
+}
+
+fn assert_error(s: &TestServer, path: &str, raw: &str, status: u16, mentions: &str) {
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}{path}", s.url))
+        .header("content-type", "application/json")
+        .body(raw.to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), status, "{raw}");
+    let v: Value = r.json().unwrap();
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains(mentions) || v["error"]["param"] == mentions, "{raw}: {v}");
+}
+
+#[test]
+fn bad_requests_get_openai_shaped_errors() {
+    let s = TestServer::start(1, 1, None);
+    let chat = "/v1/chat/completions";
+    assert_error(&s, chat, "{not json", 400, "invalid JSON");
+    assert_error(&s, chat, r#"{"messages": "hi"}"#, 400, "messages");
+    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}"#, 400, "temperature");
+    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}"#, 400, "top_p");
+    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}"#, 400, "max_tokens");
+    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "confidence": -1}"#, 400, "confidence");
+    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "max_steps": 99}"#, 400, "max_steps");
+    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "n": 2}"#, 400, "n");
+    assert_error(&s, chat, r#"{"messages": []}"#, 400, "messages");
+    assert_error(&s, "/v1/completions", r#"{"prompt": [1, 99999999]}"#, 400, "prompt");
+    let long = format!(r#"{{"prompt": "{}"}}"#, "word ".repeat(600));
+    assert_error(&s, "/v1/completions", &long, 400, "does not fit the context");
+    let huge = format!(r#"{{"prompt": "{}"}}"#, "x".repeat(server::routes::BODY_LIMIT + 1));
+    assert_error(&s, "/v1/completions", &huge, 413, "");
+    let r = reqwest::blocking::get(format!("{}/v1/nothing", s.url)).unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let s = TestServer::start(1, 1, Some("sesame"));
+    let client = reqwest::blocking::Client::new();
+    let body = json!({"prompt": "Hi", "max_tokens": 2});
+    let url = format!("{}/v1/completions", s.url);
+    assert_eq!(client.post(&url).json(&body).send().unwrap().status().as_u16(), 401);
+    let wrong = client.post(&url).bearer_auth("open").json(&body).send().unwrap();
+    assert_eq!(wrong.status().as_u16(), 401);
+    let v: Value = wrong.json().unwrap();
+    assert_eq!(v["error"]["type"], "authentication_error");
+    assert_eq!(client.post(&url).bearer_auth("sesame").json(&body).send().unwrap().status().as_u16(), 200);
+    assert_eq!(reqwest::blocking::get(format!("{}/health", s.url)).unwrap().status().as_u16(), 200);
+}
+
+/// Opens a raw streaming request and reads until the first chunk arrives.
+fn start_stream(url: &str, max_tokens: usize) -> TcpStream {
+    let addr = url.trim_start_matches("http://");
+    let mut conn = TcpStream::connect(addr).unwrap();
+    let body = json!({"prompt": "Count from one to one thousand:", "max_tokens": max_tokens, "stream": true, "ignore_eos": true}).to_string();
+    write!(conn, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    conn
+}
+
+/// Polls `cond` until it holds, failing after a generous deadline.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} did not happen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_client_that_leaves_frees_its_slot_and_a_full_queue_answers_503() {
+    let s = TestServer::start(1, 1, None);
+    let conn = start_stream(&s.url, 400);
+    assert_eq!(s.metric("requests_processing"), 1.0);
+    // The one slot is busy: one request may wait, the next is refused.
+    let waiting = {
+        let url = s.url.clone();
+        std::thread::spawn(move || {
+            reqwest::blocking::Client::new()
+                .post(format!("{url}/v1/completions"))
+                .json(&json!({"prompt": "Hello", "max_tokens": 4}))
+                .send()
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    eventually("the second request queued", || s.metric("queue_depth") == 1.0);
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 4}));
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(s.metric("requests_rejected_total"), 1.0);
+    // The streaming client leaves: its slot frees at once and the waiting request runs.
+    drop(conn);
+    eventually("the slot freed", || s.metric("requests_cancelled_total") == 1.0);
+    assert_eq!(waiting.join().unwrap(), 200);
+    eventually("nothing running", || s.metric("requests_processing") == 0.0 && s.metric("kv_cells_used") == 0.0);
+}
