@@ -28,6 +28,16 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     })
 }
 
+/// Parses a completion request: its own fields into `T`, then the shared
+/// ones into [`Common`], each naming the field at fault (serde's `flatten`
+/// would buffer the shared fields and lose their names).
+///
+/// # Errors
+/// A 400 for malformed JSON or a field of the wrong type.
+pub fn parse_request<T: DeserializeOwned>(body: &[u8]) -> Result<(T, Common), ApiError> {
+    Ok((parse(body)?, parse(body)?))
+}
+
 /// One string or several (`stop`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -105,8 +115,8 @@ pub struct ChatMessage {
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
-    /// The rest.
-    #[serde(flatten)]
+    /// The settings both endpoints share, parsed on their own (see [`parse_request`]).
+    #[serde(skip)]
     pub common: Common,
 }
 
@@ -127,8 +137,8 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
-    /// The rest.
-    #[serde(flatten)]
+    /// The settings both endpoints share, parsed on their own (see [`parse_request`]).
+    #[serde(skip)]
     pub common: Common,
 }
 
@@ -151,7 +161,9 @@ pub struct DetokenizeRequest {
 
 fn in_range(param: &str, v: Option<f64>, ok: impl Fn(f64) -> bool, want: &str) -> Result<Option<f32>, ApiError> {
     match v {
-        Some(x) if !(x.is_finite() && ok(x)) => Err(ApiError::field(param, format!("'{param}' must be {want}, got {x}"))),
+        Some(x) if !(x.is_finite() && ok(x)) => {
+            Err(ApiError::field(param, format!("'{param}' must be {want}, got {x}")))
+        }
         v => Ok(v.map(|x| x as f32)),
     }
 }

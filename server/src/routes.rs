@@ -141,7 +141,8 @@ async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -
         Kind::Completion => "cmpl",
     };
     let n = s.metrics.requests.load(std::sync::atomic::Ordering::Relaxed);
-    let answer = Answer { kind, id: format!("{prefix}-{:x}{n:04x}", now()), model: s.info.name.clone(), created: now() };
+    let answer =
+        Answer { kind, id: format!("{prefix}-{:x}{n:04x}", now()), model: s.info.name.clone(), created: now() };
     Ok(if common.stream() { stream(answer, rx, s.timeout) } else { collect(answer, rx, s.timeout).await })
 }
 
@@ -169,7 +170,9 @@ async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration)
     loop {
         match next_event(&mut rx, timeout).await {
             Ok(Event::Text(t)) => text.push_str(&t),
-            Ok(Event::Done { reason, timings }) => return Json(finished(&a, Some(&text), reason, &timings, false)).into_response(),
+            Ok(Event::Done { reason, timings }) => {
+                return Json(finished(&a, Some(&text), reason, &timings, false)).into_response()
+            }
             Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
             Err(e) => return e.into_response(),
         }
@@ -209,7 +212,8 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Res
 }
 
 async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: ChatRequest = api::parse(&body(b)?)?;
+    let (req, common) = api::parse_request::<ChatRequest>(&body(b)?)?;
+    let req = ChatRequest { common, ..req };
     let messages = api::chat_messages(&req.messages)?;
     let template = s
         .info
@@ -222,7 +226,8 @@ async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Re
 }
 
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: CompletionRequest = api::parse(&body(b)?)?;
+    let (req, common) = api::parse_request::<CompletionRequest>(&body(b)?)?;
+    let req = CompletionRequest { common, ..req };
     let text = match req.prompt {
         Prompt::Ids(ids) => return generate(&s, Kind::Completion, ids, &req.common).await,
         Prompt::Text(t) => t,
@@ -248,7 +253,11 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 
 async fn tokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: TokenizeRequest = api::parse(&body(b)?)?;
-    let tokens = s.info.tokenizer.encode(&req.content, req.add_special).map_err(|e| ApiError::field("content", e.to_string()))?;
+    let tokens = s
+        .info
+        .tokenizer
+        .encode(&req.content, req.add_special)
+        .map_err(|e| ApiError::field("content", e.to_string()))?;
     Ok(Json(json!({"tokens": tokens})))
 }
 

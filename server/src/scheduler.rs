@@ -175,7 +175,9 @@ impl Scheduler {
             .spawn(move || engine_thread(&cfg, &rx, &ready_tx, &m))
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
         match ready_rx.recv() {
-            Ok(Ok(info)) => Ok(Scheduler { submitter: Submitter { jobs, metrics: metrics.clone() }, info, metrics, thread }),
+            Ok(Ok(info)) => {
+                Ok(Scheduler { submitter: Submitter { jobs, metrics: metrics.clone() }, info, metrics, thread })
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err("the engine thread stopped while loading the model".into()),
         }
@@ -243,11 +245,7 @@ fn engine_thread(
     while open || !gens.is_empty() {
         // Admit: block for a job only when nothing is running.
         while open && !free.is_empty() {
-            let job = if gens.is_empty() {
-                rx.recv().map_err(|_| TryRecvError::Disconnected)
-            } else {
-                rx.try_recv()
-            };
+            let job = if gens.is_empty() { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() };
             let job = match job {
                 Ok(job) => job,
                 Err(TryRecvError::Empty) => break,
@@ -293,15 +291,18 @@ fn engine_thread(
                 metrics::add(&m.cancelled, 1);
             }
         }
-        metrics::set(&m.processing, gens.len() as u64);
+        set_gauges(m, &engine, gens.len());
         if gens.is_empty() {
             continue;
         }
         let forwards = engine.n_forwards();
+        let steps_of = |gens: &[SeqGen]| gens.iter().map(|g| g.generation().macro_steps.len() as u64).sum::<u64>();
+        let steps_before = steps_of(&gens);
         let t = Instant::now();
         let result = generate::macro_step(&mut engine, &decode, &mut gens);
         log::trace!("macro step over {} sequences: {:.1} ms", gens.len(), t.elapsed().as_secs_f64() * 1e3);
         metrics::add(&m.base_forwards, (engine.n_forwards() - forwards) as u64);
+        metrics::add(&m.macro_steps, steps_of(&gens) - steps_before);
         if let Err(e) = result {
             log::error!("macro step failed: {e}");
             for (sg, slot) in gens.drain(..).zip(slots.drain(..)) {
@@ -311,10 +312,7 @@ fn engine_thread(
             continue;
         }
         for i in (0..gens.len()).rev() {
-            let before = gens[i].generation().macro_steps.len();
             send_text(&info, &mut gens[i], &mut slots[i], &engine);
-            let gen = gens[i].generation();
-            metrics::add(&m.macro_steps, (gen.macro_steps.len() - before) as u64);
             if gens[i].is_done() {
                 let (sg, slot) = (gens.swap_remove(i), slots.swap_remove(i));
                 let timings = sg.generation().timings.clone();
@@ -328,9 +326,14 @@ fn engine_thread(
                 release(&mut engine, &mut free, sg.seq());
             }
         }
-        metrics::set(&m.kv_cells_used, engine.kv().n_used() as u64);
+        set_gauges(m, &engine, gens.len());
     }
-    metrics::set(&m.processing, 0);
+}
+
+/// The gauges of what is running: sequences and KV cells in use.
+fn set_gauges(m: &Metrics, engine: &Engine, running: usize) {
+    metrics::set(&m.processing, running as u64);
+    metrics::set(&m.kv_cells_used, engine.kv().n_used() as u64);
 }
 
 /// Frees sequence `seq`'s cells and its slot.
