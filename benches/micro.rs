@@ -2,11 +2,12 @@
 //! (built and cached on first use): the merger alone for k = 2..4 tokens, and
 //! one micro step (s = 0 with the features, s = 1 from the micro cache).
 //! Run with `cargo bench --bench micro`.
+#![allow(missing_docs)] // criterion_group! generates an undocumented function
 
-use convert::testmodel::{converted, smollm2_checkpoint};
 use criterion::{criterion_group, criterion_main, Criterion};
 use hamburger::graph::merger::StandaloneMerger;
 use hamburger::{LoadOptions, Model, Session, SessionParams};
+use testing::testmodel::{converted, smollm2_checkpoint};
 
 fn model() -> Model {
     let ck = smollm2_checkpoint().expect("SmolLM2 test checkpoint");

@@ -11,9 +11,7 @@
 
 pub mod arch;
 pub mod batch;
-pub mod bench;
 pub mod chat;
-pub mod cli;
 pub mod engine;
 mod error;
 pub mod generate;

@@ -121,7 +121,13 @@ fn softmax(cand: &[(u32, f32)], temp: f32) -> Vec<f32> {
 
 /// Index of the largest value (the first on ties).
 pub fn argmax(v: &[f32]) -> u32 {
-    ggml::llama::argmax(v) as u32
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! gives: the same tokens in the same macro steps, and the same stop
 //! probabilities and logits up to float rounding (F32 weights and cache).
 
-use convert::testmodel::{converted, tiny_fixture};
 use hamburger::generate::{self, DecodeConfig, SeqGen};
 use hamburger::{Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use testing::testmodel::{converted, tiny_fixture};
 
 /// The prompts and confidence of the golden cases at `confidence`.
 fn golden_prompts(confidence: f64) -> Vec<Vec<u32>> {

@@ -3,14 +3,12 @@
 //! boundaries exact for the first `max_new_tokens`, top-5 logits within 1e-3,
 //! stop probabilities within 1e-4.
 
-use convert::testmodel::{converted, tiny_fixture};
 use hamburger::{LoadOptions, Model, SessionParams};
-
-mod common;
+use testing::testmodel::{converted, tiny_fixture};
 
 fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
-    common::check_golden(&Model::open(&gguf, &LoadOptions::default()).unwrap(), params, logit_tol, stop_tol);
+    testing::golden::check_golden(&Model::open(&gguf, &LoadOptions::default()).unwrap(), params, logit_tol, stop_tol);
 }
 
 #[test]

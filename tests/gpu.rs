@@ -4,11 +4,9 @@
 //! when asked for, fail where this build or machine has no GPU:
 //! `cargo test --release --features cuda --test gpu -- --ignored`.
 
-use convert::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{DeviceChoice, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
-
-mod common;
+use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
 /// Why the tests are ignored, and how to run them.
 const NEEDS_GPU: &str = "needs a GPU: cargo test --release --features cuda --test gpu -- --ignored";
@@ -59,7 +57,7 @@ fn golden_cases_on_the_gpu() {
         keep_logits: true,
         ..Default::default()
     };
-    common::check_golden(&model, p, 5e-3, 5e-4);
+    testing::golden::check_golden(&model, p, 5e-3, 5e-4);
 }
 
 #[test]

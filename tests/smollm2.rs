@@ -3,11 +3,11 @@
 //! export; at lower confidence macro steps emit several tokens, the KV cache
 //! holds one entry per macro step, and the tokens match the reference.
 
-use convert::reference::Reference;
-use convert::testmodel::{converted, smollm2_checkpoint};
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use testing::reference::Reference;
+use testing::testmodel::{converted, smollm2_checkpoint};
 
 const PROMPTS: [&str; 5] = [
     "The capital of France is",

@@ -2,11 +2,11 @@
 //! the merger alone, the rope position of a merged input, and the micro
 //! cache over all four micro positions.
 
-use convert::reference::{argmax, Reference};
-use convert::testmodel::{converted, tiny_fixture};
 use ggml::Type;
 use hamburger::graph::merger;
 use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use testing::reference::{argmax, Reference};
+use testing::testmodel::{converted, tiny_fixture};
 
 fn tiny() -> (Model, Reference) {
     let ck = tiny_fixture().join("hamburger.ckpt");

@@ -12,8 +12,6 @@ mod error;
 pub mod hf;
 pub mod pickle;
 pub mod plan;
-pub mod reference;
-pub mod testmodel;
 pub mod vocab;
 
 use std::cell::RefCell;
@@ -74,19 +72,10 @@ pub struct ConvertReport {
 /// produce without an importance matrix works; these are the documented ones).
 pub const OUTTYPES: &[&str] = &["f32", "f16", "bf16", "q8_0"];
 
-/// llama.cpp's `general.file_type` for an all-`ty` file.
+/// llama.cpp's `general.file_type` for an all-`ty` file: that of the mix of
+/// the same name, or "guessed" for a type no mix is named after.
 fn file_type(ty: Type) -> u32 {
-    match ty {
-        Type::F32 => 0,
-        Type::F16 => 1,
-        Type::BF16 => 32,
-        Type::Q8_0 => 7,
-        Type::Q4_0 => 2,
-        Type::Q4_1 => 3,
-        Type::Q5_0 => 8,
-        Type::Q5_1 => 9,
-        _ => 1024,
-    }
+    quant::Mix::from_name(ty.name()).map_or(ggml::sys::LLAMA_FTYPE_GUESSED, quant::Mix::file_type)
 }
 
 fn base_dir(opts: &ConvertOptions) -> PathBuf {

@@ -18,6 +18,7 @@ mod error;
 pub mod gguf;
 mod graph;
 mod groups;
+#[cfg(feature = "llama")]
 pub mod llama;
 mod log_bridge;
 mod mmap;
@@ -33,7 +34,7 @@ pub use graph::Graph;
 pub use groups::ContextGroups;
 pub use log_bridge::init_logging;
 pub use mmap::MappedFile;
-pub use ops::RopeParams;
+pub use ops::{RopeParams, ROPE_MODE_NORMAL};
 pub use quants::{dequantize, quantize_rows};
 pub use sched::Scheduler;
 pub use types::Type;
@@ -43,3 +44,6 @@ pub use llama_cpp_sys_2 as sys;
 
 /// The maximum number of dimensions of a ggml tensor.
 pub const MAX_DIMS: usize = 4;
+
+/// Bytes in a mebibyte, for size reports.
+pub const MIB: f64 = (1u64 << 20) as f64;

@@ -117,17 +117,6 @@ impl LlamaModel {
         out.truncate(n as usize);
         Ok(out)
     }
-
-    /// The text of `token` (special tokens rendered).
-    pub fn token_to_piece(&self, token: i32) -> Vec<u8> {
-        let mut buf = vec![0u8; 256];
-        // SAFETY: buf is valid for its length.
-        let n = unsafe {
-            sys::llama_token_to_piece(self.vocab(), token, buf.as_mut_ptr().cast(), buf.len() as i32, 0, true)
-        };
-        buf.truncate(n.max(0) as usize);
-        buf
-    }
 }
 
 /// Options of a [`LlamaContext`].
@@ -149,7 +138,14 @@ pub struct LlamaContextParams {
 
 impl Default for LlamaContextParams {
     fn default() -> Self {
-        LlamaContextParams { n_ctx: 2048, n_batch: 512, n_threads: 2, flash_attn: None, kv_type: Type::F16, n_seq_max: 1 }
+        LlamaContextParams {
+            n_ctx: 2048,
+            n_batch: 512,
+            n_threads: 2,
+            flash_attn: None,
+            kv_type: Type::F16,
+            n_seq_max: 1,
+        }
     }
 }
 
@@ -278,17 +274,21 @@ impl<'m> LlamaContext<'m> {
         unsafe { sys::llama_synchronize(self.ptr.as_ptr()) }
     }
 
-    /// Greedy generation of up to `n` tokens after `prompt`, stopping after an
-    /// end-of-generation token when `model` is given.
+    /// Greedy generation of up to `n` tokens after `prompt` with libllama's
+    /// own greedy sampler, stopping after an end-of-generation token when
+    /// `model` is given.
     ///
     /// # Errors
     /// When a decode fails.
     pub fn greedy(&mut self, prompt: &[i32], n: usize, model: Option<&LlamaModel>) -> Result<Vec<i32>> {
         self.clear();
         self.decode(prompt)?;
+        let sampler = GreedySampler::new()?;
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
-            let tok = argmax(&self.logits()) as i32;
+            // SAFETY: the sampler and the context are live; the last decode
+            // produced logits for its last token (index -1).
+            let tok = unsafe { sys::llama_sampler_sample(sampler.0.as_ptr(), self.ptr.as_ptr(), -1) };
             out.push(tok);
             if model.is_some_and(|m| m.is_eog(tok)) || out.len() == n {
                 break;
@@ -299,53 +299,31 @@ impl<'m> LlamaContext<'m> {
     }
 }
 
-/// Index of the largest value (the first one on ties).
-pub fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] {
-            best = i;
-        }
+/// libllama's greedy sampler, freed on drop.
+struct GreedySampler(NonNull<sys::llama_sampler>);
+
+impl GreedySampler {
+    fn new() -> Result<GreedySampler> {
+        // SAFETY: no arguments; a null return is handled.
+        let p = unsafe { sys::llama_sampler_init_greedy() };
+        NonNull::new(p).map(GreedySampler).ok_or_else(|| Error::Llama("cannot create the greedy sampler".into()))
     }
-    best
 }
 
-/// llama.cpp's file-type (quantization mix) id for a mix name such as
-/// `Q4_K_M`, `Q8_0` or `F16`.
-pub fn ftype_from_name(name: &str) -> Option<u32> {
-    let n = name.to_ascii_uppercase();
-    Some(match n.as_str() {
-        "F32" => sys::LLAMA_FTYPE_ALL_F32,
-        "F16" => sys::LLAMA_FTYPE_MOSTLY_F16,
-        "BF16" => sys::LLAMA_FTYPE_MOSTLY_BF16,
-        "Q8_0" => sys::LLAMA_FTYPE_MOSTLY_Q8_0,
-        "Q6_K" => sys::LLAMA_FTYPE_MOSTLY_Q6_K,
-        "Q5_K_M" => sys::LLAMA_FTYPE_MOSTLY_Q5_K_M,
-        "Q5_K_S" => sys::LLAMA_FTYPE_MOSTLY_Q5_K_S,
-        "Q5_1" => sys::LLAMA_FTYPE_MOSTLY_Q5_1,
-        "Q5_0" => sys::LLAMA_FTYPE_MOSTLY_Q5_0,
-        "Q4_K_M" => sys::LLAMA_FTYPE_MOSTLY_Q4_K_M,
-        "Q4_K_S" => sys::LLAMA_FTYPE_MOSTLY_Q4_K_S,
-        "Q4_1" => sys::LLAMA_FTYPE_MOSTLY_Q4_1,
-        "Q4_0" => sys::LLAMA_FTYPE_MOSTLY_Q4_0,
-        "IQ4_NL" => sys::LLAMA_FTYPE_MOSTLY_IQ4_NL,
-        "IQ4_XS" => sys::LLAMA_FTYPE_MOSTLY_IQ4_XS,
-        "Q3_K_L" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_L,
-        "Q3_K_M" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_M,
-        "Q3_K_S" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_S,
-        "Q2_K" => sys::LLAMA_FTYPE_MOSTLY_Q2_K,
-        _ => return None,
-    })
+impl Drop for GreedySampler {
+    fn drop(&mut self) {
+        // SAFETY: created by llama_sampler_init_greedy and freed once, here.
+        unsafe { sys::llama_sampler_free(self.0.as_ptr()) }
+    }
 }
 
 /// Quantizes a llama GGUF with libllama's `llama_model_quantize` to the mix
-/// named `mix` (see [`ftype_from_name`]).
+/// whose llama.cpp file type (`LLAMA_FTYPE_*`) is `ftype`.
 ///
 /// # Errors
 /// On an unknown mix or when libllama fails.
-pub fn quantize_model(input: &Path, output: &Path, mix: &str, n_threads: i32) -> Result<()> {
+pub fn quantize_model(input: &Path, output: &Path, ftype: u32, n_threads: i32) -> Result<()> {
     backend_init();
-    let ftype = ftype_from_name(mix).ok_or_else(|| Error::Invalid(format!("unknown mix {mix}")))?;
     let (i, o) = (path_cstring(input)?, path_cstring(output)?);
     // SAFETY: default params by value.
     let mut params = unsafe { sys::llama_model_quantize_default_params() };

@@ -25,12 +25,16 @@ macro_rules! binary_ops {
     )*};
 }
 
+/// ggml's rope mode that rotates adjacent pairs of each head (llama.cpp's
+/// `LLAMA_ROPE_TYPE_NORM`, the layout llama GGUFs store q/k in).
+pub const ROPE_MODE_NORMAL: i32 = 0;
+
 /// Rotary-embedding parameters of [`Context::rope`] (ggml's `ggml_rope_ext` arguments).
 #[derive(Debug, Clone, Copy)]
 pub struct RopeParams {
     /// Rotated dimensions per head.
     pub n_dims: i32,
-    /// ggml rope mode (0: adjacent pairs, as llama.cpp's llama).
+    /// ggml rope mode ([`ROPE_MODE_NORMAL`] for llama.cpp's llama).
     pub mode: i32,
     /// Original training context (YaRN only).
     pub n_ctx_orig: i32,
@@ -52,8 +56,6 @@ impl Context {
         transpose => ggml_transpose;
         /// Mean of each row: `[n, ...] -> [1, ...]`.
         mean => ggml_mean;
-        /// Sum of each row: `[n, ...] -> [1, ...]`.
-        sum_rows => ggml_sum_rows;
         /// Index of the largest value of each row: `[n, m] -> [m]` (i32).
         argmax => ggml_argmax;
     }
@@ -67,8 +69,6 @@ impl Context {
         mul => ggml_mul;
         /// Rows of `a` picked by the i32 indices in `b`: `a [n, rows]`, `b [m]` -> `[n, m]` f32.
         get_rows => ggml_get_rows;
-        /// Copies `a` into `b` (converting the type); returns a view of `b` to keep in the graph.
-        cpy => ggml_cpy;
         /// SwiGLU of two halves: `silu(a) * b`.
         swiglu_split => ggml_swiglu_split;
         /// `a` tiled to the shape of `b`.

@@ -4,7 +4,7 @@
 use std::ptr::NonNull;
 use std::rc::Rc;
 
-use crate::{sys, Backend, BufferType, Context, Error, Graph, Result, Tensor};
+use crate::{sys, Backend, BufferType, Context, Error, Graph, Result};
 
 /// A ggml backend scheduler over an ordered list of backends (most preferred
 /// first; the CPU last). It remembers the graph it allocated, so running the
@@ -54,32 +54,11 @@ impl Scheduler {
         self.ptr.as_ptr()
     }
 
-    /// Sizes the compute buffers for the largest graph expected (optional; avoids
-    /// reallocations later).
-    ///
-    /// # Errors
-    /// When the buffers cannot be allocated.
-    pub fn reserve(&mut self, graph: &Graph) -> Result<()> {
-        self.reset();
-        // SAFETY: graph and scheduler are live.
-        if unsafe { sys::ggml_backend_sched_reserve(self.raw(), graph.raw()) } {
-            Ok(())
-        } else {
-            Err(Error::SchedAlloc)
-        }
-    }
-
     /// Forgets the allocated graph (its intermediate memory may then be reused).
     pub fn reset(&mut self) {
         // SAFETY: the scheduler is live.
         unsafe { sys::ggml_backend_sched_reset(self.raw()) };
         self.allocated = None;
-    }
-
-    /// Pins the op producing `t` (or the input `t`) to `backend`; call before [`Scheduler::alloc`].
-    pub fn set_tensor_backend(&mut self, t: &Tensor, backend: &Backend) {
-        // SAFETY: all live; the backend is one of ours (ggml asserts otherwise).
-        unsafe { sys::ggml_backend_sched_set_tensor_backend(self.raw(), t.raw(), backend.raw()) }
     }
 
     /// Splits and allocates `graph`, so its input tensors can be written.

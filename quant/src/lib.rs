@@ -1,17 +1,15 @@
 //! Quantization for HAMburger GGUFs: llama.cpp's mixes for the base, a
 //! per-role policy for the grafted tensors ([`policy`]), the conversion of f32
 //! rows through ggml's own quantizers, a streaming parallel writer shared
-//! with the converter ([`stream`]), and quantization sweeps ([`sweep`]).
+//! with the converter ([`stream`]). Sweeps and timing against llama.cpp are
+//! `hamburger-quantize`'s front-ends, in the tools crate.
 //! Both `hamburger-convert --outtype` and `hamburger-quantize` go through here.
 
-pub mod compare;
 mod error;
 pub mod mix;
-mod plot;
 pub mod policy;
 pub mod quantize;
 pub mod stream;
-pub mod sweep;
 
 pub use error::QuantError;
 pub use mix::Mix;

@@ -7,7 +7,7 @@ use ggml::Type;
 use hamburger::arch::LayerTensor;
 
 macro_rules! mixes {
-    ($($variant:ident => $name:literal, $default:ident;)*) => {
+    ($($variant:ident => $name:literal, $default:ident, $ftype:ident;)*) => {
         /// A quantization mix, by llama.cpp's name.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[allow(non_camel_case_types, missing_docs)]
@@ -26,30 +26,35 @@ macro_rules! mixes {
             pub fn default_type(self) -> Type {
                 match self { $(Mix::$variant => Type::$default),* }
             }
+
+            /// llama.cpp's `general.file_type` id of the mix (`LLAMA_FTYPE_*`).
+            pub fn file_type(self) -> u32 {
+                match self { $(Mix::$variant => ggml::sys::$ftype),* }
+            }
         }
     };
 }
 
 mixes! {
-    F32 => "F32", F32;
-    F16 => "F16", F16;
-    BF16 => "BF16", BF16;
-    Q8_0 => "Q8_0", Q8_0;
-    Q6_K => "Q6_K", Q6_K;
-    Q5_K_M => "Q5_K_M", Q5_K;
-    Q5_K_S => "Q5_K_S", Q5_K;
-    Q5_1 => "Q5_1", Q5_1;
-    Q5_0 => "Q5_0", Q5_0;
-    Q4_K_M => "Q4_K_M", Q4_K;
-    Q4_K_S => "Q4_K_S", Q4_K;
-    Q4_1 => "Q4_1", Q4_1;
-    Q4_0 => "Q4_0", Q4_0;
-    IQ4_NL => "IQ4_NL", IQ4_NL;
-    IQ4_XS => "IQ4_XS", IQ4_XS;
-    Q3_K_L => "Q3_K_L", Q3_K;
-    Q3_K_M => "Q3_K_M", Q3_K;
-    Q3_K_S => "Q3_K_S", Q3_K;
-    Q2_K => "Q2_K", Q2_K;
+    F32 => "F32", F32, LLAMA_FTYPE_ALL_F32;
+    F16 => "F16", F16, LLAMA_FTYPE_MOSTLY_F16;
+    BF16 => "BF16", BF16, LLAMA_FTYPE_MOSTLY_BF16;
+    Q8_0 => "Q8_0", Q8_0, LLAMA_FTYPE_MOSTLY_Q8_0;
+    Q6_K => "Q6_K", Q6_K, LLAMA_FTYPE_MOSTLY_Q6_K;
+    Q5_K_M => "Q5_K_M", Q5_K, LLAMA_FTYPE_MOSTLY_Q5_K_M;
+    Q5_K_S => "Q5_K_S", Q5_K, LLAMA_FTYPE_MOSTLY_Q5_K_S;
+    Q5_1 => "Q5_1", Q5_1, LLAMA_FTYPE_MOSTLY_Q5_1;
+    Q5_0 => "Q5_0", Q5_0, LLAMA_FTYPE_MOSTLY_Q5_0;
+    Q4_K_M => "Q4_K_M", Q4_K, LLAMA_FTYPE_MOSTLY_Q4_K_M;
+    Q4_K_S => "Q4_K_S", Q4_K, LLAMA_FTYPE_MOSTLY_Q4_K_S;
+    Q4_1 => "Q4_1", Q4_1, LLAMA_FTYPE_MOSTLY_Q4_1;
+    Q4_0 => "Q4_0", Q4_0, LLAMA_FTYPE_MOSTLY_Q4_0;
+    IQ4_NL => "IQ4_NL", IQ4_NL, LLAMA_FTYPE_MOSTLY_IQ4_NL;
+    IQ4_XS => "IQ4_XS", IQ4_XS, LLAMA_FTYPE_MOSTLY_IQ4_XS;
+    Q3_K_L => "Q3_K_L", Q3_K, LLAMA_FTYPE_MOSTLY_Q3_K_L;
+    Q3_K_M => "Q3_K_M", Q3_K, LLAMA_FTYPE_MOSTLY_Q3_K_M;
+    Q3_K_S => "Q3_K_S", Q3_K, LLAMA_FTYPE_MOSTLY_Q3_K_S;
+    Q2_K => "Q2_K", Q2_K, LLAMA_FTYPE_MOSTLY_Q2_K;
 }
 
 impl Mix {
@@ -66,11 +71,6 @@ impl Mix {
     /// Whether the mix quantizes (rather than storing floats).
     pub fn is_quantized(self) -> bool {
         self.default_type().is_quantized()
-    }
-
-    /// llama.cpp's `general.file_type` id of the mix.
-    pub fn file_type(self) -> u32 {
-        ggml::llama::ftype_from_name(self.name()).unwrap_or(1024)
     }
 
     /// The type of the output matrix (or the embedding tied to it) with rows of

@@ -210,7 +210,7 @@ pub fn describe(plan: &Plan, input: &Path) -> String {
         "{}: {} tensors, {:.2} MiB, {:.2} bits per weight, {} fallbacks\n",
         input.display(),
         plan.rows.len(),
-        plan.bytes() as f64 / (1 << 20) as f64,
+        plan.bytes() as f64 / ggml::MIB,
         plan.bits_per_weight(),
         n_fallback
     ));

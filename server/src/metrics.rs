@@ -48,12 +48,22 @@ impl Metrics {
         let tokens_per_step = if steps == 0 { 0.0 } else { get(&self.generated_tokens) as f64 / steps as f64 };
         let rows: [(&str, &str, &str, String); 12] = [
             ("requests_total", "counter", "Requests accepted.", get(&self.requests).to_string()),
-            ("requests_rejected_total", "counter", "Requests refused with 503 (queue full).", get(&self.rejected).to_string()),
+            (
+                "requests_rejected_total",
+                "counter",
+                "Requests refused with 503 (queue full).",
+                get(&self.rejected).to_string(),
+            ),
             ("requests_cancelled_total", "counter", "Requests whose client left.", get(&self.cancelled).to_string()),
             ("prompt_tokens_total", "counter", "Prompt tokens processed.", get(&self.prompt_tokens).to_string()),
             ("tokens_generated_total", "counter", "Tokens generated.", get(&self.generated_tokens).to_string()),
             ("macro_steps_total", "counter", "Macro steps of all sequences.", steps.to_string()),
-            ("base_forwards_total", "counter", "Base forwards, each shared by a batch of sequences.", get(&self.base_forwards).to_string()),
+            (
+                "base_forwards_total",
+                "counter",
+                "Base forwards, each shared by a batch of sequences.",
+                get(&self.base_forwards).to_string(),
+            ),
             ("tokens_per_step", "gauge", "Mean tokens per macro step.", format!("{tokens_per_step:.4}")),
             ("queue_depth", "gauge", "Requests waiting for a slot.", get(&self.queue_depth).to_string()),
             ("requests_processing", "gauge", "Requests decoding.", get(&self.processing).to_string()),
@@ -62,7 +72,10 @@ impl Metrics {
         ];
         let mut out = String::new();
         for (name, kind, help, value) in rows {
-            let _ = write!(out, "# HELP hamburger_{name} {help}\n# TYPE hamburger_{name} {kind}\nhamburger_{name} {value}\n");
+            let _ = write!(
+                out,
+                "# HELP hamburger_{name} {help}\n# TYPE hamburger_{name} {kind}\nhamburger_{name} {value}\n"
+            );
         }
         out
     }

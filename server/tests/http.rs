@@ -34,9 +34,15 @@ fn chat_and_completion_answer_in_openai_shape() {
     assert_eq!(u["total_tokens"], u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap());
     let t = &v["timings"];
     assert!(t["macro_steps"].as_u64().unwrap() >= 1 && t["tokens_per_step"].as_f64().unwrap() >= 1.0);
-    assert_eq!(t["kv_entries"].as_u64().unwrap(), u["prompt_tokens"].as_u64().unwrap() + t["macro_steps"].as_u64().unwrap() - 1);
+    assert_eq!(
+        t["kv_entries"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + t["macro_steps"].as_u64().unwrap() - 1
+    );
 
-    let (status, v) = s.post("/v1/completions", &json!({"prompt": "The three primary colors are", "max_tokens": 16, "temperature": 0}));
+    let (status, v) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "The three primary colors are", "max_tokens": 16, "temperature": 0}),
+    );
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["usage"]["completion_tokens"], 16);
@@ -67,7 +73,8 @@ fn streamed_chunks_concatenate_to_the_unstreamed_text() {
         assert_eq!(r.headers()["content-type"], "text/event-stream");
         let payloads = sse_payloads(&r.text().unwrap());
         assert_eq!(payloads.last().unwrap(), "[DONE]");
-        let chunks: Vec<Value> = payloads[..payloads.len() - 1].iter().map(|p| serde_json::from_str(p).unwrap()).collect();
+        let chunks: Vec<Value> =
+            payloads[..payloads.len() - 1].iter().map(|p| serde_json::from_str(p).unwrap()).collect();
         let text: String = chunks
             .iter()
             .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().or(c["choices"][0]["text"].as_str()))
@@ -92,7 +99,8 @@ fn eight_concurrent_requests_each_equal_their_solo_result() {
     };
     let s = TestServer::start(8, 8, None);
     let together: Vec<Value> = std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts.iter().map(|p| scope.spawn(|| s.post("/v1/chat/completions", &chat_body(p, 32)).1)).collect();
+        let handles: Vec<_> =
+            prompts.iter().map(|p| scope.spawn(|| s.post("/v1/chat/completions", &chat_body(p, 32)).1)).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
@@ -126,7 +134,13 @@ fn bad_requests_get_openai_shaped_errors() {
     let chat = "/v1/chat/completions";
     assert_error(&s, chat, "{not json", 400, "invalid JSON");
     assert_error(&s, chat, r#"{"messages": "hi"}"#, 400, "messages");
-    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}"#, 400, "temperature");
+    assert_error(
+        &s,
+        chat,
+        r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}"#,
+        400,
+        "temperature",
+    );
     assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}"#, 400, "top_p");
     assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}"#, 400, "max_tokens");
     assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "confidence": -1}"#, 400, "confidence");

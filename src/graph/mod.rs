@@ -139,6 +139,19 @@ pub fn finish<I>(
     // With a GPU, let the scheduler move big host-weight products there (llama.cpp's op offload).
     let mut sched = Scheduler::new(backends, size, backends.len() > 1)?;
     sched.alloc(&gf)?;
+    if log::log_enabled!(log::Level::Debug) {
+        let buffers: Vec<String> = sched
+            .buffer_sizes()
+            .iter()
+            .map(|(t, n)| format!("{} {:.1} MiB", t.name(), *n as f64 / ggml::MIB))
+            .collect();
+        log::debug!(
+            "graph: {} nodes, {} splits, compute buffers {}",
+            gf.n_nodes(),
+            sched.n_splits(),
+            buffers.join(", ")
+        );
+    }
     Ok(StepGraph { graph: gf, sched, inputs, outputs: Outputs { logits, argmax, p_stop } })
 }
 
@@ -163,7 +176,7 @@ pub fn ffn(g: &Context, w: &LayerWeights, x: &Tensor) -> Tensor {
 pub fn rope_params(hp: &HParams) -> RopeParams {
     RopeParams {
         n_dims: hp.n_rot as i32,
-        mode: 0,
+        mode: ggml::ROPE_MODE_NORMAL,
         n_ctx_orig: hp.n_ctx_train as i32,
         freq_base: hp.rope_freq_base,
         freq_scale: 1.0,

@@ -1,6 +1,6 @@
 //! Shared checks of the integration tests.
 
-use convert::testmodel::tiny_fixture;
+use crate::testmodel::tiny_fixture;
 use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
 
 fn golden() -> serde_json::Value {

@@ -1,9 +1,11 @@
 //! A plain-Rust f32 implementation of HAMburger on a checkpoint in the
 //! ORIGINAL layout (Hugging Face rotate-half rope, unpermuted q/k, torch
-//! shapes), written straight from `shared/docs/hamburger-model.md`. It shares
-//! no code with the ggml runtime, which makes it an independent oracle for
-//! tests: the converter's layout changes and the runtime's graphs are both
-//! checked against it. It is slow (matrix-vector products in plain loops).
+//! shapes), written straight from `shared/docs/hamburger-model.md`. Of the
+//! runtime it uses only the hyper-parameter struct (filled by the converter's
+//! config reader) and `argmax`; none of its math (no ggml, no graph, no
+//! layout change), which makes it an independent oracle for tests: the
+//! converter's layout changes and the runtime's graphs are both checked
+//! against it. It is slow (matrix-vector products in plain loops).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,9 +14,9 @@ use hamburger::hparams::HParams;
 pub use hamburger::sampling::argmax;
 use rayon::prelude::*;
 
-use crate::checkpoint::Checkpoint;
-use crate::hf::{self, HamburgerJson, HfConfig};
-use crate::ConvertError;
+use convert::checkpoint::Checkpoint;
+use convert::hf::{self, HamburgerJson, HfConfig};
+use convert::ConvertError;
 
 /// A model loaded for reference evaluation.
 pub struct Reference {

@@ -1,8 +1,8 @@
 //! The reference implementation reproduces the original implementation's
 //! golden outputs on the shared tiny fixture: it is a valid oracle.
 
-use convert::reference::Reference;
-use convert::testmodel::tiny_fixture;
+use testing::reference::Reference;
+use testing::testmodel::tiny_fixture;
 
 #[test]
 fn reference_matches_golden_file() {

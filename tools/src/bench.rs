@@ -10,8 +10,8 @@ use std::time::Instant;
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use rand::{Rng, SeedableRng};
 
-use crate::generate::{self, DecodeConfig, SeqGen};
-use crate::{Engine, Model, Result, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::generate::{self, DecodeConfig, SeqGen};
+use hamburger::{Engine, Model, Result, Sampler, SamplerParams, Session, SessionParams};
 
 /// One test's samples.
 #[derive(Debug, Clone)]
@@ -153,7 +153,12 @@ pub fn hamburger_tg<'m>(model: &'m Model, params: &SessionParams, n: usize) -> R
 ///
 /// # Errors
 /// When the engine cannot be created.
-pub fn hamburger_tg_parallel<'m>(model: &'m Model, params: &SessionParams, n: usize, n_seq: usize) -> Result<Runner<'m>> {
+pub fn hamburger_tg_parallel<'m>(
+    model: &'m Model,
+    params: &SessionParams,
+    n: usize,
+    n_seq: usize,
+) -> Result<Runner<'m>> {
     let p = SessionParams { n_ctx: n_seq * (n + 2), ignore_eog: true, ..params.clone() };
     let mut engine = Engine::new(model, &p.engine_params(n_seq))?;
     let cfg = DecodeConfig::new(model, &p);
@@ -174,7 +179,12 @@ pub fn hamburger_tg_parallel<'m>(model: &'m Model, params: &SessionParams, n: us
 ///
 /// # Errors
 /// When libllama cannot create the context.
-pub fn llama_tg_parallel<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize, n_seq: usize) -> Result<Runner<'m>> {
+pub fn llama_tg_parallel<'m>(
+    model: &'m LlamaModel,
+    params: &SessionParams,
+    n: usize,
+    n_seq: usize,
+) -> Result<Runner<'m>> {
     let lp = LlamaContextParams { n_seq_max: n_seq as u32, ..llama_params(params, n_seq * (n + 2)) };
     let mut ctx = LlamaContext::new(model, lp)?;
     let tokens = random_tokens(n * n_seq, model.n_vocab(), 3);

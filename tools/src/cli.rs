@@ -1,4 +1,58 @@
-//! Shared command-line plumbing of the project's binaries.
+//! Command-line plumbing shared by every binary: the logger, llama.cpp's
+//! multi-letter short flags, argument errors in one line, the one-line error
+//! report at exit, and the flag parsers several tools take.
+
+use std::process::ExitCode;
+
+use hamburger::DeviceChoice;
+use quant::Mix;
+
+/// Runs a tool: starts the logger at `default_log` (`RUST_LOG` wins), parses
+/// the process arguments into `T` (see [`parse_or_exit`], after
+/// [`llama_style_args`]), then `run`; an error is reported once, in one line
+/// prefixed by `program`, with exit status 1.
+pub fn run_tool<T: clap::Parser>(
+    program: &str,
+    default_log: &str,
+    run: impl FnOnce(T) -> anyhow::Result<()>,
+) -> ExitCode {
+    init_logger(default_log);
+    let args: T = parse_or_exit(program, llama_style_args(std::env::args()));
+    report(program, run(args))
+}
+
+/// Starts the logger: `RUST_LOG` if set, else `default` (`warn` for the
+/// tools, `info` for the server).
+pub fn init_logger(default: &str) {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
+}
+
+/// Prints an error in one line prefixed by `program` and returns the exit code.
+pub fn report(program: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-sys`, `-fa`,
+/// `-ctk`/`-ctv`, `-ngl`, `-np`) into the long ones our tools define.
+pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    args.into_iter()
+        .map(|a| match a.as_str() {
+            "-cnv" => "--chat".into(),
+            "-sys" => "--system-prompt".into(),
+            "-fa" => "--flash-attn".into(),
+            "-ctk" | "-ctv" => "--cache-type".into(),
+            "-ngl" => "--n-gpu-layers".into(),
+            "-np" => "--parallel".into(),
+            _ => a,
+        })
+        .collect()
+}
 
 /// Parses `args` into `T`; on a usage error prints ONE line (clap's message
 /// with its hints folded in) prefixed by the program name and exits with 2.
@@ -18,4 +72,20 @@ pub fn parse_or_exit<T: clap::Parser>(program: &str, args: impl IntoIterator<Ite
             std::process::exit(2);
         }
     }
+}
+
+/// `--device`: auto, cpu, cuda or metal.
+///
+/// # Errors
+/// On another name.
+pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    s.parse::<DeviceChoice>().map_err(|e| e.to_string())
+}
+
+/// A quantization mix by llama.cpp's name (`Q4_K_M`), case-insensitively.
+///
+/// # Errors
+/// On an unknown name; the message lists the valid ones.
+pub fn parse_mix(s: &str) -> Result<Mix, String> {
+    Mix::from_name(s).ok_or_else(|| format!("unknown type '{s}' (valid: {})", Mix::names()))
 }

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 
-use crate::quantize::{self, QuantizeOptions};
-use crate::{Mix, Overrides};
+use quant::quantize::{self, QuantizeOptions};
+use quant::{Mix, Overrides};
 
 /// Times both quantizers on a base-only (llama) F16/F32 GGUF.
 #[derive(clap::Parser, Debug)]
@@ -16,7 +16,7 @@ pub struct CompareArgs {
     /// A llama GGUF (a `--base-only` export) both quantizers can read.
     pub model: PathBuf,
     /// Mixes to time, comma-separated.
-    #[arg(long, value_delimiter = ',', required = true, value_parser = |s: &str| Mix::from_name(s).ok_or(format!("unknown type '{s}' (valid: {})", Mix::names())))]
+    #[arg(long, value_delimiter = ',', required = true, value_parser = crate::cli::parse_mix)]
     pub types: Vec<Mix>,
     /// Where the outputs go (deleted afterwards).
     #[arg(long, default_value = ".")]
@@ -48,10 +48,10 @@ pub fn main(args: CompareArgs) -> Result<()> {
         })?;
         let t_ours = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        ggml::llama::quantize_model(&args.model, &theirs, mix.name(), args.threads as i32)?;
+        ggml::llama::quantize_model(&args.model, &theirs, mix.file_type(), args.threads as i32)?;
         let t_llama = t.elapsed().as_secs_f64();
         let size = |p: &PathBuf| -> Result<f64> {
-            Ok(std::fs::metadata(p).with_context(|| p.display().to_string())?.len() as f64 / (1 << 20) as f64)
+            Ok(std::fs::metadata(p).with_context(|| p.display().to_string())?.len() as f64 / ggml::MIB)
         };
         println!(
             "| {} | {t_ours:.2} | {t_llama:.2} | {:.2} | {:.1} vs {:.1} |",

@@ -6,13 +6,14 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::bench;
 use anyhow::{Context as _, Result};
 use ggml::Type;
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{bench, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{DecodeConfig, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 
-use crate::quantize::{self, QuantizeOptions};
-use crate::{Mix, Overrides};
+use quant::quantize::{self, QuantizeOptions};
+use quant::{Mix, Overrides};
 
 /// The prompts a sweep uses unless given others.
 pub const DEFAULT_PROMPTS: &str = include_str!("../prompts/sweep.txt");
@@ -24,7 +25,7 @@ pub struct SweepArgs {
     /// The F16 (or F32/BF16) HAMburger GGUF to start from.
     pub model: PathBuf,
     /// Mixes to measure, comma-separated (Q8_0,Q4_K_M,Q4_0,...).
-    #[arg(long, value_delimiter = ',', required = true, value_parser = |s: &str| Mix::from_name(s).ok_or(format!("unknown type '{s}' (valid: {})", Mix::names())))]
+    #[arg(long, value_delimiter = ',', required = true, value_parser = crate::cli::parse_mix)]
     pub types: Vec<Mix>,
     /// Directory for the quantized models and the results.
     #[arg(long)]
@@ -42,10 +43,10 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 0.8)]
     pub confidence: f32,
     /// Type of the grafted matrices (default: the policy's).
-    #[arg(long, value_parser = crate::policy::parse_type)]
+    #[arg(long, value_parser = quant::policy::parse_type)]
     pub grafted_type: Option<Type>,
     /// REGEX=TYPE overrides applied to every mix (repeatable), for ablations.
-    #[arg(long = "tensor-type", value_parser = crate::policy::parse_tensor_type)]
+    #[arg(long = "tensor-type", value_parser = quant::policy::parse_tensor_type)]
     pub tensor_types: Vec<(regex::Regex, Type)>,
     /// Prompt length of the speed test.
     #[arg(long, default_value_t = 128)]
@@ -136,7 +137,9 @@ pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
 /// then, teacher-forced on each reference macro step, first-token top-1 and
 /// KL, later micro tokens' top-1, and stop decisions.
 fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<Agreement> {
-    let mut session = Session::new(model, session_params(args, false))?;
+    let params = session_params(args, false);
+    let rule = DecodeConfig::new(model, &params).rule;
+    let mut session = Session::new(model, params)?;
     let mut a = Agreement::default();
     for r in refs {
         let ours = greedy(&mut session, &r.prompt, args.n_gen)?;
@@ -160,8 +163,7 @@ fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<Agreement
                 // The last step may have been cut by the budget: only its earlier decisions count.
                 let last = s + 1 == step.tokens.len();
                 if !(last && i + 1 == n_steps) {
-                    let stop = 1.0 - o.p_stop < args.confidence || s + 1 == model.hp.max_steps;
-                    a.stop_same += usize::from(stop == last);
+                    a.stop_same += usize::from(rule.stops(s + 1, o.p_stop) == last);
                     a.stops += 1;
                 }
             }
@@ -212,7 +214,7 @@ pub fn main(args: SweepArgs) -> Result<()> {
     let prompts: Vec<Vec<u32>> =
         text.lines().filter(|l| !l.trim().is_empty()).map(|l| tok.encode(l, true)).collect::<Result<_, _>>()?;
     anyhow::ensure!(!prompts.is_empty(), "no prompts");
-    let bar = crate::stream::progress_bar(true, (args.types.len() + 1) as u64, "sweep");
+    let bar = quant::stream::progress_bar(true, (args.types.len() + 1) as u64, "sweep");
     bar.set_message("reference runs");
     let mut session = Session::new(&reference, session_params(&args, true))?;
     let refs: Vec<RefRun> = prompts
@@ -270,7 +272,7 @@ fn cells(r: &SweepRow, csv: bool) -> Vec<String> {
     // Decimals of: rates, bits per weight, tokens per step, fractions, KL.
     let (rate, bpw, steps, frac, kl) = if csv { (2, 4, 3, 4, 6) } else { (1, 2, 2, 3, 5) };
     let none = if csv { "" } else { "-" };
-    let size = if csv { r.bytes.to_string() } else { format!("{:.1}", r.bytes as f64 / (1 << 20) as f64) };
+    let size = if csv { r.bytes.to_string() } else { format!("{:.1}", r.bytes as f64 / ggml::MIB) };
     vec![
         r.name.clone(),
         size,

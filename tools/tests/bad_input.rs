@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use convert::testmodel::{converted, tiny_fixture};
 use ggml::gguf::{Gguf, GgufBuilder, Value};
+use testing::testmodel::{converted, tiny_fixture};
 
 fn tiny(base_only: bool) -> PathBuf {
     converted(&tiny_fixture().join("model.safetensors"), "tiny-st", ggml::Type::F32, base_only).unwrap()

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use convert::testmodel::{converted, smollm2_checkpoint};
+use testing::testmodel::{converted, smollm2_checkpoint};
 
 fn model() -> String {
     let ck = smollm2_checkpoint().unwrap();

@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use convert::reference::Reference;
-use convert::testmodel::{self, tiny_fixture};
 use ggml::gguf::Gguf;
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
+use testing::reference::Reference;
+use testing::testmodel::{self, tiny_fixture};
 
 fn convert_bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))

@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use convert::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 use ggml::gguf::Gguf;
 use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 use quant::Mix;
+use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
 fn quantize_bin(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_hamburger-quantize")).args(args).output().unwrap();

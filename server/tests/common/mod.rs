@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use convert::testmodel::{converted, smollm2_checkpoint};
 use hamburger::{LoadOptions, SessionParams};
 use serde_json::Value;
 use server::{Scheduler, SchedulerConfig};
+use testing::testmodel::{converted, smollm2_checkpoint};
 
 /// A server on an ephemeral loopback port, stopped on drop.
 pub struct TestServer {
@@ -69,4 +69,3 @@ impl Drop for TestServer {
         let _ = self.thread.take().unwrap().join();
     }
 }
-

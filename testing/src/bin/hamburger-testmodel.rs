@@ -1,11 +1,11 @@
 //! `hamburger-testmodel`: builds test and benchmark checkpoints in the
-//! original HAMburger layout (see `convert::testmodel`).
+//! original HAMburger layout (see `testing::testmodel`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use convert::testmodel::{self, random::Shape};
+use testing::testmodel::{self, random::Shape};
 
 /// Builds HAMburger checkpoints for tests and benchmarks.
 #[derive(Parser)]
@@ -46,7 +46,7 @@ enum Cmd {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Args = hamburger::cli::parse_or_exit("hamburger-testmodel", std::env::args());
+    let args = Args::parse();
     let result = match args.cmd {
         Cmd::Smollm2 { out, gguf, seed } => (|| {
             let gguf = match gguf {

@@ -12,9 +12,9 @@ use hamburger::hparams::{default_feature_layers, HParams};
 use serde_json::{json, Value as Json};
 
 use super::{init_of, init_values, write_config, write_hamburger_json, CheckpointWriter};
-use crate::checkpoint::SrcDtype;
-use crate::plan::{self, Transform};
-use crate::ConvertError;
+use convert::checkpoint::SrcDtype;
+use convert::plan::{self, Transform};
+use convert::ConvertError;
 
 fn bad(path: &Path, msg: impl Into<String>) -> ConvertError {
     ConvertError::Checkpoint { path: path.into(), msg: msg.into() }

@@ -14,7 +14,7 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::ConvertError;
+use convert::ConvertError;
 
 pub use writer::CheckpointWriter;
 
@@ -236,7 +236,7 @@ pub fn converted(checkpoint: &Path, stem: &str, outtype: ggml::Type, base_only: 
     std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io(&dir, e))?;
     let out = dir.join(format!("{stem}-{}{}.gguf", outtype.name(), if base_only { "-base" } else { "" }));
     if !out.exists() {
-        crate::convert(&crate::ConvertOptions {
+        convert::convert(&convert::ConvertOptions {
             checkpoint: checkpoint.to_path_buf(),
             outfile: out.clone(),
             outtype,

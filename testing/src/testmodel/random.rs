@@ -10,9 +10,9 @@ use hamburger::hparams::{
 use serde_json::{json, Value as Json};
 
 use super::{init_of, init_values, write_config, write_hamburger_json, CheckpointWriter};
-use crate::checkpoint::SrcDtype;
-use crate::plan;
-use crate::ConvertError;
+use convert::checkpoint::SrcDtype;
+use convert::plan;
+use convert::ConvertError;
 
 /// The model shapes [`write`] knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

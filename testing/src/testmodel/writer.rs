@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use half::bf16;
 use serde_json::json;
 
-use crate::checkpoint::SrcDtype;
-use crate::ConvertError;
+use convert::checkpoint::SrcDtype;
+use convert::ConvertError;
 
 /// Streams `model.safetensors` into a directory: declare every tensor first
 /// (the header holds all offsets), then write their data in order.

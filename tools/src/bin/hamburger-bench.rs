@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use ggml::llama::LlamaModel;
-use hamburger::bench::{self, Measurement};
 use hamburger::DeviceChoice;
 use hamburger::{Model, SessionParams};
+use tools::bench::{self, Measurement};
 
 /// Measures prompt processing (pp) and generation (tg) speed, llama-bench style.
 #[derive(Parser)]
@@ -35,7 +35,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     forced_steps: Option<Vec<usize>>,
     /// Confidence of tg tests without --forced-steps.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = SessionParams::default().confidence)]
     confidence: f32,
     /// A llama GGUF (the base-only export) to run with libllama in the same process.
     #[arg(long)]
@@ -44,10 +44,10 @@ struct Args {
     #[arg(short = 'o', long, default_value = "md", value_parser = ["md", "json", "csv"])]
     output: String,
     /// Prompt tokens per base forward.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
     batch_size: usize,
     /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceChoice>().map_err(|e| e.to_string()))]
+    #[arg(long, default_value = "auto", value_parser = tools::cli::parse_device)]
     device: DeviceChoice,
     /// Base layers offloaded to the GPU (both engines). Also -ngl.
     #[arg(long = "n-gpu-layers", default_value_t = 999)]
@@ -73,22 +73,7 @@ struct Row {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Args = hamburger::cli::parse_or_exit(
-        "hamburger-bench",
-        std::env::args().map(|a| match a.as_str() {
-            "-fa" => "--flash-attn".into(),
-            "-ngl" => "--n-gpu-layers".into(),
-            _ => a,
-        }),
-    );
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hamburger-bench: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    tools::cli::run_tool("hamburger-bench", "warn", |args: Args| run(&args))
 }
 
 fn run(args: &Args) -> Result<()> {
@@ -161,15 +146,27 @@ fn run(args: &Args) -> Result<()> {
         for &p in args.parallel.iter().filter(|&&p| p > 0) {
             let mut runners = Vec::new();
             for &k in &forced {
-                runners.push(bench::hamburger_tg_parallel(&model, &SessionParams { forced_steps: k, ..params.clone() }, n, p)?);
+                runners.push(bench::hamburger_tg_parallel(
+                    &model,
+                    &SessionParams { forced_steps: k, ..params.clone() },
+                    n,
+                    p,
+                )?);
             }
             if let Some(b) = &baseline {
                 runners.push(bench::llama_tg_parallel(b, &params, n, p)?);
             }
             let mut samples = bench::interleaved(r, &mut runners)?;
-            let base = baseline.as_ref().map(|_| Measurement { samples_ns: samples.pop().unwrap_or_default(), ..Measurement::generation(n * p) });
+            let base = baseline.as_ref().map(|_| Measurement {
+                samples_ns: samples.pop().unwrap_or_default(),
+                ..Measurement::generation(n * p)
+            });
             for (&k, samples_ns) in forced.iter().zip(samples) {
-                let ours = Measurement { samples_ns, tokens_per_step: k.unwrap_or(0) as f64, ..Measurement::generation(n * p) };
+                let ours = Measurement {
+                    samples_ns,
+                    tokens_per_step: k.unwrap_or(0) as f64,
+                    ..Measurement::generation(n * p)
+                };
                 let test = match k {
                     Some(k) => format!("tg{n} x{p} k={k}"),
                     None => format!("tg{n} x{p} c={}", args.confidence),

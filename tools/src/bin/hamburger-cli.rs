@@ -20,7 +20,7 @@ struct Args {
     #[arg(short = 'm', long, required_unless_present = "list_devices")]
     model: Option<PathBuf>,
     /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceChoice>().map_err(|e| e.to_string()))]
+    #[arg(long, default_value = "auto", value_parser = tools::cli::parse_device)]
     device: DeviceChoice,
     /// Base layers offloaded to the GPU (the last ones; the micro decoder,
     /// merger and heads follow the last offloaded layer). Also -ngl.
@@ -46,38 +46,38 @@ struct Args {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
     /// Context size in KV entries (0: the model's training context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = SessionParams::default().n_ctx)]
     ctx_size: usize,
     /// Prompt tokens per base forward.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
     batch_size: usize,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
     /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
     /// (faster), above 1 decodes exactly like the base model.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = SessionParams::default().confidence)]
     confidence: f32,
     /// Most tokens per macro step (default: the model's).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = SessionParams::default().max_steps)]
     max_steps: usize,
     /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = SamplerParams::default().temp)]
     temp: f32,
     /// Top-k sampling (0: off).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = SamplerParams::default().top_k)]
     top_k: usize,
     /// Top-p sampling (1: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = SamplerParams::default().top_p)]
     top_p: f32,
     /// Min-p sampling (0: off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = SamplerParams::default().min_p)]
     min_p: f32,
     /// Repeat penalty (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplerParams::default().repeat_penalty)]
     repeat_penalty: f32,
     /// Tokens the repeat penalty looks back.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = SamplerParams::default().repeat_last_n)]
     repeat_last_n: usize,
     /// Sampling seed (default: random).
     #[arg(long, short = 's')]
@@ -109,30 +109,8 @@ struct Args {
 const PALETTE: [&str; 4] = ["\x1b[38;5;39m", "\x1b[38;5;208m", "\x1b[38;5;42m", "\x1b[38;5;170m"];
 const RESET: &str = "\x1b[0m";
 
-/// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-sys`, `-fa`, `-ngl`) into long ones.
-fn llama_style_args() -> Vec<String> {
-    std::env::args()
-        .map(|a| match a.as_str() {
-            "-cnv" => "--chat".into(),
-            "-sys" => "--system-prompt".into(),
-            "-fa" => "--flash-attn".into(),
-            "-ctk" | "-ctv" => "--cache-type".into(),
-            "-ngl" => "--n-gpu-layers".into(),
-            _ => a,
-        })
-        .collect()
-}
-
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Args = hamburger::cli::parse_or_exit("hamburger-cli", llama_style_args());
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hamburger-cli: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    tools::cli::run_tool("hamburger-cli", "warn", run)
 }
 
 fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {

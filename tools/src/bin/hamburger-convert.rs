@@ -55,8 +55,10 @@ fn parse_outtype(s: &str) -> Result<ggml::Type, String> {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Args = hamburger::cli::parse_or_exit("hamburger-convert", std::env::args());
+    tools::cli::run_tool("hamburger-convert", "warn", run)
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
     let opts = ConvertOptions {
         checkpoint: args.checkpoint,
         outfile: args.outfile,
@@ -72,26 +74,19 @@ fn main() -> ExitCode {
         vocab_pre: args.vocab_pre,
         progress: !args.no_progress,
     };
-    match convert::convert(&opts) {
-        Ok(r) => {
-            for f in &r.fallbacks {
-                log::warn!("{f}");
-            }
-            let mb = r.bytes_out as f64 / 1e6;
-            println!(
-                "wrote {} ({} tensors, {:.1} MB) in {:.2} s: {:.0} MB/s read, {:.0} MB/s written",
-                opts.outfile.display(),
-                r.n_tensors,
-                mb,
-                r.seconds,
-                r.bytes_in as f64 / 1e6 / r.seconds,
-                mb / r.seconds
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("hamburger-convert: error: {e}");
-            ExitCode::FAILURE
-        }
+    let r = convert::convert(&opts)?;
+    for f in &r.fallbacks {
+        log::warn!("{f}");
     }
+    let mb = r.bytes_out as f64 / 1e6;
+    println!(
+        "wrote {} ({} tensors, {:.1} MB) in {:.2} s: {:.0} MB/s read, {:.0} MB/s written",
+        opts.outfile.display(),
+        r.n_tensors,
+        mb,
+        r.seconds,
+        r.bytes_in as f64 / 1e6 / r.seconds,
+        mb / r.seconds
+    );
+    Ok(())
 }

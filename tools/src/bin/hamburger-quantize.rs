@@ -25,7 +25,7 @@ struct Args {
     output: PathBuf,
     /// The mix: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_1, Q5_0, Q4_K_M,
     /// Q4_K_S, Q4_1, Q4_0, IQ4_NL, IQ4_XS, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K.
-    #[arg(value_parser = parse_mix)]
+    #[arg(value_parser = tools::cli::parse_mix)]
     mix: Mix,
     /// Threads.
     #[arg(short = 't', long)]
@@ -53,12 +53,8 @@ struct Args {
     dry_run: bool,
 }
 
-fn parse_mix(s: &str) -> Result<Mix, String> {
-    Mix::from_name(s).ok_or_else(|| format!("unknown type '{s}' (valid: {})", Mix::names()))
-}
-
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    tools::cli::init_logger("warn");
     let args: Vec<String> = std::env::args().collect();
     let sub = |name: &str| {
         let mut rest = args.clone();
@@ -68,21 +64,15 @@ fn main() -> ExitCode {
     let result = match args.get(1).map(String::as_str) {
         Some("sweep") => {
             let (name, rest) = sub("sweep");
-            quant::sweep::main(hamburger::cli::parse_or_exit(&name, rest))
+            tools::sweep::main(tools::cli::parse_or_exit(&name, rest))
         }
         Some("compare") => {
             let (name, rest) = sub("compare");
-            quant::compare::main(hamburger::cli::parse_or_exit(&name, rest))
+            tools::compare::main(tools::cli::parse_or_exit(&name, rest))
         }
-        _ => run(hamburger::cli::parse_or_exit("hamburger-quantize", args)),
+        _ => run(tools::cli::parse_or_exit("hamburger-quantize", args)),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("hamburger-quantize: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    tools::cli::report("hamburger-quantize", result)
 }
 
 fn run(args: Args) -> Result<()> {
@@ -118,7 +108,7 @@ fn run(args: Args) -> Result<()> {
         "wrote {} ({}, {:.2} MiB, {:.2} bits per weight, {} tensors fell back) in {:.2} s",
         opts.output.display(),
         opts.mix.name(),
-        report.plan.bytes() as f64 / (1 << 20) as f64,
+        report.plan.bytes() as f64 / ggml::MIB,
         report.plan.bits_per_weight(),
         n_fallback,
         report.seconds

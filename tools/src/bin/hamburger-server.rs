@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -24,10 +25,10 @@ struct Args {
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// Sequences decoded together (slots). Also --parallel.
-    #[arg(short = 'n', long = "parallel", visible_alias = "np", default_value_t = 4)]
+    #[arg(short = 'n', long = "parallel", default_value_t = 4)]
     parallel: usize,
     /// KV cache entries of all slots together (each slot gets an equal share).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = SessionParams::default().n_ctx)]
     ctx_size: usize,
     /// Base inputs per forward, all sequences together.
     #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
@@ -51,10 +52,10 @@ struct Args {
     #[arg(short = 't', long, default_value_t = SessionParams::default().n_threads)]
     threads: usize,
     /// auto, cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceChoice>().map_err(|e| e.to_string()))]
+    #[arg(long, default_value = "auto", value_parser = tools::cli::parse_device)]
     device: DeviceChoice,
     /// Base layers offloaded to the GPU. Also -ngl.
-    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 999)]
+    #[arg(long = "n-gpu-layers", default_value_t = 999)]
     n_gpu_layers: usize,
     /// Seconds a request may wait for its next piece of text before it is cancelled.
     #[arg(long, default_value_t = 600)]
@@ -82,7 +83,9 @@ async fn shutdown_signal() {
 
 fn run(args: Args) -> Result<()> {
     if args.parallel == 0 || args.ctx_size < args.parallel || args.threads == 0 || args.batch_size == 0 {
-        anyhow::bail!("--parallel, --ctx-size (at least one entry per slot), --threads and --batch-size must be positive");
+        anyhow::bail!(
+            "--parallel, --ctx-size (at least one entry per slot), --threads and --batch-size must be positive"
+        );
     }
     if !args.confidence.is_finite() || args.confidence < 0.0 {
         anyhow::bail!("--confidence must be a number >= 0, got {}", args.confidence);
@@ -102,7 +105,8 @@ fn run(args: Args) -> Result<()> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async {
         let addr = format!("{}:{}", args.host, args.port);
-        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener =
+            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local: SocketAddr = listener.local_addr()?;
         log::info!("listening on http://{local} ({} slots)", args.parallel);
         let timeout = Duration::from_secs(args.timeout);
@@ -110,19 +114,6 @@ fn run(args: Args) -> Result<()> {
     })
 }
 
-fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) if !e.use_stderr() => e.exit(),
-        Err(e) => {
-            let text = e.render().to_string();
-            eprintln!("hamburger-server: {}", text.lines().next().unwrap_or("invalid arguments").trim());
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(args) {
-        eprintln!("hamburger-server: {e:#}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    tools::cli::run_tool("hamburger-server", "info", run)
 }

@@ -1,0 +1,15 @@
+//! Test support for the HAMburger crates, used only as a dev-dependency
+//! (and by `hamburger-testmodel`):
+//!
+//! * [`reference`]: a plain-f32 implementation of the HAMburger spec on the
+//!   checkpoint's original layout, the oracle the ggml runtime is checked
+//!   against (it reads checkpoints through the converter's readers, but
+//!   computes nothing with the runtime or ggml);
+//! * [`testmodel`]: builders of test and benchmark checkpoints (SmolLM2 plus
+//!   random grafted modules, random checkpoints of the release's shapes) and
+//!   the cache of their conversions;
+//! * [`golden`]: the golden cases of the tiny fixture, checked end to end.
+
+pub mod golden;
+pub mod reference;
+pub mod testmodel;

@@ -1,0 +1,14 @@
+//! The front-ends of the HAMburger binaries: what the libraries leave to a
+//! tool (flags, logging, one-line error reports, printing).
+//!
+//! * [`cli`]: argument parsing that reports one line, the logger, flag parsers
+//!   shared by every binary;
+//! * [`bench`]: llama-bench-style measurements of our engine against libllama;
+//! * [`sweep`] and [`compare`] (with [`plot`]): `hamburger-quantize`'s
+//!   quantization sweeps and its timing against llama.cpp's quantizer.
+
+pub mod bench;
+pub mod cli;
+pub mod compare;
+pub mod plot;
+pub mod sweep;
