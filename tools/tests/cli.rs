@@ -1,12 +1,13 @@
 //! hamburger-cli as a user runs it, on SmolLM2-HAMburger F32 (quantized, this
 //! 135M model answers chat prompts with nonsense in llama.cpp too): a completion
 //! streams sensible text, colour marks macro steps, and a two-turn chat keeps
-//! the first turn in the KV cache.
+//! the first turn in the KV cache; and the 18 golden cases of the tiny
+//! fixture, exact through `hamburger-cli --temp 0 --json`.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use testing::testmodel::{converted, smollm2_checkpoint};
+use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
 fn model() -> String {
     let ck = smollm2_checkpoint().unwrap();
@@ -60,4 +61,44 @@ fn two_turn_chat_keeps_history() {
     let (_, one_turn) = cli(&args, "What is the capital of France?\n");
     let (one, two) = (stat(&one_turn, "KV cache:"), stat(&err, "KV cache:"));
     assert!(two > one + 10, "{one} entries after one turn, {two} after two");
+}
+
+#[test]
+fn golden_cases_through_the_cli_at_temp_0() {
+    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
+    let cases = testing::golden::cases();
+    assert_eq!(cases.len(), 18);
+    for (ci, case) in cases.iter().enumerate() {
+        let ids: Vec<String> = case.prompt_ids.iter().map(u32::to_string).collect();
+        let (n, c) = (case.max_new_tokens.to_string(), case.confidence.to_string());
+        let (out, _) = cli(
+            &[
+                "-m",
+                gguf.to_str().unwrap(),
+                "--prompt-ids",
+                &ids.join(","),
+                "-n",
+                &n,
+                "--confidence",
+                &c,
+                "--temp",
+                "0",
+                "--cache-type",
+                "f32",
+                "-t",
+                "2",
+                "--json",
+            ],
+            "",
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let got: Vec<(usize, u32)> = v["macro_steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .flat_map(|(si, s)| s.as_array().unwrap().iter().map(move |t| (si, t.as_u64().unwrap() as u32)))
+            .collect();
+        assert_eq!(got, case.steps, "case {ci}: (macro step, token) sequence through hamburger-cli");
+    }
 }
