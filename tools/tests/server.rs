@@ -1,0 +1,87 @@
+//! The `hamburger-server` binary as an operator runs it: it listens on
+//! loopback by default, and SIGTERM / SIGINT stop it accepting while the
+//! request in flight streams to its end; then it exits 0. Bad flags fail
+//! before anything is loaded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+use testing::testmodel::{converted, tiny_fixture};
+
+/// Starts the server on an ephemeral port; returns it and its address, read
+/// from its "listening on" log line.
+fn start() -> (Child, String) {
+    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-server"))
+        .args(["-m", gguf.to_str().unwrap(), "--port", "0", "-np", "2", "-c", "1024", "-t", "2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the server logs where it listens").unwrap();
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining the log so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, addr)
+}
+
+/// Sends a streaming completion and reads up to its first event.
+fn stream_request(addr: &str) -> BufReader<TcpStream> {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    let body = r#"{"prompt": [1, 2, 3], "max_tokens": 400, "stream": true, "ignore_eos": true}"#;
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    reader
+}
+
+fn stop_with(signal: &str) {
+    let (mut child, addr) = start();
+    assert!(addr.starts_with("127.0.0.1:"), "listens on loopback by default: {addr}");
+    let mut in_flight = stream_request(&addr);
+    let status = Command::new("kill").args([signal, &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let mut rest = String::new();
+    in_flight.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("data: [DONE]"), "the request in flight ran to its end: {rest}");
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "{signal}: {exit}");
+    assert!(TcpStream::connect(&addr).is_err(), "nothing listens any more");
+}
+
+#[test]
+fn sigterm_finishes_the_request_in_flight_and_exits_0() {
+    stop_with("-TERM");
+}
+
+#[test]
+fn sigint_finishes_the_request_in_flight_and_exits_0() {
+    stop_with("-INT");
+}
+
+#[test]
+fn bad_flags_fail_in_one_line() {
+    for args in
+        [&["-m", "/nonexistent.gguf"][..], &["-m", "x.gguf", "-np", "0"], &["-m", "x.gguf", "--confidence", "nan"]]
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_hamburger-server")).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("hamburger-server: "), "{args:?}: {err}");
+    }
+}
