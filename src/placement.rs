@@ -51,7 +51,7 @@ fn select(choice: DeviceChoice) -> Result<Option<Device>> {
     let named = |backend: &str, feature: &str, compiled: bool| -> Result<Option<Device>> {
         if !compiled {
             return Err(Error::Invalid(format!(
-                "--device {feature}: this build has no {backend} backend (rebuild with `cargo build --release --features {feature}`)"
+                "--device {feature}: this build has no {backend} backend (rebuild with `cargo build --release --workspace --features {feature}`)"
             )));
         }
         gpus.iter()

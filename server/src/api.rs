@@ -272,6 +272,7 @@ impl Common {
             max_steps,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            stream: self.stream(),
         })
     }
 }

@@ -72,6 +72,9 @@ pub struct JobParams {
     pub stop: Vec<String>,
     /// Generate past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Send the text of every macro step as it comes; otherwise only the
+    /// whole text at the end (no wake-up of the HTTP side per step).
+    pub stream: bool,
 }
 
 /// One request for the engine thread.
@@ -196,6 +199,7 @@ struct Slot {
     events: UnboundedSender<Event>,
     stop: Vec<String>,
     n_predict: usize,
+    stream: bool,
     /// Bytes of the text already sent.
     sent: usize,
     stopped_by_string: bool,
@@ -279,6 +283,7 @@ fn engine_thread(
                 events: job.events,
                 stop: p.stop.clone(),
                 n_predict: p.n_predict,
+                stream: p.stream,
                 sent: 0,
                 stopped_by_string: false,
             });
@@ -342,11 +347,14 @@ fn release(engine: &mut Engine, free: &mut Vec<SeqId>, seq: SeqId) {
     free.push(seq);
 }
 
-/// Sends the text generated since the last call: end-of-generation tokens
-/// are left out, a stop string ends the sequence (and is cut with what
-/// follows it), and a tail that may still become a stop string, or an
-/// incomplete UTF-8 character, is held back.
+/// Sends the text generated since the last call (a streaming request's, or
+/// at the end): end-of-generation tokens are left out, a stop string ends the
+/// sequence (and is cut with what follows it), and a tail that may still
+/// become a stop string, or an incomplete UTF-8 character, is held back.
 fn send_text(info: &ModelInfo, sg: &mut SeqGen, slot: &mut Slot, engine: &Engine) {
+    if !slot.stream && slot.stop.is_empty() && !sg.is_done() {
+        return;
+    }
     let ids: Vec<u32> = sg.generation().output_ids.iter().copied().filter(|t| !info.eog.contains(t)).collect();
     let mut text = info.tokenizer.decode(&ids);
     if let Some(at) = slot.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
@@ -369,7 +377,7 @@ fn send_text(info: &ModelInfo, sg: &mut SeqGen, slot: &mut Slot, engine: &Engine
             .unwrap_or(0);
         end -= held;
     }
-    if end > slot.sent && text.is_char_boundary(slot.sent) {
+    if (slot.stream || sg.is_done()) && end > slot.sent && text.is_char_boundary(slot.sent) {
         let _ = slot.events.send(Event::Text(text[slot.sent..end].to_string()));
         slot.sent = end;
     }

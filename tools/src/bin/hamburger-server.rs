@@ -57,7 +57,8 @@ struct Args {
     /// Base layers offloaded to the GPU. Also -ngl.
     #[arg(long = "n-gpu-layers", default_value_t = 999)]
     n_gpu_layers: usize,
-    /// Seconds a request may wait for its next piece of text before it is cancelled.
+    /// Seconds a request may wait for its next piece of text (a streaming
+    /// request), or for its whole answer, before it is cancelled.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
 }
