@@ -34,13 +34,13 @@ pub struct SweepArgs {
     #[arg(long)]
     pub prompts: Option<PathBuf>,
     /// CPU threads.
-    #[arg(short = 't', long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()))]
+    #[arg(short = 't', long, default_value_t = hamburger::SessionParams::default().n_threads)]
     pub threads: usize,
     /// Tokens generated per prompt for the quality measures.
     #[arg(short = 'n', long, default_value_t = 32)]
     pub n_gen: usize,
     /// Confidence of the generation runs.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = hamburger::SessionParams::default().confidence)]
     pub confidence: f32,
     /// Type of the grafted matrices (default: the policy's).
     #[arg(long, value_parser = quant::policy::parse_type)]
