@@ -7,10 +7,14 @@ use crate::{sys, Error, Result, Type};
 /// Thread-safe: callers may quantize different tensors or row ranges in parallel.
 ///
 /// # Errors
-/// When `row_len` is not a multiple of the type's block size, `src` is not
+/// When `ty` is no quantization target ([`Type::is_quantization_target`]),
+/// `row_len` is not a multiple of the type's block size, `src` is not
 /// whole rows, the type needs an importance matrix that is missing, or ggml
 /// rejects the data (NaN/inf in the input).
 pub fn quantize_rows(ty: Type, src: &[f32], row_len: usize, imatrix: Option<&[f32]>) -> Result<Vec<u8>> {
+    if !ty.is_quantization_target() {
+        return Err(Error::Invalid(format!("{ty} is not a type ggml can quantize to")));
+    }
     // SAFETY: initialises the type's lookup tables; ggml guards this with its own
     // critical section and makes repeated calls no-ops, so it is thread-safe.
     unsafe { sys::ggml_quantize_init(ty.raw()) };

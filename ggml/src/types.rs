@@ -101,6 +101,43 @@ impl Type {
         self.traits().to_float.is_some()
     }
 
+    /// Whether ggml can produce this type from f32 rows (`ggml_quantize_chunk`'s
+    /// targets): the float types and the block quantizations, but not the
+    /// integer types, F64, or Q8_1 / Q8_K (intermediates of matrix products).
+    pub fn is_quantization_target(self) -> bool {
+        use Type::*;
+        matches!(
+            self,
+            F32 | F16
+                | BF16
+                | Q1_0
+                | Q2_0
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | MXFP4
+                | NVFP4
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+                | TQ1_0
+                | TQ2_0
+                | IQ2_XXS
+                | IQ2_XS
+                | IQ3_XXS
+                | IQ3_S
+                | IQ2_S
+                | IQ1_S
+                | IQ1_M
+                | IQ4_NL
+                | IQ4_XS
+        )
+    }
+
     /// Looks a type up by ggml's name, case-insensitively (`"q8_0"`, `"Q4_K"`, `"bf16"`).
     pub fn from_name(name: &str) -> Option<Type> {
         Type::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))

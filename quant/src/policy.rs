@@ -181,15 +181,21 @@ pub fn conversion_type(name: TensorName, ne: &[i64], tied: bool, outtype: Type) 
     choose(name, ne, tied, mix, stacks, &Overrides { pure: true, ..Default::default() })
 }
 
-/// Parses a ggml type name for a flag, listing the valid names on error.
+/// Parses the name of a type tensors can be quantized to, for a flag,
+/// listing the valid names on error.
 ///
 /// # Errors
-/// An unknown name.
+/// An unknown name, or a type that is no quantization target (integers,
+/// F64, the Q8_1 / Q8_K intermediates).
 pub fn parse_type(s: &str) -> Result<Type, String> {
-    Type::from_name(s).ok_or_else(|| {
-        let names: Vec<&str> = Type::ALL.iter().map(|t| t.name()).collect();
-        format!("unknown ggml type '{s}' (valid: {})", names.join(", "))
-    })
+    match Type::from_name(s) {
+        Some(t) if t.is_quantization_target() => Ok(t),
+        found => {
+            let names: Vec<&str> = Type::ALL.iter().filter(|t| t.is_quantization_target()).map(|t| t.name()).collect();
+            let what = if found.is_some() { "not a quantization target" } else { "unknown" };
+            Err(format!("ggml type '{s}' is {what} (valid: {})", names.join(", ")))
+        }
+    }
 }
 
 /// Parses `REGEX=TYPE` (`--tensor-type`).

@@ -89,3 +89,45 @@ pub fn parse_device(s: &str) -> Result<DeviceChoice, String> {
 pub fn parse_mix(s: &str) -> Result<Mix, String> {
     Mix::from_name(s).ok_or_else(|| format!("unknown type '{s}' (valid: {})", Mix::names()))
 }
+
+fn finite(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(x) if x.is_finite() => Ok(x),
+        _ => Err(format!("'{s}' is not a finite number")),
+    }
+}
+
+/// A finite number >= 0 (`--temp`, `--confidence`).
+///
+/// # Errors
+/// NaN, an infinity, a negative number or no number.
+pub fn non_negative(s: &str) -> Result<f32, String> {
+    finite(s).and_then(|x| if x >= 0.0 { Ok(x) } else { Err(format!("{x} is negative")) })
+}
+
+/// A finite number from 0 to 1 (`--top-p`, `--min-p`).
+///
+/// # Errors
+/// NaN, a number outside [0, 1] or no number.
+pub fn unit_interval(s: &str) -> Result<f32, String> {
+    finite(s).and_then(|x| if (0.0..=1.0).contains(&x) { Ok(x) } else { Err(format!("{x} is not between 0 and 1")) })
+}
+
+/// A finite number > 0 (`--repeat-penalty`, which divides logits).
+///
+/// # Errors
+/// NaN, an infinity, zero, a negative number or no number.
+pub fn positive(s: &str) -> Result<f32, String> {
+    finite(s).and_then(|x| if x > 0.0 { Ok(x) } else { Err(format!("{x} is not above 0")) })
+}
+
+/// A whole number >= 1 (`--forced-steps`: tokens per macro step).
+///
+/// # Errors
+/// Zero or no whole number.
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("'{s}' is not a whole number >= 1")),
+    }
+}

@@ -40,7 +40,7 @@ pub struct SweepArgs {
     #[arg(short = 'n', long, default_value_t = 32)]
     pub n_gen: usize,
     /// Confidence of the generation runs.
-    #[arg(long, default_value_t = hamburger::SessionParams::default().confidence)]
+    #[arg(long, default_value_t = hamburger::SessionParams::default().confidence, value_parser = crate::cli::non_negative, allow_negative_numbers = true)]
     pub confidence: f32,
     /// Type of the grafted matrices (default: the policy's).
     #[arg(long, value_parser = quant::policy::parse_type)]

@@ -140,6 +140,19 @@ fn invalid_flags() {
     assert_clean_error(&["-m", m, "--prompt-ids", "1,99999"], &["99999"]);
     assert_clean_error(&["-m", m, "-p", "hi", "--cache-type", "q4_0"], &["q4_0"]);
     assert_clean_error(&["-m", m, "-p", "hi", "--confidence", "abc"], &["confidence"]);
+    // Numbers that are NaN, infinite or out of range are refused naming the flag.
+    for (flag, value) in [
+        ("--confidence", "inf"),
+        ("--confidence", "-0.5"),
+        ("--temp", "nan"),
+        ("--temp", "-1"),
+        ("--top-p", "1.5"),
+        ("--min-p", "-0.1"),
+        ("--repeat-penalty", "0"),
+        ("--repeat-penalty", "NaN"),
+    ] {
+        assert_clean_error(&["-m", m, "-p", "hi", flag, value], &[flag, value]);
+    }
     assert_clean_error(&["-m", m, "-p", "hi", "-fa", "off", "--cache-type", "q8_0"], &["flash attention"]);
     assert_clean_error(&["-m", m], &["prompt"]);
     assert_clean_error(&["-m", m, "-p", "hi", "--device", "tpu"], &["tpu", "cuda"]);

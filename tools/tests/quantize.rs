@@ -102,6 +102,19 @@ fn refusals_are_clear() {
     let (ok, _, err) =
         quantize_bin(&[input.to_str().unwrap(), q4.to_str().unwrap(), "Q4_0", "--tensor-type", "(=q4_0"]);
     assert!(!ok && err.contains("--tensor-type"), "{err}");
+    // Types ggml cannot quantize to are refused at the flag, before any file exists.
+    for (flag, value) in [
+        ("--tensor-type", "ffn_down=i32"),
+        ("--grafted-type", "q8_K"),
+        ("--output-tensor-type", "f64"),
+        ("--token-embedding-type", "q8_1"),
+    ] {
+        let (ok, _, err) = quantize_bin(&[input.to_str().unwrap(), q4.to_str().unwrap(), "Q4_0", flag, value]);
+        assert!(!ok && err.contains(flag) && err.contains("not a quantization target"), "{flag} {value}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 2, "only q8.gguf and q4.gguf: {leftovers:?}");
 }
 
 #[test]

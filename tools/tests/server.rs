@@ -75,9 +75,12 @@ fn sigint_finishes_the_request_in_flight_and_exits_0() {
 
 #[test]
 fn bad_flags_fail_in_one_line() {
-    for args in
-        [&["-m", "/nonexistent.gguf"][..], &["-m", "x.gguf", "-np", "0"], &["-m", "x.gguf", "--confidence", "nan"]]
-    {
+    for args in [
+        &["-m", "/nonexistent.gguf"][..],
+        &["-m", "x.gguf", "-np", "0"],
+        &["-m", "x.gguf", "--confidence", "nan"],
+        &["-m", "x.gguf", "--forced-steps", "0"],
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hamburger-server")).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}: {err}");

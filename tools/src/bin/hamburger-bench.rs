@@ -32,10 +32,10 @@ struct Args {
     repetitions: usize,
     /// Tokens every macro step emits in tg tests, ignoring the stop head
     /// (comma-separated; default: the stop head decides at --confidence).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = tools::cli::at_least_one)]
     forced_steps: Option<Vec<usize>>,
     /// Confidence of tg tests without --forced-steps.
-    #[arg(long, default_value_t = SessionParams::default().confidence)]
+    #[arg(long, default_value_t = SessionParams::default().confidence, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
     confidence: f32,
     /// A llama GGUF (the base-only export) to run with libllama in the same process.
     #[arg(long)]

@@ -56,25 +56,25 @@ struct Args {
     threads: Option<usize>,
     /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
     /// (faster), above 1 decodes exactly like the base model.
-    #[arg(long, default_value_t = SessionParams::default().confidence)]
+    #[arg(long, default_value_t = SessionParams::default().confidence, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
     confidence: f32,
     /// Most tokens per macro step (default: the model's).
     #[arg(long, default_value_t = SessionParams::default().max_steps)]
     max_steps: usize,
     /// Temperature (0: greedy).
-    #[arg(long, default_value_t = SamplerParams::default().temp)]
+    #[arg(long, default_value_t = SamplerParams::default().temp, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
     temp: f32,
     /// Top-k sampling (0: off).
     #[arg(long, default_value_t = SamplerParams::default().top_k)]
     top_k: usize,
     /// Top-p sampling (1: off).
-    #[arg(long, default_value_t = SamplerParams::default().top_p)]
+    #[arg(long, default_value_t = SamplerParams::default().top_p, value_parser = tools::cli::unit_interval, allow_negative_numbers = true)]
     top_p: f32,
     /// Min-p sampling (0: off).
-    #[arg(long, default_value_t = SamplerParams::default().min_p)]
+    #[arg(long, default_value_t = SamplerParams::default().min_p, value_parser = tools::cli::unit_interval, allow_negative_numbers = true)]
     min_p: f32,
     /// Repeat penalty (1: off).
-    #[arg(long, default_value_t = SamplerParams::default().repeat_penalty)]
+    #[arg(long, default_value_t = SamplerParams::default().repeat_penalty, value_parser = tools::cli::positive, allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// Tokens the repeat penalty looks back.
     #[arg(long, default_value_t = SamplerParams::default().repeat_last_n)]
@@ -118,9 +118,6 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     let flash_attn = args.flash_attn != "off";
     if kv_type.is_quantized() && !flash_attn {
         bail!("--cache-type {} needs flash attention", args.cache_type);
-    }
-    if args.confidence.is_nan() || args.confidence < 0.0 {
-        bail!("--confidence must be a number >= 0");
     }
     let n_ctx = if args.ctx_size == 0 { model.hp.n_ctx_train } else { args.ctx_size };
     let mut p = SessionParams {

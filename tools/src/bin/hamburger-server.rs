@@ -34,13 +34,13 @@ struct Args {
     #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
     batch_size: usize,
     /// Default stop confidence: a macro step ends when 1 - p_stop < confidence.
-    #[arg(long, default_value_t = SessionParams::default().confidence)]
+    #[arg(long, default_value_t = SessionParams::default().confidence, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
     confidence: f32,
     /// Default cap of tokens per macro step (0: the model's).
     #[arg(long, default_value_t = 0)]
     max_steps: usize,
     /// Make every macro step emit exactly K tokens (benchmarks of untrained grafted modules).
-    #[arg(long)]
+    #[arg(long, value_parser = tools::cli::at_least_one)]
     forced_steps: Option<usize>,
     /// Requests that may wait for a slot; more are answered 503.
     #[arg(long, default_value_t = 64)]
@@ -87,9 +87,6 @@ fn run(args: Args) -> Result<()> {
         anyhow::bail!(
             "--parallel, --ctx-size (at least one entry per slot), --threads and --batch-size must be positive"
         );
-    }
-    if !args.confidence.is_finite() || args.confidence < 0.0 {
-        anyhow::bail!("--confidence must be a number >= 0, got {}", args.confidence);
     }
     let session = SessionParams {
         n_ctx: args.ctx_size,
