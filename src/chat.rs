@@ -2,9 +2,48 @@
 //! minijinja and Python-compatible string methods) and the bookkeeping of a
 //! multi-turn chat whose history stays in the KV cache.
 
+use std::io;
+
 use minijinja::{context, Environment};
 
 use crate::{Error, Result};
+
+/// Template instructions one rendering may execute (minijinja's fuel): chat
+/// templates over long conversations use a few hundred thousand; a hostile
+/// template's endless loop stops here, well under a second.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// Bytes one rendering may produce: far more than any context holds, and
+/// bounded before a hostile template can exhaust memory.
+const MAX_RENDERED_BYTES: usize = 16 << 20;
+
+/// An error and its causes, in one line.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text = format!("{text}: {c}");
+        cause = c.source();
+    }
+    text
+}
+
+/// The rendered text, refusing to grow past [`MAX_RENDERED_BYTES`].
+struct BoundedOutput(Vec<u8>);
+
+impl io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
+            return Err(io::Error::other(format!("the output passes {} MiB", MAX_RENDERED_BYTES >> 20)));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
 
 /// One chat message.
 #[derive(Debug, Clone)]
@@ -38,6 +77,7 @@ impl ChatTemplate {
     /// When the template does not parse.
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -48,16 +88,19 @@ impl ChatTemplate {
     /// Renders `messages`, ending with the assistant's turn header when `add_generation_prompt`.
     ///
     /// # Errors
-    /// When rendering fails (the template may raise).
+    /// When rendering fails: the template raises, runs out of fuel (an
+    /// endless loop) or writes more than the output bound.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let t = self.env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
-        t.render(context! {
+        let mut out = BoundedOutput(Vec::new());
+        let ctx = context! {
             messages => messages.iter().map(|m| context! { role => &m.role, content => &m.content }).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos,
             eos_token => &self.eos,
-        })
-        .map_err(|e| Error::Template(e.to_string()))
+        };
+        t.render_captured_to(ctx, &mut out).map_err(|e| Error::Template(with_causes(&e)))?;
+        String::from_utf8(out.0).map_err(|_| Error::Template("the rendered text is not UTF-8".into()))
     }
 }
 
