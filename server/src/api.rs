@@ -28,9 +28,9 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-/// Parses a completion request: its own fields into `T`, then the shared
-/// ones into [`Common`], each naming the field at fault (serde's `flatten`
-/// would buffer the shared fields and lose their names).
+/// Parses a completion request: its own fields into `T`, then the settings
+/// both endpoints share into [`Common`], each naming the field at fault
+/// (serde's `flatten` would buffer the shared fields and lose their names).
 ///
 /// # Errors
 /// A 400 for malformed JSON or a field of the wrong type.
@@ -115,9 +115,6 @@ pub struct ChatMessage {
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
-    /// The settings both endpoints share, parsed on their own (see [`parse_request`]).
-    #[serde(skip)]
-    pub common: Common,
 }
 
 /// A completion prompt: text or token ids.
@@ -137,9 +134,6 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
-    /// The settings both endpoints share, parsed on their own (see [`parse_request`]).
-    #[serde(skip)]
-    pub common: Common,
 }
 
 /// `POST /tokenize`.

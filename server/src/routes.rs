@@ -62,16 +62,30 @@ pub fn router(state: AppState) -> Router {
 async fn check_key(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = &s.api_key else { return next.run(req).await };
     let sent = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if sent.and_then(|v| v.strip_prefix("Bearer ")) == Some(key.as_str()) {
+    if sent.and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|sent| same_key(sent.as_bytes(), key.as_bytes())) {
         next.run(req).await
     } else {
         ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key").into_response()
     }
 }
 
+/// Compares keys without an early exit, so the answer's timing says nothing
+/// of how much of a guessed key was right.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// The body, or the error (413 over the limit) in OpenAI's shape.
 fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     b.map_err(|r| ApiError::new(r.status(), r.body_text()))
+}
+
+/// A 400 naming `field` when one of `ids` is outside the vocabulary.
+fn check_vocab(info: &ModelInfo, field: &str, ids: &[u32]) -> Result<(), ApiError> {
+    match ids.iter().find(|&&t| t as usize >= info.n_vocab) {
+        Some(t) => Err(ApiError::field(field, format!("token id {t} is outside the vocabulary of {}", info.n_vocab))),
+        None => Ok(()),
+    }
 }
 
 fn now() -> u64 {
@@ -127,9 +141,7 @@ impl Answer {
 
 /// Queues the job of `prompt` and answers it, streamed or not.
 async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -> Result<Response, ApiError> {
-    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= s.info.n_vocab) {
-        return Err(ApiError::field("prompt", format!("token id {t} is outside the vocabulary of {}", s.info.n_vocab)));
-    }
+    check_vocab(&s.info, "prompt", &prompt)?;
     let params = common.job_params(&s.info, prompt.len())?;
     let (events, rx) = unbounded_channel();
     s.submitter.submit(Job { prompt, params, events }).map_err(|e| match e {
@@ -213,7 +225,6 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Res
 
 async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<ChatRequest>(&body(b)?)?;
-    let req = ChatRequest { common, ..req };
     let messages = api::chat_messages(&req.messages)?;
     let template = s
         .info
@@ -222,20 +233,19 @@ async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Re
         .ok_or_else(|| ApiError::field("messages", "the model has no chat template: use /v1/completions"))?;
     let text = template.render(&messages, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
     let prompt = s.info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
-    generate(&s, Kind::Chat, prompt, &req.common).await
+    generate(&s, Kind::Chat, prompt, &common).await
 }
 
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<CompletionRequest>(&body(b)?)?;
-    let req = CompletionRequest { common, ..req };
     let text = match req.prompt {
-        Prompt::Ids(ids) => return generate(&s, Kind::Completion, ids, &req.common).await,
+        Prompt::Ids(ids) => return generate(&s, Kind::Completion, ids, &common).await,
         Prompt::Text(t) => t,
         Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
         Prompt::Texts(_) => return Err(ApiError::field("prompt", "only one prompt per request is supported")),
     };
     let prompt = s.info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?;
-    generate(&s, Kind::Completion, prompt, &req.common).await
+    generate(&s, Kind::Completion, prompt, &common).await
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {
@@ -263,9 +273,7 @@ async fn tokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -
 
 async fn detokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: DetokenizeRequest = api::parse(&body(b)?)?;
-    if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= s.info.n_vocab) {
-        return Err(ApiError::field("tokens", format!("token id {t} is outside the vocabulary of {}", s.info.n_vocab)));
-    }
+    check_vocab(&s.info, "tokens", &req.tokens)?;
     Ok(Json(json!({"content": s.info.tokenizer.decode(&req.tokens)})))
 }
 
