@@ -53,27 +53,36 @@ impl Tokenizer {
 
 /// Turns a stream of token ids into text pieces, holding back bytes of an
 /// incomplete UTF-8 character until the token that completes it arrives.
+/// Each push decodes only a short window (the tokens since the last piece,
+/// behind the few before it, as Hugging Face's streaming decoders do), so a
+/// long generation costs linear, not quadratic, decoding.
 pub struct TextStream<'t> {
     tok: &'t Tokenizer,
     ids: Vec<u32>,
-    emitted: usize,
+    /// Where the window decoded for context starts.
+    prefix: usize,
+    /// Tokens already turned into text.
+    read: usize,
 }
 
 impl<'t> TextStream<'t> {
     /// An empty stream.
     pub fn new(tok: &'t Tokenizer) -> TextStream<'t> {
-        TextStream { tok, ids: Vec::new(), emitted: 0 }
+        TextStream { tok, ids: Vec::new(), prefix: 0, read: 0 }
     }
 
     /// Appends tokens and returns the new complete text.
     pub fn push(&mut self, ids: &[u32]) -> String {
         self.ids.extend_from_slice(ids);
-        let text = self.tok.decode(&self.ids);
-        if text.ends_with('\u{FFFD}') || text.len() < self.emitted {
+        // The context tokens decode the same inside both windows, so the
+        // difference is exactly the new text, with the spacing the context gives.
+        let before = self.tok.decode(&self.ids[self.prefix..self.read]);
+        let text = self.tok.decode(&self.ids[self.prefix..]);
+        if text.len() <= before.len() || text.ends_with('\u{FFFD}') || !text.is_char_boundary(before.len()) {
             return String::new();
         }
-        let new = text[self.emitted..].to_string();
-        self.emitted = text.len();
+        let new = text[before.len()..].to_string();
+        (self.prefix, self.read) = (self.read, self.ids.len());
         new
     }
 }

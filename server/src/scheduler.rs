@@ -18,7 +18,7 @@ use std::time::Instant;
 use hamburger::chat::ChatTemplate;
 use hamburger::generate::{self, DecodeConfig, SeqGen};
 use hamburger::kv_cache::SeqId;
-use hamburger::tokenizer::Tokenizer;
+use hamburger::tokenizer::{TextStream, Tokenizer};
 use hamburger::{Engine, LoadOptions, Model, Sampler, SamplerParams, SessionParams, StepRule, Timings};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -195,12 +195,18 @@ impl Scheduler {
 }
 
 /// A running request: its events and what has been sent of its text.
-struct Slot {
+struct Slot<'t> {
     events: UnboundedSender<Event>,
     stop: Vec<String>,
     n_predict: usize,
     stream: bool,
-    /// Bytes of the text already sent.
+    /// Turns the generated ids into text, a step at a time.
+    detok: TextStream<'t>,
+    /// Output ids already given to `detok`.
+    decoded_ids: usize,
+    /// The text so far (cut at a stop string).
+    text: String,
+    /// Bytes of `text` already sent.
     sent: usize,
     stopped_by_string: bool,
 }
@@ -284,6 +290,9 @@ fn engine_thread(
                 stop: p.stop.clone(),
                 n_predict: p.n_predict,
                 stream: p.stream,
+                detok: TextStream::new(&info.tokenizer),
+                decoded_ids: 0,
+                text: String::new(),
                 sent: 0,
                 stopped_by_string: false,
             });
@@ -350,13 +359,17 @@ fn release(engine: &mut Engine, free: &mut Vec<SeqId>, seq: SeqId) {
 /// Sends the text generated since the last call (a streaming request's, or
 /// at the end): end-of-generation tokens are left out, a stop string ends the
 /// sequence (and is cut with what follows it), and a tail that may still
-/// become a stop string, or an incomplete UTF-8 character, is held back.
+/// become a stop string is held back (the [`TextStream`] holds back an
+/// incomplete UTF-8 character).
 fn send_text(info: &ModelInfo, sg: &mut SeqGen, slot: &mut Slot, engine: &Engine) {
     if !slot.stream && slot.stop.is_empty() && !sg.is_done() {
         return;
     }
-    let ids: Vec<u32> = sg.generation().output_ids.iter().copied().filter(|t| !info.eog.contains(t)).collect();
-    let mut text = info.tokenizer.decode(&ids);
+    let out = &sg.generation().output_ids;
+    let new: Vec<u32> = out[slot.decoded_ids..].iter().copied().filter(|t| !info.eog.contains(t)).collect();
+    slot.decoded_ids = out.len();
+    slot.text.push_str(&slot.detok.push(&new));
+    let text = &mut slot.text;
     if let Some(at) = slot.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
         text.truncate(at);
         slot.stopped_by_string = true;
@@ -364,14 +377,11 @@ fn send_text(info: &ModelInfo, sg: &mut SeqGen, slot: &mut Slot, engine: &Engine
     }
     let mut end = text.len();
     if !sg.is_done() {
-        while text[..end].ends_with('\u{FFFD}') {
-            end -= '\u{FFFD}'.len_utf8();
-        }
         let held = slot
             .stop
             .iter()
             .flat_map(|s| (1..s.len()).filter(move |&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
-            .filter(|prefix| text[..end].ends_with(prefix))
+            .filter(|prefix| text.ends_with(prefix))
             .map(str::len)
             .max()
             .unwrap_or(0);
