@@ -144,6 +144,11 @@ impl<'a> SeqGen<'a> {
         (self.gen, self.merged, self.history, self.sampler)
     }
 
+    /// The rule that ends this sequence's macro steps: its own, else the loop's.
+    fn rule(&self, cfg: &DecodeConfig) -> StepRule {
+        self.rule.unwrap_or(cfg.rule)
+    }
+
     fn is_eog(&self, cfg: &DecodeConfig, token: u32) -> bool {
         !self.ignore_eog && cfg.is_eog(token)
     }
@@ -219,7 +224,7 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
             break;
         }
         if sg.gen.timings.reached.is_empty() {
-            sg.gen.timings.reached = vec![0; sg.rule.unwrap_or(cfg.rule).max_steps];
+            sg.gen.timings.reached = vec![0; sg.rule(cfg).max_steps];
             sg.gen.timings.prompt_tokens = sg.prompt.len();
         }
         if !sg.merged.is_empty() {
@@ -232,7 +237,7 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
         fed.push((i, take));
     }
     let want_logits = cfg.keep_logits || seqs.iter().any(|s| !s.done && !s.sampler.is_greedy());
-    let stop_head = seqs.iter().any(|s| !s.done && s.rule.unwrap_or(cfg.rule).needs_stop_head());
+    let stop_head = seqs.iter().any(|s| !s.done && s.rule(cfg).needs_stop_head());
     let mut outs = engine.decode(&batch, stop_head, want_logits)?;
     let mut ready = Vec::new();
     for (i, take) in fed {
@@ -279,7 +284,7 @@ fn micro_steps(
                 step.logits.push(out.logits.take().unwrap_or_default());
             }
             let n = step.tokens.len();
-            if !(sg.rule.unwrap_or(cfg.rule).stops(n, out.p_stop) || sg.is_eog(cfg, token) || n >= sg.remaining()) {
+            if !(sg.rule(cfg).stops(n, out.p_stop) || sg.is_eog(cfg, token) || n >= sg.remaining()) {
                 next.push((a, sg.seq, token));
             }
         }
