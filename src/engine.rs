@@ -29,6 +29,8 @@ pub struct EngineParams {
     pub n_ctx: usize,
     /// Sequences (ids `0..n_seq`).
     pub n_seq: usize,
+    /// The most tokens one forward takes (prompt chunks); sizes the attention buffers.
+    pub n_batch: usize,
     /// CPU threads.
     pub n_threads: usize,
     /// KV cache element type.
@@ -79,9 +81,10 @@ impl<'m> Engine<'m> {
     /// On invalid settings or failed allocations.
     pub fn new(model: &'m Model, p: &EngineParams) -> Result<Engine<'m>> {
         let hp = &model.hp;
-        if p.n_ctx == 0 || p.n_seq == 0 || p.n_threads == 0 {
-            return Err(Error::Invalid("context, sequence and thread counts must be positive".into()));
+        if p.n_ctx == 0 || p.n_seq == 0 || p.n_threads == 0 || p.n_batch == 0 {
+            return Err(Error::Invalid("the context (-c), batch (-b), thread (-t) and sequence counts must be positive".into()));
         }
+        crate::budget::check(model, p)?;
         let plan = &model.plan;
         let v_trans = !p.flash_attn;
         let base_bufts: Vec<_> = (0..hp.n_layer).map(|il| plan.cache_layer(il)).collect();

@@ -104,6 +104,9 @@ impl HParams {
             ("max steps", self.max_steps, 64),
             ("feature layer count", self.feature_layers.len(), 64),
             ("head count", self.n_head, 1 << 12),
+            // Real heads are 64 to 256 wide; beyond this only a hostile file goes.
+            ("head dim", self.head_dim, 1 << 12),
+            ("feed-forward length", self.n_ff, 1 << 22),
             ("embedding length", self.n_embd, 1 << 20),
             ("vocab size", self.n_vocab, 1 << 24),
         ];
@@ -141,11 +144,11 @@ impl HParams {
                 ));
             }
         }
-        if self.rms_eps.is_nan() || self.rms_eps <= 0.0 {
-            p.push(format!("rms epsilon {} must be positive", self.rms_eps));
+        if !self.rms_eps.is_finite() || self.rms_eps <= 0.0 {
+            p.push(format!("rms epsilon {} must be finite and positive", self.rms_eps));
         }
-        if self.rope_freq_base.is_nan() || self.rope_freq_base <= 0.0 {
-            p.push(format!("rope base {} must be positive", self.rope_freq_base));
+        if !self.rope_freq_base.is_finite() || self.rope_freq_base <= 0.0 {
+            p.push(format!("rope base {} must be finite and positive", self.rope_freq_base));
         }
         p
     }
@@ -171,55 +174,54 @@ impl HParams {
     /// Missing/mistyped keys or inconsistent values.
     pub fn from_gguf(gguf: &Gguf, arch: &str) -> Result<HParams> {
         let mut missing = Vec::new();
-        let mut int = |key: Key, default: Option<usize>| -> usize {
+        let mut int = |key: Key, default: Option<usize>| -> Result<usize> {
             let name = key.name(arch);
-            match gguf.get(&name).and_then(Value::as_int) {
-                Some(v) if v >= 0 => v as usize,
-                _ => default.unwrap_or_else(|| {
+            Ok(match gguf.get_usize(&name)? {
+                Some(v) => v,
+                None => default.unwrap_or_else(|| {
                     missing.push(name);
                     0
                 }),
-            }
+            })
         };
-        let n_embd = int(Key::EmbeddingLength, None);
-        let n_head = int(Key::HeadCount, None);
-        let n_layer = int(Key::BlockCount, None);
-        let head_dim = int(Key::KeyLength, Some(n_embd.checked_div(n_head).unwrap_or(0)));
+        let n_embd = int(Key::EmbeddingLength, None)?;
+        let n_head = int(Key::HeadCount, None)?;
+        let n_layer = int(Key::BlockCount, None)?;
+        let head_dim = int(Key::KeyLength, Some(n_embd.checked_div(n_head).unwrap_or(0)))?;
         let grafted = arch == ARCH_HAMBURGER;
         let req = |d: usize| if grafted { None } else { Some(d) };
         let mut hp = HParams {
-            n_vocab: int(Key::VocabSize, Some(0)),
+            n_vocab: int(Key::VocabSize, Some(0))?,
             n_embd,
             n_layer,
             n_head,
-            n_head_kv: int(Key::HeadCountKv, Some(n_head)),
+            n_head_kv: int(Key::HeadCountKv, Some(n_head))?,
             head_dim,
-            n_ff: int(Key::FeedForwardLength, None),
+            n_ff: int(Key::FeedForwardLength, None)?,
             rms_eps: 0.0,
             rope_freq_base: 10000.0,
-            n_rot: int(Key::RopeDimensionCount, Some(head_dim)),
-            n_ctx_train: int(Key::ContextLength, None),
-            max_steps: int(Key::MaxSteps, req(DEFAULT_MAX_STEPS)),
-            n_micro_layer: int(Key::MicroBlockCount, req(DEFAULT_MICRO_LAYERS)),
+            n_rot: int(Key::RopeDimensionCount, Some(head_dim))?,
+            n_ctx_train: int(Key::ContextLength, None)?,
+            max_steps: int(Key::MaxSteps, req(DEFAULT_MAX_STEPS))?,
+            n_micro_layer: int(Key::MicroBlockCount, req(DEFAULT_MICRO_LAYERS))?,
             feature_layers: Vec::new(),
-            n_merger_head: int(Key::MergerHeadCount, req(DEFAULT_MERGER_HEADS)),
+            n_merger_head: int(Key::MergerHeadCount, req(DEFAULT_MERGER_HEADS))?,
         };
-        let float = |key: Key| gguf.get(&key.name(arch)).and_then(Value::as_f64);
-        match float(Key::RmsEps) {
+        match gguf.get_f64(&Key::RmsEps.name(arch))? {
             Some(e) => hp.rms_eps = e as f32,
             None => missing.push(Key::RmsEps.name(arch)),
         }
-        if let Some(b) = float(Key::RopeFreqBase) {
+        if let Some(b) = gguf.get_f64(&Key::RopeFreqBase.name(arch))? {
             hp.rope_freq_base = b as f32;
         }
         let fl_key = Key::FeatureLayers.name(arch);
-        match gguf.get(&fl_key) {
-            Some(Value::Array(a)) => match a.as_ints() {
+        match gguf.get_array(&fl_key)? {
+            Some(a) => match a.as_ints() {
                 Some(v) if v.iter().all(|&x| x >= 0) => hp.feature_layers = v.into_iter().map(|x| x as usize).collect(),
                 _ => missing.push(format!("{fl_key} (as non-negative integers)")),
             },
-            _ if grafted => missing.push(fl_key),
-            _ => hp.feature_layers = default_feature_layers(n_layer),
+            None if grafted => missing.push(fl_key),
+            None => hp.feature_layers = default_feature_layers(n_layer),
         }
         if hp.n_vocab == 0 {
             // llama.cpp files may omit vocab_size; the token list has it.

@@ -55,10 +55,7 @@ impl KvCache {
         ty: Type,
         v_trans: bool,
     ) -> Result<KvCache> {
-        let row_size = |n: usize| {
-            ty.row_size(n).ok_or_else(|| Error::Invalid(format!("a KV row of {n} values does not fit type {ty}")))
-        };
-        let (row_bytes, head_bytes) = (row_size(n_embd_kv)?, row_size(head_dim)?);
+        let (row_bytes, head_bytes) = (row_bytes(ty, n_embd_kv)?, row_bytes(ty, head_dim)?);
         let mut groups = ContextGroups::new(2 * bufts.len());
         let (mut k, mut v) = (Vec::new(), Vec::new());
         let (e, n) = (n_embd_kv as i64, n_cells as i64);
@@ -198,4 +195,12 @@ impl KvCache {
         let (e, n) = (self.n_embd_kv as i64, self.n_cells() as i64);
         cells.iter().flat_map(|&c| (0..e).map(move |i| i * n + c)).collect()
     }
+}
+
+/// Bytes of one cache row of `n` values of type `ty`.
+///
+/// # Errors
+/// When `n` is not a whole number of `ty`'s blocks.
+pub(crate) fn row_bytes(ty: Type, n: usize) -> Result<usize> {
+    ty.row_size(n).ok_or_else(|| Error::Invalid(format!("a KV row of {n} values does not fit type {ty}")))
 }

@@ -11,6 +11,7 @@
 
 pub mod arch;
 pub mod batch;
+pub mod budget;
 pub mod chat;
 pub mod engine;
 mod error;

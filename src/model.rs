@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use ggml::gguf::{Array, Gguf, Value};
+use ggml::gguf::{Array, Gguf};
 use ggml::MappedFile;
 
 use crate::arch::{keys, token_type, ARCH_HAMBURGER};
@@ -46,32 +46,48 @@ pub struct VocabInfo {
 }
 
 impl VocabInfo {
-    fn from_gguf(g: &Gguf) -> Result<VocabInfo> {
-        let id = |k: &str| g.get(k).and_then(Value::as_int).map(|v| v as u32);
-        let tokens = match g.get(keys::TOKENIZER_TOKENS) {
-            Some(Value::Array(Array::Str(t))) => t.clone(),
+    /// Reads the vocabulary keys of `g` for a model of `n_vocab` tokens. As
+    /// llama.cpp does, a special token id outside the vocabulary is ignored
+    /// with a warning naming the file and key; a key of the wrong type is an error.
+    fn from_gguf(g: &Gguf, n_vocab: usize) -> Result<VocabInfo> {
+        let special = |k: &str| -> Result<Option<u32>> {
+            Ok(match g.get_usize(k)? {
+                Some(id) if id < n_vocab => Some(id as u32),
+                Some(id) => {
+                    log::warn!(
+                        "{}: {k} = {id} is outside the vocabulary of {n_vocab} tokens; ignored",
+                        g.path.display()
+                    );
+                    None
+                }
+                None => None,
+            })
+        };
+        let tokens = match g.get_array(keys::TOKENIZER_TOKENS)? {
+            Some(Array::Str(t)) => t.clone(),
             _ => Vec::new(),
         };
-        let types = match g.get(keys::TOKENIZER_TOKEN_TYPE) {
-            Some(Value::Array(a)) => a.as_ints().unwrap_or_default(),
-            _ => Vec::new(),
-        };
-        let mut eog: Vec<u32> = [keys::TOKENIZER_EOS_ID, keys::TOKENIZER_EOT_ID, keys::TOKENIZER_EOM_ID]
-            .iter()
-            .filter_map(|k| id(k))
-            .collect();
+        let types = g.get_array(keys::TOKENIZER_TOKEN_TYPE)?.and_then(Array::as_ints).unwrap_or_default();
+        let (bos, eos) = (special(keys::TOKENIZER_BOS_ID)?, special(keys::TOKENIZER_EOS_ID)?);
+        for k in [keys::TOKENIZER_PAD_ID, keys::TOKENIZER_UNK_ID] {
+            special(k)?;
+        }
+        let mut eog: Vec<u32> = eos.into_iter().collect();
+        for k in [keys::TOKENIZER_EOT_ID, keys::TOKENIZER_EOM_ID] {
+            eog.extend(special(k)?);
+        }
         for (i, t) in tokens.iter().enumerate() {
             let control =
                 types.get(i).is_some_and(|&ty| [token_type::CONTROL, token_type::USER_DEFINED].contains(&(ty as i32)));
-            if control && EOG_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
+            if control && i < n_vocab && EOG_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
                 eog.push(i as u32);
             }
         }
         Ok(VocabInfo {
-            bos: id(keys::TOKENIZER_BOS_ID),
-            eos: id(keys::TOKENIZER_EOS_ID),
+            bos,
+            eos,
             eog,
-            add_bos: matches!(g.get(keys::TOKENIZER_ADD_BOS), Some(Value::Bool(true))),
+            add_bos: g.get_bool(keys::TOKENIZER_ADD_BOS)?.unwrap_or(false),
             tokenizer_json: g.get_str(keys::TOKENIZER_HF_JSON)?.map(str::to_string),
             chat_template: g.get_str(keys::CHAT_TEMPLATE)?.map(str::to_string),
             tokens,
@@ -133,11 +149,8 @@ impl Model {
         if arch != ARCH_HAMBURGER {
             return Err(Error::WrongArchitecture { path: path.into(), found: arch });
         }
-        let mut hp = HParams::from_gguf(&gguf, ARCH_HAMBURGER)?;
-        let vocab = VocabInfo::from_gguf(&gguf)?;
-        if hp.n_vocab == 0 {
-            hp.n_vocab = vocab.tokens.len();
-        }
+        let hp = HParams::from_gguf(&gguf, ARCH_HAMBURGER)?;
+        let vocab = VocabInfo::from_gguf(&gguf, hp.n_vocab)?;
         let plan = PlacementPlan::new(options.device, options.n_gpu_layers, options.repack, hp.n_layer)?;
         let map = Rc::new(MappedFile::open(path)?);
         let weights = weights::load(&gguf, map, &hp, &plan)?;

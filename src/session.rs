@@ -63,6 +63,7 @@ impl SessionParams {
         EngineParams {
             n_ctx: self.n_ctx,
             n_seq,
+            n_batch: self.n_batch,
             n_threads: self.n_threads,
             kv_type: self.kv_type,
             flash_attn: self.flash_attn,
@@ -90,9 +91,6 @@ impl<'m> Session<'m> {
     /// # Errors
     /// On invalid settings or failed allocations.
     pub fn new(model: &'m Model, params: SessionParams) -> Result<Session<'m>> {
-        if params.n_batch == 0 {
-            return Err(Error::Invalid("the batch size must be positive".into()));
-        }
         Ok(Session {
             engine: Engine::new(model, &params.engine_params(1))?,
             cfg: DecodeConfig::new(model, &params),

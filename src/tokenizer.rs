@@ -9,6 +9,8 @@ pub struct Tokenizer {
     hf: tokenizers::Tokenizer,
     bos: Option<u32>,
     add_bos: bool,
+    /// The model's vocabulary size: ids the tokenizer produces must be below it.
+    n_vocab: usize,
 }
 
 impl Tokenizer {
@@ -20,18 +22,34 @@ impl Tokenizer {
         let json = model.vocab.tokenizer_json.as_deref().ok_or_else(|| {
             Error::Tokenizer(format!("{} has no tokenizer.huggingface.json (use --prompt-ids)", model.path.display()))
         })?;
+        Tokenizer::from_json(json, model.hp.n_vocab, model.vocab.bos, model.vocab.add_bos)
+    }
+
+    /// Builds a tokenizer from its Hugging Face JSON for a model of `n_vocab`
+    /// tokens, prepending `bos` to prompts when `add_bos`.
+    ///
+    /// # Errors
+    /// When the JSON does not parse as a tokenizer.
+    pub fn from_json(json: &str, n_vocab: usize, bos: Option<u32>, add_bos: bool) -> Result<Tokenizer> {
         let hf = tokenizers::Tokenizer::from_bytes(json.as_bytes()).map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok(Tokenizer { hf, bos: model.vocab.bos, add_bos: model.vocab.add_bos })
+        Ok(Tokenizer { hf, bos, add_bos, n_vocab })
     }
 
     /// Tokenizes `text`; special tokens written in the text are recognised. With
     /// `at_start`, BOS is prepended when the model wants it and the text lacks it.
     ///
     /// # Errors
-    /// When the tokenizer fails.
+    /// When the tokenizer fails, or produces an id outside the model's
+    /// vocabulary (a tokenizer JSON that does not match the weights).
     pub fn encode(&self, text: &str, at_start: bool) -> Result<Vec<u32>> {
         let enc = self.hf.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         let mut ids = enc.get_ids().to_vec();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.n_vocab) {
+            return Err(Error::Tokenizer(format!(
+                "the embedded tokenizer produced token {bad}, outside the model's vocabulary of {} tokens",
+                self.n_vocab
+            )));
+        }
         if let (true, true, Some(bos)) = (at_start, self.add_bos, self.bos) {
             if ids.first() != Some(&bos) {
                 ids.insert(0, bos);

@@ -14,8 +14,10 @@ pub enum Error {
         reason: String,
     },
     /// A GGUF value has another type than the caller expects.
-    #[error("GGUF key {key}: expected {expected}, found {found}")]
+    #[error("{}: key {key} holds {found}, expected {expected}", path.display())]
     GgufType {
+        /// The file.
+        path: std::path::PathBuf,
         /// The metadata key.
         key: String,
         /// The type asked for.

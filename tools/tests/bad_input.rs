@@ -196,3 +196,64 @@ fn json_output_follows_the_schema() {
     assert_eq!(out_ids.len(), 10);
     assert_eq!(v["timings"]["macro_steps"].as_u64().unwrap() as usize, v["macro_steps"].as_array().unwrap().len());
 }
+
+#[test]
+fn sizes_that_overflow() {
+    let p = tiny(false);
+    let m = p.to_str().unwrap();
+    assert_clean_error(&["-m", m, "--prompt-ids", "1,2,3", "-t", "5000"], &["-t", "5000"]);
+    assert_clean_error(&["-m", m, "--prompt-ids", "1,2,3", "-c", "4611686018427387904"], &["-c", "4611686018427387904"]);
+    assert_clean_error(&["-m", m, "--prompt-ids", "1,2,3", "-b", "4000000", "-c", "4000000"], &["-b", "-c", "GiB"]);
+    // -c 0 takes the file's training context, which is checked like a -c.
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("ctx.gguf");
+    rewrite(&p, &huge, Edit::Set("hamburger.context_length", Value::U64(1 << 40)));
+    assert_clean_error(&["-m", huge.to_str().unwrap(), "--prompt-ids", "1,2,3", "-c", "0"], &["KV cache", "-c"]);
+}
+
+#[test]
+fn metadata_of_the_wrong_type_names_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (key, value) in [
+        ("hamburger.context_length", Value::Str("4096".into())),
+        ("hamburger.embedding_length", Value::I32(-128)),
+        ("hamburger.attention.layer_norm_rms_epsilon", Value::Str("1e-5".into())),
+        ("tokenizer.ggml.add_bos_token", Value::Str("yes".into())),
+        ("tokenizer.ggml.eos_token_id", Value::F32(2.0)),
+    ] {
+        let p = dir.path().join("typed.gguf");
+        rewrite(&tiny(false), &p, Edit::Set(key, value));
+        assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["typed.gguf", key]);
+    }
+    let p = dir.path().join("eps.gguf");
+    rewrite(&tiny(false), &p, Edit::Set("hamburger.attention.layer_norm_rms_epsilon", Value::F32(f32::INFINITY)));
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["eps.gguf", "rms epsilon"]);
+}
+
+#[test]
+fn special_tokens_outside_the_vocabulary_are_ignored_with_a_warning() {
+    // llama.cpp's rule: a bad special id is dropped (and said), not used.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bos.gguf");
+    rewrite(&tiny(false), &p, Edit::Set("tokenizer.ggml.bos_token_id", Value::U32(99_999)));
+    let (ok, out, err) = cli(&["-m", p.to_str().unwrap(), "-p", "The license", "-n", "4", "--temp", "0", "--json"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("tokenizer.ggml.bos_token_id = 99999 is outside the vocabulary"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim_end().lines().last().unwrap()).unwrap();
+    assert!(v["prompt_ids"].as_array().unwrap().iter().all(|id| id.as_u64().unwrap() < 512), "{v}");
+}
+
+#[test]
+fn tokenizer_ids_beyond_the_vocabulary() {
+    let src = tiny(false);
+    let g = Gguf::open(&src).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(g.get_str("tokenizer.huggingface.json").unwrap().unwrap()).unwrap();
+    json["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+        "id": 512, "content": "<|beyond|>", "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tok.gguf");
+    rewrite(&src, &p, Edit::Set("tokenizer.huggingface.json", Value::Str(json.to_string())));
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "a <|beyond|> b", "-n", "2"], &["token 512", "vocabulary of 512"]);
+}

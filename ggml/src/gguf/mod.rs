@@ -116,6 +116,23 @@ impl Value {
         }
     }
 
+    /// The type and value, shortened, for error messages (`u64 18446744073709551615`,
+    /// `string "abc"`, `array of 3`).
+    pub fn describe(&self) -> String {
+        let value = match self {
+            Value::U64(x) => x.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Str(s) => format!("{:?}", s.chars().take(40).collect::<String>()),
+            Value::Array(a) => return format!("an array of {}", a.len()),
+            v => match (v.as_int(), v.as_f64()) {
+                (Some(i), _) => i.to_string(),
+                (_, Some(f)) => f.to_string(),
+                _ => String::new(),
+            },
+        };
+        format!("{} {value}", self.type_name())
+    }
+
     /// A short name of the value's type, for error messages.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -314,16 +331,66 @@ impl Gguf {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Str(s)) => Ok(Some(s)),
-            Some(v) => Err(type_error(key, "string", v)),
+            Some(v) => Err(self.type_error(key, "a string", v)),
         }
+    }
+
+    /// The value of integer key `key` as a `usize`, if present.
+    ///
+    /// # Errors
+    /// When the key holds another type or a negative value (naming the file and key).
+    pub fn get_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_int().map(usize::try_from) {
+                Some(Ok(n)) => Ok(Some(n)),
+                _ => Err(self.type_error(key, "a non-negative integer", v)),
+            },
+        }
+    }
+
+    /// The value of numeric key `key` as an `f64`, if present.
+    ///
+    /// # Errors
+    /// When the key holds another type (naming the file and key).
+    pub fn get_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.type_error(key, "a number", v)),
+        }
+    }
+
+    /// The value of boolean key `key`, if present.
+    ///
+    /// # Errors
+    /// When the key holds another type (naming the file and key).
+    pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.type_error(key, "a bool", v)),
+        }
+    }
+
+    /// The value of array key `key`, if present.
+    ///
+    /// # Errors
+    /// When the key holds another type (naming the file and key).
+    pub fn get_array(&self, key: &str) -> Result<Option<&Array>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(a)) => Ok(Some(a)),
+            Some(v) => Err(self.type_error(key, "an array", v)),
+        }
+    }
+
+    /// The error for `key` holding `v` where `expected` was wanted.
+    fn type_error(&self, key: &str, expected: &'static str, v: &Value) -> Error {
+        Error::GgufType { path: self.path.clone(), key: key.into(), expected, found: v.describe() }
     }
 
     /// The tensor named `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
-}
-
-fn type_error(key: &str, expected: &'static str, v: &Value) -> Error {
-    Error::GgufType { key: key.into(), expected, found: v.type_name().into() }
 }

@@ -1,0 +1,86 @@
+//! What an engine will allocate, checked before anything is: each size must
+//! be representable (ggml counts elements in `i64`, bytes in `usize`) and fit
+//! the memory of the device that holds it. A huge `-c` (or a file's huge
+//! training context with `-c 0`), a huge `-b` or `-t` in the thousands then
+//! gives a one-line error instead of a ggml abort, an out-of-memory kill
+//! after the kernel overcommitted, or a machine spinning thousands of threads.
+
+use ggml::DeviceKind;
+
+use crate::engine::EngineParams;
+use crate::model::Model;
+use crate::{Error, Result};
+
+/// The most threads a ggml thread pool takes (`GGML_MAX_N_THREADS`).
+pub const MAX_THREADS: usize = 512;
+
+/// Attention windows are padded to this many cells (see the engine).
+const WINDOW_PAD: u128 = 256;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Checks `p` against ggml's limits and the machine's memory for `model`.
+///
+/// # Errors
+/// Naming the flag to change (`-t`, `-c`, `-b`) and what it would have needed.
+pub fn check(model: &Model, p: &EngineParams) -> Result<()> {
+    if p.n_threads > MAX_THREADS {
+        return Err(Error::Invalid(format!("{} threads (-t) exceed ggml's limit of {MAX_THREADS}", p.n_threads)));
+    }
+    let hp = &model.hp;
+    let cells = p.n_ctx as u128;
+    // One K and one V row per cell and layer.
+    let row = crate::kv_cache::row_bytes(p.kv_type, hp.n_embd_kv())? as u128;
+    let per_layer = 2 * row * cells;
+    let n_gpu = model.plan.n_gpu_layers() as u128;
+    let n_cpu = hp.n_layer as u128 - n_gpu;
+    // The widest forward: a batch of prompt tokens attending to the whole (padded)
+    // context: the f32 mask, and without flash attention the f32 scores of every head.
+    let window = cells.div_ceil(WINDOW_PAD) * WINDOW_PAD;
+    let tokens = p.n_batch.min(p.n_ctx) as u128;
+    let per_token_cell = if p.flash_attn { 4 } else { 4 * (hp.n_head as u128 + 1) };
+    let scores = tokens * window * per_token_cell;
+    let elements_ok = cells * (hp.n_embd_kv() as u128) < i64::MAX as u128
+        && tokens * window * (hp.n_head as u128) < i64::MAX as u128;
+    if !elements_ok {
+        return Err(Error::Invalid(format!(
+            "a context of {} entries (-c) with batches of {} tokens (-b) is beyond what ggml can represent",
+            p.n_ctx, p.n_batch
+        )));
+    }
+    let devices = [(DeviceKind::Cpu, n_cpu), (DeviceKind::Gpu, n_gpu)];
+    for (kind, layers) in devices {
+        let Some((name, total)) = memory(model, kind) else { continue };
+        let kv = layers * per_layer;
+        if kv > total {
+            return Err(Error::Invalid(format!(
+                "a KV cache of {} entries (-c) needs {:.1} GiB, more than the {:.1} GiB of memory of {name}: use a smaller context (-c)",
+                p.n_ctx,
+                kv as f64 / GIB,
+                total as f64 / GIB
+            )));
+        }
+        if layers > 0 && kv + scores > total {
+            return Err(Error::Invalid(format!(
+                "batches of {} tokens (-b) over a context of {} entries (-c) need {:.1} GiB of attention scores per forward besides a {:.1} GiB KV cache, more than the {:.1} GiB of memory of {name}: use a smaller -b or -c",
+                p.n_batch,
+                p.n_ctx,
+                scores as f64 / GIB,
+                kv as f64 / GIB,
+                total as f64 / GIB
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The name and total memory of the device of `kind` the model's plan uses
+/// (`None` when it uses none, or the device does not say).
+fn memory(model: &Model, kind: DeviceKind) -> Option<(String, u128)> {
+    let dev = match kind {
+        DeviceKind::Cpu => ggml::Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu),
+        _ => model.plan.gpu(),
+    }?;
+    let (_, total) = dev.memory();
+    (total > 0).then(|| (dev.name(), total as u128))
+}
