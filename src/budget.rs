@@ -40,8 +40,8 @@ pub fn check(model: &Model, p: &EngineParams) -> Result<()> {
     let tokens = p.n_batch.min(p.n_ctx) as u128;
     let per_token_cell = if p.flash_attn { 4 } else { 4 * (hp.n_head as u128 + 1) };
     let scores = tokens * window * per_token_cell;
-    let elements_ok = cells * (hp.n_embd_kv() as u128) < i64::MAX as u128
-        && tokens * window * (hp.n_head as u128) < i64::MAX as u128;
+    let elements_ok =
+        cells * (hp.n_embd_kv() as u128) < i64::MAX as u128 && tokens * window * (hp.n_head as u128) < i64::MAX as u128;
     if !elements_ok {
         return Err(Error::Invalid(format!(
             "a context of {} entries (-c) with batches of {} tokens (-b) is beyond what ggml can represent",

@@ -82,7 +82,9 @@ impl<'m> Engine<'m> {
     pub fn new(model: &'m Model, p: &EngineParams) -> Result<Engine<'m>> {
         let hp = &model.hp;
         if p.n_ctx == 0 || p.n_seq == 0 || p.n_threads == 0 || p.n_batch == 0 {
-            return Err(Error::Invalid("the context (-c), batch (-b), thread (-t) and sequence counts must be positive".into()));
+            return Err(Error::Invalid(
+                "the context (-c), batch (-b), thread (-t) and sequence counts must be positive".into(),
+            ));
         }
         crate::budget::check(model, p)?;
         let plan = &model.plan;

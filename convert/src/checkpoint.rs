@@ -185,9 +185,10 @@ impl Checkpoint {
             .ok_or_else(|| self.error("no data.pkl in the archive (not a torch checkpoint)".into()))?
             .clone();
         let prefix = pkl.trim_end_matches("data.pkl").to_string();
-        if let Ok(mut f) = zip.by_name(&format!("{prefix}byteorder")) {
+        if let Ok(f) = zip.by_name(&format!("{prefix}byteorder")) {
+            // "little" or "big"; a hostile entry may claim (or inflate to) gigabytes.
             let mut order = String::new();
-            std::io::Read::read_to_string(&mut f, &mut order).ok();
+            std::io::Read::read_to_string(&mut std::io::Read::take(f, 16), &mut order).ok();
             if order.trim() == "big" {
                 return Err(self.error("big-endian checkpoints are not supported".into()));
             }
@@ -281,6 +282,11 @@ impl Checkpoint {
             )));
         }
         Ok(SourceTensor { dtype, shape: t.shape.clone(), file: 0, start: start + t.offset * esize, len: numel * esize })
+    }
+
+    /// The files the tensors are read from.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.maps.iter().map(MappedFile::path)
     }
 
     /// The raw bytes of `t`.

@@ -131,6 +131,27 @@ impl HfConfig {
                 return bad(format!("rope_scaling type '{}' is not supported (llama3 or none)", rs.rope_type));
             }
         }
+        // Values that would make non-finite weights or divide by zero at run time.
+        let mut numbers = vec![("rms_norm_eps", Some(self.rms_norm_eps)), ("rope_theta", Some(self.rope_theta))];
+        if let Some(rs) = self.rope_scaling.as_ref().filter(|r| r.rope_type == "llama3") {
+            numbers.extend([
+                ("rope_scaling.factor", rs.factor),
+                ("rope_scaling.low_freq_factor", rs.low_freq_factor),
+                ("rope_scaling.high_freq_factor", rs.high_freq_factor),
+                ("rope_scaling.original_max_position_embeddings", rs.original_max_position_embeddings),
+            ]);
+            if rs.high_freq_factor.unwrap_or(4.0) <= rs.low_freq_factor.unwrap_or(1.0) {
+                return bad("rope_scaling.high_freq_factor must exceed low_freq_factor".into());
+            }
+        }
+        for (name, v) in numbers {
+            if let Some(v) = v.filter(|v| !v.is_finite() || *v <= 0.0 || !(*v as f32).is_normal()) {
+                return bad(format!("{name} {v} must be a finite positive number"));
+            }
+        }
+        if let Some(bad_freq) = self.llama3_rope_freqs().and_then(|f| f.into_iter().find(|x| !x.is_normal())) {
+            return bad(format!("rope_scaling makes a rope frequency factor of {bad_freq}"));
+        }
         Ok(())
     }
 

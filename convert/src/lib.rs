@@ -95,6 +95,7 @@ fn base_dir(opts: &ConvertOptions) -> PathBuf {
 pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let t0 = Instant::now();
     let ck = Checkpoint::open(&opts.checkpoint)?;
+    ggml::gguf::refuse_overwriting_inputs(&opts.outfile, ck.files())?;
     let dir = base_dir(opts);
     let config_path = dir.join("config.json");
     let config: HfConfig = hf::read_json(&config_path)?;

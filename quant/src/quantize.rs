@@ -130,6 +130,7 @@ pub struct QuantizeReport {
 /// Bad input, refused requantization, or I/O errors; no partial output remains.
 pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeReport, QuantError> {
     let t0 = Instant::now();
+    ggml::gguf::refuse_overwriting_inputs(&opts.output, [opts.input.as_path()])?;
     let gguf = Gguf::open(&opts.input)?;
     let plan = plan(&gguf, opts.mix, &opts.overrides)?;
     if !opts.allow_requantize {

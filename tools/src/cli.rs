@@ -21,6 +21,32 @@ pub fn run_tool<T: clap::Parser>(
     report(program, run(args))
 }
 
+/// Makes SIGINT and SIGTERM (and SIGHUP) delete the partial GGUF files being
+/// written before the program exits with status 130, as a shell expects of an
+/// interrupted command: a stopped conversion or quantization leaves nothing.
+///
+/// # Errors
+/// When a handler is already installed.
+pub fn remove_partial_files_on_interrupt() -> anyhow::Result<()> {
+    ctrlc::set_handler(|| {
+        ggml::gguf::remove_partial_files();
+        std::process::exit(130);
+    })?;
+    Ok(())
+}
+
+/// Parses a thread count (`-t`): at least one, at most ggml's limit.
+///
+/// # Errors
+/// Outside `1..=MAX_THREADS`.
+pub fn thread_count(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if n == 0 || n > hamburger::budget::MAX_THREADS {
+        return Err(format!("expected 1 to {} threads", hamburger::budget::MAX_THREADS));
+    }
+    Ok(n)
+}
+
 /// Starts the logger: `RUST_LOG` if set, else `default` (`warn` for the
 /// tools, `info` for the server).
 pub fn init_logger(default: &str) {

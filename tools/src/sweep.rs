@@ -34,7 +34,7 @@ pub struct SweepArgs {
     #[arg(long)]
     pub prompts: Option<PathBuf>,
     /// CPU threads.
-    #[arg(short = 't', long, default_value_t = hamburger::SessionParams::default().n_threads)]
+    #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::SessionParams::default().n_threads)]
     pub threads: usize,
     /// Tokens generated per prompt for the quality measures.
     #[arg(short = 'n', long, default_value_t = 32)]

@@ -202,7 +202,10 @@ fn sizes_that_overflow() {
     let p = tiny(false);
     let m = p.to_str().unwrap();
     assert_clean_error(&["-m", m, "--prompt-ids", "1,2,3", "-t", "5000"], &["-t", "5000"]);
-    assert_clean_error(&["-m", m, "--prompt-ids", "1,2,3", "-c", "4611686018427387904"], &["-c", "4611686018427387904"]);
+    assert_clean_error(
+        &["-m", m, "--prompt-ids", "1,2,3", "-c", "4611686018427387904"],
+        &["-c", "4611686018427387904"],
+    );
     assert_clean_error(&["-m", m, "--prompt-ids", "1,2,3", "-b", "4000000", "-c", "4000000"], &["-b", "-c", "GiB"]);
     // -c 0 takes the file's training context, which is checked like a -c.
     let dir = tempfile::tempdir().unwrap();
@@ -247,7 +250,8 @@ fn special_tokens_outside_the_vocabulary_are_ignored_with_a_warning() {
 fn tokenizer_ids_beyond_the_vocabulary() {
     let src = tiny(false);
     let g = Gguf::open(&src).unwrap();
-    let mut json: serde_json::Value = serde_json::from_str(g.get_str("tokenizer.huggingface.json").unwrap().unwrap()).unwrap();
+    let mut json: serde_json::Value =
+        serde_json::from_str(g.get_str("tokenizer.huggingface.json").unwrap().unwrap()).unwrap();
     json["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
         "id": 512, "content": "<|beyond|>", "single_word": false, "lstrip": false,
         "rstrip": false, "normalized": false, "special": true
@@ -255,5 +259,8 @@ fn tokenizer_ids_beyond_the_vocabulary() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("tok.gguf");
     rewrite(&src, &p, Edit::Set("tokenizer.huggingface.json", Value::Str(json.to_string())));
-    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "a <|beyond|> b", "-n", "2"], &["token 512", "vocabulary of 512"]);
+    assert_clean_error(
+        &["-m", p.to_str().unwrap(), "-p", "a <|beyond|> b", "-n", "2"],
+        &["token 512", "vocabulary of 512"],
+    );
 }

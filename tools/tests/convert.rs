@@ -310,3 +310,53 @@ fn sharded_index_and_ignored_entries() {
     assert!(ok, "{err}");
     assert_eq!(tensor_data(&Gguf::open(&out).unwrap()), tensor_data(&Gguf::open(&reference).unwrap()));
 }
+
+#[test]
+fn config_values_that_make_non_finite_tensors_are_rejected() {
+    for (from, to, names) in [
+        ("\"factor\": 8.0", "\"factor\": 0.0", "rope_scaling.factor"),
+        ("\"low_freq_factor\": 1.0", "\"low_freq_factor\": 4.0", "high_freq_factor"),
+        ("\"original_max_position_embeddings\": 64", "\"original_max_position_embeddings\": 0", "original_max"),
+        ("\"rope_theta\": 10000.0", "\"rope_theta\": 1e300", "rope_theta"),
+        ("\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 1e-60", "rms_norm_eps"),
+        ("\"head_dim\": 32", "\"head_dim\": 1000000", "head dim"),
+    ] {
+        let dir = scratch();
+        let cfg = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+        assert!(cfg.contains(from), "{from}");
+        std::fs::write(dir.path().join("config.json"), cfg.replace(from, to)).unwrap();
+        std::fs::copy(tiny_fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+        assert_rejected(&dir.path().join("model.safetensors"), &["config.json", names]);
+    }
+}
+
+#[test]
+fn output_equal_to_the_input_is_refused() {
+    let dir = scratch();
+    let p = dir.path().join("model.safetensors");
+    std::fs::copy(tiny_fixture().join("model.safetensors"), &p).unwrap();
+    let before = std::fs::read(&p).unwrap();
+    // The same file under another name too.
+    let alias = dir.path().join("sub/../model.safetensors");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    for out in [&p, &alias] {
+        let (ok, err) = run(&[p.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        assert!(!ok && err.contains("refusing to overwrite") && err.lines().count() == 1, "{err}");
+    }
+    assert_eq!(std::fs::read(&p).unwrap(), before, "input changed");
+}
+
+#[test]
+fn interrupted_conversion_leaves_nothing() {
+    let src = testmodel::smollm2_checkpoint().unwrap();
+    for signal in ["INT", "TERM"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.gguf");
+        let child = convert_bin()
+            .args([src.to_str().unwrap(), "-o", out.to_str().unwrap(), "--outtype", "f32", "--no-progress"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        testing::interrupt::interrupt_while_writing(child, dir.path(), signal);
+    }
+}

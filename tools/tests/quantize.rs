@@ -180,3 +180,29 @@ fn sweep_writes_csv_markdown_and_plot() {
     let svg = std::fs::read_to_string(dir.path().join("sweep.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("bits per weight"));
 }
+
+#[test]
+fn output_equal_to_the_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("model.gguf");
+    std::fs::copy(converted(&tiny_fixture().join("model.safetensors"), "tiny-st", ggml::Type::F32, false).unwrap(), &p)
+        .unwrap();
+    let (ok, _, err) = quantize_bin(&[p.to_str().unwrap(), p.to_str().unwrap(), "Q8_0"]);
+    assert!(!ok && err.contains("refusing to overwrite") && err.lines().count() == 1, "{err}");
+    assert_eq!(Gguf::open(&p).unwrap().tensors[0].ty, ggml::Type::F32, "input changed");
+}
+
+#[test]
+fn interrupted_quantization_leaves_nothing() {
+    let input = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
+    for signal in ["INT", "TERM"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.gguf");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hamburger-quantize"))
+            .args([input.to_str().unwrap(), out.to_str().unwrap(), "Q4_K_M"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        testing::interrupt::interrupt_while_writing(child, dir.path(), signal);
+    }
+}

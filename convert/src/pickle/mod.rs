@@ -8,6 +8,7 @@
 
 mod value;
 
+use std::collections::HashMap;
 use std::rc::Rc;
 
 pub use value::{Container, Storage, StorageDtype, TensorRef, Value};
@@ -93,9 +94,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Largest memo index accepted (a real checkpoint uses a few thousand).
-const MAX_MEMO: usize = 1 << 24;
-
 /// Unpickles `data`, calling `persistent_load` for each persistent id.
 ///
 /// # Errors
@@ -108,7 +106,11 @@ pub fn unpickle(
     let mut r = Reader { data, pos: 0 };
     let mut stack: Vec<Value> = Vec::new();
     let mut marks: Vec<usize> = Vec::new();
-    let mut memo: Vec<Option<Value>> = Vec::new();
+    // Sparse, so a hostile index cannot size it; at most one entry per opcode.
+    let mut memo: HashMap<usize, Value> = HashMap::new();
+    // Items BUILD copies from a state into a dict: the one opcode that copies
+    // what is already counted, so bounded by the input's length.
+    let mut copied = 0usize;
     let err = |m: String| PickleError(m);
     macro_rules! pop {
         () => {
@@ -283,9 +285,10 @@ pub fn unpickle(
                 let _kwargs = pop!();
                 let args = pop!();
                 let cls = pop!();
-                let args = args.items().unwrap_or_default();
+                let args = args.items();
+                let args = args.as_deref().unwrap_or(&[]);
                 let v = match cls {
-                    Value::Global(g) => call(&g, &args).map_err(err)?,
+                    Value::Global(g) => call(&g, args).map_err(err)?,
                     other => Value::Object(other.describe().into()),
                 };
                 stack.push(v);
@@ -295,6 +298,10 @@ pub fn unpickle(
                 let state = pop!();
                 if let (Some(Value::Dict(c)), Value::Dict(s)) = (stack.last(), &state) {
                     let items = s.items.borrow().clone();
+                    copied += items.len();
+                    if copied > data.len() {
+                        return Err(err(format!("BUILD copies more items than the pickle has bytes at offset {at}")));
+                    }
                     c.items.borrow_mut().extend(items);
                 }
             }
@@ -308,19 +315,12 @@ pub fn unpickle(
                     b'r' => r.u32()? as usize,
                     _ => memo.len(),
                 };
-                if idx > MAX_MEMO {
-                    return Err(err(format!("memo index {idx} too large")));
-                }
                 let v = stack.last().cloned().ok_or_else(|| err("memoize of empty stack".into()))?;
-                if memo.len() <= idx {
-                    memo.resize(idx + 1, None);
-                }
-                memo[idx] = Some(v);
+                memo.insert(idx, v);
             }
             b'h' | b'j' => {
                 let idx = if op == b'h' { r.u8()? as usize } else { r.u32()? as usize };
-                let v =
-                    memo.get(idx).cloned().flatten().ok_or_else(|| err(format!("memo {idx} unset at offset {at}")))?;
+                let v = memo.get(&idx).cloned().ok_or_else(|| err(format!("memo {idx} unset at offset {at}")))?;
                 stack.push(v);
             }
             b'0' => {
@@ -345,7 +345,7 @@ pub fn unpickle(
 pub fn torch_storage(pid: &Value) -> Result<Value, String> {
     let items = pid.items().ok_or("persistent id is not a tuple")?;
     let bad = || "malformed storage persistent id".to_string();
-    match items.as_slice() {
+    match &*items {
         [Value::Str(kind), Value::Global(class), Value::Str(key), _location, numel] if &**kind == "storage" => {
             let class_name = class.rsplit('.').next().unwrap_or("");
             let dtype = StorageDtype::from_class(class_name).ok_or_else(|| format!("unknown storage class {class}"))?;

@@ -1,7 +1,7 @@
 //! What the unpickler produces: values, torch storages and tensor views,
 //! and containers whose drop cannot overflow the stack.
 
-use std::cell::RefCell;
+use std::cell::{Ref, RefCell};
 use std::rc::Rc;
 
 /// Element types of torch storages.
@@ -143,9 +143,11 @@ impl Value {
         self.dict_entries()?.into_iter().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v)
     }
 
-    pub(super) fn items(&self) -> Option<Vec<Value>> {
+    /// The elements of a tuple or list, borrowed (a hostile pickle may call
+    /// with one huge argument tuple many times: no copies).
+    pub(super) fn items(&self) -> Option<Ref<'_, [Value]>> {
         match self {
-            Value::Tuple(c) | Value::List(c) => Some(c.items.borrow().clone()),
+            Value::Tuple(c) | Value::List(c) => Some(Ref::map(c.items.borrow(), Vec::as_slice)),
             _ => None,
         }
     }

@@ -2,6 +2,7 @@
 //! parser, which bounds every length by the bytes left in the file) and writing
 //! new files by streaming tensor data after ggml-built metadata.
 
+mod output;
 mod write;
 
 use std::ffi::{CStr, CString};
@@ -12,6 +13,7 @@ use std::ptr::NonNull;
 use crate::log_bridge::capture_errors;
 use crate::{sys, Error, Result, Type};
 
+pub use output::{refuse_overwriting_inputs, remove_partial_files};
 pub use write::{GgufBuilder, GgufWriter};
 
 /// An array value of GGUF metadata.

@@ -7,6 +7,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+use super::output::PartialFile;
 use super::{Array, GgufCtx, Value};
 use crate::{sys, Context, Error, Result, Type};
 
@@ -136,9 +137,18 @@ impl GgufBuilder {
             .suffix(".gguf.part")
             .tempfile_in(dir)
             .map_err(|e| Error::io(dir, e))?;
+        let partial = PartialFile::new(tmp.path());
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(&meta).map_err(|e| Error::io(path, e))?;
-        Ok(GgufWriter { out, path: path.to_path_buf(), sizes: self.sizes, current: 0, written: 0, alignment })
+        Ok(GgufWriter {
+            out,
+            _partial: partial,
+            path: path.to_path_buf(),
+            sizes: self.sizes,
+            current: 0,
+            written: 0,
+            alignment,
+        })
     }
 }
 
@@ -150,6 +160,8 @@ fn cstring(s: &str) -> Result<CString> {
 /// Dropping it before [`GgufWriter::finish`] deletes the partial file.
 pub struct GgufWriter {
     out: BufWriter<tempfile::NamedTempFile>,
+    /// Listed for signal handlers until the file is renamed or deleted.
+    _partial: PartialFile,
     path: PathBuf,
     sizes: Vec<(String, usize)>,
     current: usize,

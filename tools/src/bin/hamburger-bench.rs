@@ -25,7 +25,7 @@ struct Args {
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
     /// CPU threads.
-    #[arg(short = 't', long, default_value_t = hamburger::SessionParams::default().n_threads)]
+    #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = hamburger::SessionParams::default().n_threads)]
     threads: usize,
     /// Repetitions of each test (after one warm-up).
     #[arg(short = 'r', long, default_value_t = 5)]

@@ -52,7 +52,7 @@ struct Args {
     #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
     batch_size: usize,
     /// CPU threads (default: all cores).
-    #[arg(short = 't', long)]
+    #[arg(short = 't', long, value_parser = tools::cli::thread_count)]
     threads: Option<usize>,
     /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
     /// (faster), above 1 decodes exactly like the base model.

@@ -59,6 +59,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    tools::cli::remove_partial_files_on_interrupt()?;
     let opts = ConvertOptions {
         checkpoint: args.checkpoint,
         outfile: args.outfile,

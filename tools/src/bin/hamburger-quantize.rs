@@ -28,7 +28,7 @@ struct Args {
     #[arg(value_parser = tools::cli::parse_mix)]
     mix: Mix,
     /// Threads.
-    #[arg(short = 't', long)]
+    #[arg(short = 't', long, value_parser = tools::cli::thread_count)]
     threads: Option<usize>,
     /// Allow quantizing tensors that are already quantized.
     #[arg(long)]
@@ -76,8 +76,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
+    tools::cli::remove_partial_files_on_interrupt()?;
     if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global().context("thread pool")?;
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("thread pool")?;
     }
     let opts = QuantizeOptions {
         input: args.input,

@@ -49,7 +49,7 @@ struct Args {
     #[arg(long)]
     api_key: Option<String>,
     /// CPU threads.
-    #[arg(short = 't', long, default_value_t = SessionParams::default().n_threads)]
+    #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = SessionParams::default().n_threads)]
     threads: usize,
     /// auto, cpu, cuda or metal.
     #[arg(long, default_value = "auto", value_parser = tools::cli::parse_device)]

@@ -1,0 +1,32 @@
+//! Interrupting a tool in the middle of writing its output, as a user's
+//! Ctrl-C or a service manager's SIGTERM does.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Waits until `child` has a partial GGUF (`*.part`) in `dir`, sends it
+/// `signal` (`INT`, `TERM`...) and checks that it exits with status 130 and
+/// leaves `dir` empty.
+///
+/// # Panics
+/// When no partial file appears within two minutes, the tool exits some other
+/// way, or anything is left in `dir`.
+pub fn interrupt_while_writing(mut child: Child, dir: &Path, signal: &str) {
+    let t0 = Instant::now();
+    let has_part =
+        || std::fs::read_dir(dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".part"));
+    while !has_part() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the tool exited ({status}) before writing a partial file");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no partial file after two minutes");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args([format!("-{signal}"), pid]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "SIG{signal}: {}", String::from_utf8_lossy(&out.stderr));
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "SIG{signal} left {left:?}");
+}
