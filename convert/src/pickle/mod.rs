@@ -398,4 +398,23 @@ mod tests {
         let v = run(&data).unwrap();
         drop(v);
     }
+
+    #[test]
+    fn memo_indices_do_not_size_the_memo() {
+        // LONG_BINPUT 4e9 then LONG_BINGET of it: a few bytes, no 4e9-entry table.
+        let v = run(b"\x80\x02Nr\x00\x28\x6b\xeej\x00\x28\x6b\xee.").unwrap();
+        assert!(matches!(v, Value::None));
+    }
+
+    #[test]
+    fn build_that_doubles_a_shared_dict_is_bounded() {
+        // {'a': 1} memoized, then BUILD it with itself as the state, again and again:
+        // each BUILD would double it (2^k items from 3k bytes).
+        let mut data = b"\x80\x02}q\x00X\x01\x00\x00\x00aK\x01s".to_vec();
+        for _ in 0..64 {
+            data.extend(b"h\x00b");
+        }
+        data.push(b'.');
+        assert!(run(&data).unwrap_err().0.contains("BUILD copies more items"));
+    }
 }
