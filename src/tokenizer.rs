@@ -31,6 +31,10 @@ impl Tokenizer {
     /// # Errors
     /// When the JSON does not parse as a tokenizer.
     pub fn from_json(json: &str, n_vocab: usize, bos: Option<u32>, add_bos: bool) -> Result<Tokenizer> {
+        // `tokenizers` panics (`expect("Helper")` in its decoder) on JSON that is
+        // not well formed: check the syntax first so a hostile file gets an error.
+        serde_json::from_str::<serde::de::IgnoredAny>(json)
+            .map_err(|e| Error::Tokenizer(format!("the tokenizer JSON is malformed: {e}")))?;
         let hf = tokenizers::Tokenizer::from_bytes(json.as_bytes()).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(Tokenizer { hf, bos, add_bos, n_vocab })
     }

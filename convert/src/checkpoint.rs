@@ -210,8 +210,9 @@ impl Checkpoint {
         }
         let &(pkl_start, pkl_len) =
             entries.get(&pkl).ok_or_else(|| self.error("data.pkl is compressed (not written by torch.save)".into()))?;
-        let root = pickle::unpickle(&bytes[pkl_start..pkl_start + pkl_len], pickle::torch_storage)
+        let unpickled = pickle::unpickle(&bytes[pkl_start..pkl_start + pkl_len], pickle::torch_storage)
             .map_err(|e| self.error(e.to_string()))?;
+        let root = &unpickled.root;
 
         if let Some(hp) = root.get("hyper_parameters") {
             if let Some(Value::Int(s)) = hp.get("max_steps") {
@@ -223,7 +224,7 @@ impl Checkpoint {
         }
         let state = match root.get("state_dict") {
             Some(sd) => sd,
-            None if root.dict_entries().is_some() => root,
+            None if root.dict_entries().is_some() => root.clone(),
             None => return Err(self.error(format!("top level is a {}, not a dict", root.describe()))),
         };
         let entries_of_state = state

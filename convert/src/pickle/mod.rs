@@ -9,9 +9,9 @@
 mod value;
 
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
-pub use value::{Container, Storage, StorageDtype, TensorRef, Value};
+pub use value::{Container, Storage, StorageDtype, TensorRef, Unpickled, Value};
 
 /// Dict-like classes that pickle their items with SETITEMS (or a dict BUILD state).
 const DICT_CLASSES: &[&str] = &[
@@ -25,7 +25,7 @@ const DICT_CLASSES: &[&str] = &[
 ];
 
 /// Interprets a call of an allow-listed global; anything else is inert.
-fn call(global: &str, args: &[Value]) -> Result<Value, String> {
+fn call(global: &str, args: &[Value], made: &mut Vec<Weak<Container>>) -> Result<Value, String> {
     let tensor = |args: &[Value]| -> Result<Value, String> {
         let bad = || format!("malformed arguments to {global}");
         let Value::Storage(storage) = args.first().ok_or_else(bad)? else { return Err(bad()) };
@@ -42,7 +42,7 @@ fn call(global: &str, args: &[Value]) -> Result<Value, String> {
         "torch._utils._rebuild_parameter" | "torch._utils._rebuild_parameter_with_state" => {
             args.first().cloned().ok_or_else(|| format!("malformed arguments to {global}"))
         }
-        g if DICT_CLASSES.contains(&g) => Ok(Value::Dict(Value::container(Vec::new()))),
+        g if DICT_CLASSES.contains(&g) => Ok(Value::Dict(Value::container(Vec::new(), made))),
         "torch.Size" | "builtins.tuple" => Ok(args.first().cloned().unwrap_or(Value::None)),
         other => Ok(Value::Object(other.into())),
     }
@@ -102,7 +102,7 @@ impl<'a> Reader<'a> {
 pub fn unpickle(
     data: &[u8],
     mut persistent_load: impl FnMut(&Value) -> Result<Value, String>,
-) -> Result<Value, PickleError> {
+) -> Result<Unpickled, PickleError> {
     let mut r = Reader { data, pos: 0 };
     let mut stack: Vec<Value> = Vec::new();
     let mut marks: Vec<usize> = Vec::new();
@@ -111,6 +111,7 @@ pub fn unpickle(
     // Items BUILD copies from a state into a dict: the one opcode that copies
     // what is already counted, so bounded by the input's length.
     let mut copied = 0usize;
+    let mut made: Vec<Weak<Container>> = Vec::new();
     let err = |m: String| PickleError(m);
     macro_rules! pop {
         () => {
@@ -136,7 +137,10 @@ pub fn unpickle(
             0x95 => {
                 r.u64()?;
             } // FRAME
-            b'.' => return stack.pop().ok_or_else(|| err("empty stack at STOP".into())),
+            b'.' => {
+                let root = stack.pop().ok_or_else(|| err("empty stack at STOP".into()))?;
+                return Ok(Unpickled { root, made });
+            }
             b'(' => marks.push(stack.len()),
             b'N' => stack.push(Value::None),
             0x88 => stack.push(Value::Bool(true)),
@@ -194,23 +198,23 @@ pub fn unpickle(
                 let n = r.u8()? as usize;
                 stack.push(Value::Bytes(r.take(n)?.into()));
             }
-            b')' => stack.push(Value::Tuple(Value::container(Vec::new()))),
-            b']' => stack.push(Value::List(Value::container(Vec::new()))),
-            b'}' => stack.push(Value::Dict(Value::container(Vec::new()))),
+            b')' => stack.push(Value::Tuple(Value::container(Vec::new(), &mut made))),
+            b']' => stack.push(Value::List(Value::container(Vec::new(), &mut made))),
+            b'}' => stack.push(Value::Dict(Value::container(Vec::new(), &mut made))),
             b't' => {
                 let items = pop_mark!();
-                stack.push(Value::Tuple(Value::container(items)));
+                stack.push(Value::Tuple(Value::container(items, &mut made)));
             }
             b'l' => {
                 let items = pop_mark!();
-                stack.push(Value::List(Value::container(items)));
+                stack.push(Value::List(Value::container(items, &mut made)));
             }
             b'd' => {
                 let items = pop_mark!();
                 if items.len() % 2 != 0 {
                     return Err(err(format!("odd dict items at offset {at}")));
                 }
-                stack.push(Value::Dict(Value::container(items)));
+                stack.push(Value::Dict(Value::container(items, &mut made)));
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
@@ -218,7 +222,7 @@ pub fn unpickle(
                     return Err(err("stack underflow".into()));
                 }
                 let items = stack.split_off(stack.len() - n);
-                stack.push(Value::Tuple(Value::container(items)));
+                stack.push(Value::Tuple(Value::container(items, &mut made)));
             }
             b'a' => {
                 let v = pop!();
@@ -275,7 +279,7 @@ pub fn unpickle(
                 let callable = pop!();
                 let args = args.items().ok_or_else(|| err(format!("call arguments are not a tuple at offset {at}")))?;
                 let v = match callable {
-                    Value::Global(g) => call(&g, &args).map_err(err)?,
+                    Value::Global(g) => call(&g, &args, &mut made).map_err(err)?,
                     other => Value::Object(other.describe().into()),
                 };
                 stack.push(v);
@@ -288,7 +292,7 @@ pub fn unpickle(
                 let args = args.items();
                 let args = args.as_deref().unwrap_or(&[]);
                 let v = match cls {
-                    Value::Global(g) => call(&g, args).map_err(err)?,
+                    Value::Global(g) => call(&g, args, &mut made).map_err(err)?,
                     other => Value::Object(other.describe().into()),
                 };
                 stack.push(v);
@@ -363,7 +367,7 @@ pub fn torch_storage(pid: &Value) -> Result<Value, String> {
 mod tests {
     use super::*;
 
-    fn run(data: &[u8]) -> Result<Value, PickleError> {
+    fn run(data: &[u8]) -> Result<Unpickled, PickleError> {
         unpickle(data, torch_storage)
     }
 
@@ -372,14 +376,14 @@ mod tests {
         // {}, memo 0, MARK 'a' 1 SETITEMS, pop, get memo 0, STOP
         let data = b"\x80\x02}q\x00(X\x01\x00\x00\x00aK\x01u0h\x00.";
         let v = run(data).unwrap();
-        assert!(matches!(v.get("a"), Some(Value::Int(1))));
+        assert!(matches!(v.root.get("a"), Some(Value::Int(1))));
     }
 
     #[test]
     fn globals_outside_the_allow_list_are_inert() {
         let data = b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00ls\x85R.";
         let v = run(data).unwrap();
-        assert!(matches!(v, Value::Object(ref o) if &**o == "os.system"));
+        assert!(matches!(v.root, Value::Object(ref o) if &**o == "os.system"));
     }
 
     #[test]
@@ -403,7 +407,7 @@ mod tests {
     fn memo_indices_do_not_size_the_memo() {
         // LONG_BINPUT 4e9 then LONG_BINGET of it: a few bytes, no 4e9-entry table.
         let v = run(b"\x80\x02Nr\x00\x28\x6b\xeej\x00\x28\x6b\xee.").unwrap();
-        assert!(matches!(v, Value::None));
+        assert!(matches!(v.root, Value::None));
     }
 
     #[test]
@@ -416,5 +420,15 @@ mod tests {
         }
         data.push(b'.');
         assert!(run(&data).unwrap_err().0.contains("BUILD copies more items"));
+    }
+
+    #[test]
+    fn a_list_inside_itself_is_freed() {
+        // [] memo 0, get memo 0, APPEND: the list holds itself.
+        let v = run(b"\x80\x02]q\x00h\x00a.").unwrap();
+        let Value::List(c) = &v.root else { panic!("not a list") };
+        let weak = Rc::downgrade(c);
+        drop(v);
+        assert!(weak.upgrade().is_none(), "the cycle outlived the result");
     }
 }

@@ -2,7 +2,7 @@
 //! and containers whose drop cannot overflow the stack.
 
 use std::cell::{Ref, RefCell};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 /// Element types of torch storages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +95,26 @@ impl Drop for Container {
     }
 }
 
+/// The result of unpickling: the root value, and every container made on the
+/// way. A pickle can put a list inside itself; such cycles would outlive the
+/// `Rc`s, so dropping this empties every container first.
+#[derive(Debug)]
+pub struct Unpickled {
+    /// The value the pickle returns.
+    pub root: Value,
+    pub(super) made: Vec<Weak<Container>>,
+}
+
+impl Drop for Unpickled {
+    fn drop(&mut self) {
+        for c in self.made.drain(..).filter_map(|w| w.upgrade()) {
+            let items = std::mem::take(&mut *c.items.borrow_mut());
+            drop(c);
+            drop(items);
+        }
+    }
+}
+
 /// A pickled value.
 #[derive(Debug, Clone)]
 pub enum Value {
@@ -127,8 +147,12 @@ pub enum Value {
 }
 
 impl Value {
-    pub(super) fn container(items: Vec<Value>) -> Rc<Container> {
-        Rc::new(Container { items: RefCell::new(items) })
+    /// A new container holding `items`, recorded in `made` so that
+    /// [`Unpickled`] can break its reference cycles.
+    pub(super) fn container(items: Vec<Value>, made: &mut Vec<Weak<Container>>) -> Rc<Container> {
+        let c = Rc::new(Container { items: RefCell::new(items) });
+        made.push(Rc::downgrade(&c));
+        c
     }
 
     /// The entries of a dict, as (key, value) pairs.
