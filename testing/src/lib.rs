@@ -11,6 +11,6 @@
 //! * [`golden`]: the golden cases of the tiny fixture, checked end to end.
 
 pub mod golden;
-pub mod interrupt;
+pub mod process;
 pub mod reference;
 pub mod testmodel;

@@ -1,8 +1,8 @@
 //! Bad input to `hamburger-cli`: one clear line on stderr naming the file,
-//! tensor or flag, a non-zero exit, never a panic.
+//! tensor or flag, a non-zero exit, never a panic, all within a 4 GiB
+//! address space.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use ggml::gguf::{Gguf, GgufBuilder, Value};
 use testing::testmodel::{converted, tiny_fixture};
@@ -11,9 +11,9 @@ fn tiny(base_only: bool) -> PathBuf {
     converted(&tiny_fixture().join("model.safetensors"), "tiny-st", ggml::Type::F32, base_only).unwrap()
 }
 
-/// Runs the CLI; returns (success, stdout, stderr).
+/// Runs the CLI in a 4 GiB address space; returns (success, stdout, stderr).
 fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hamburger-cli")).args(args).output().unwrap();
+    let out = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-cli")).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 

@@ -10,8 +10,9 @@ use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use testing::reference::Reference;
 use testing::testmodel::{self, tiny_fixture};
 
+/// The converter in a 4 GiB address space.
 fn convert_bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+    testing::process::limited(env!("CARGO_BIN_EXE_hamburger-convert"))
 }
 
 /// Runs the converter; returns (success, stderr).
@@ -357,6 +358,6 @@ fn interrupted_conversion_leaves_nothing() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        testing::interrupt::interrupt_while_writing(child, dir.path(), signal);
+        testing::process::interrupt_while_writing(child, dir.path(), signal);
     }
 }

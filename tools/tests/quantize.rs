@@ -3,7 +3,6 @@
 //! and generates; base-only outputs run in libllama; refusals and the sweep.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use ggml::gguf::Gguf;
 use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
@@ -11,7 +10,7 @@ use quant::Mix;
 use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
 fn quantize_bin(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hamburger-quantize")).args(args).output().unwrap();
+    let out = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-quantize")).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
@@ -149,9 +148,11 @@ fn dry_run_and_overrides() {
     assert!(stdout.contains("bits per weight"));
 }
 
-/// Runs `hamburger-quantize sweep` on `input` and returns its CSV rows by type
-/// name, as column -> value.
-fn sweep(input: &Path, types: &str, extra: &[&str]) -> (tempfile::TempDir, Vec<(String, Vec<(String, f64)>)>) {
+/// A sweep's CSV rows: the type's name, then (column, value) pairs.
+type SweepRows = Vec<(String, Vec<(String, f64)>)>;
+
+/// Runs `hamburger-quantize sweep` on `input` and returns its output directory and CSV rows.
+fn sweep(input: &Path, types: &str, extra: &[&str]) -> (tempfile::TempDir, SweepRows) {
     let dir = tempfile::tempdir().unwrap();
     let mut args = vec!["sweep", input.to_str().unwrap(), "--types", types, "--out", dir.path().to_str().unwrap()];
     args.extend(["-t", "2", "--pp", "8", "--tg", "4", "-r", "1"]);
@@ -172,7 +173,7 @@ fn sweep(input: &Path, types: &str, extra: &[&str]) -> (tempfile::TempDir, Vec<(
     (dir, rows)
 }
 
-fn cell(rows: &[(String, Vec<(String, f64)>)], ty: &str, column: &str) -> f64 {
+fn cell(rows: &SweepRows, ty: &str, column: &str) -> f64 {
     let row = &rows.iter().find(|(n, _)| n == ty).unwrap_or_else(|| panic!("no row {ty}")).1;
     row.iter().find(|(c, _)| c == column).unwrap_or_else(|| panic!("no column {column}")).1
 }
@@ -184,8 +185,9 @@ fn sweep_measures_each_type_against_the_input() {
     assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["input", "Q8_0", "Q4_0"]);
     // Real measurements of real files: sizes and bits per weight from the
     // quantized outputs, speeds measured, quality fractions in range.
-    for (ty, path) in [("Q8_0", "tiny-st-f32-Q8_0.gguf"), ("Q4_0", "tiny-st-f32-Q4_0.gguf")] {
-        let bytes = std::fs::metadata(dir.path().join(path)).unwrap().len() as f64;
+    let stem = input.file_stem().unwrap().to_string_lossy().into_owned();
+    for ty in ["Q8_0", "Q4_0"] {
+        let bytes = std::fs::metadata(dir.path().join(format!("{stem}-{ty}.gguf"))).unwrap().len() as f64;
         assert_eq!(cell(&rows, ty, "bytes"), bytes, "{ty}");
         assert!(cell(&rows, ty, "pp_ts") > 0.0 && cell(&rows, ty, "tg_ts") > 0.0, "{ty}");
         for c in ["token_match", "top1_agree"] {
@@ -248,11 +250,11 @@ fn interrupted_quantization_leaves_nothing() {
     for signal in ["INT", "TERM"] {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out.gguf");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hamburger-quantize"))
+        let child = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-quantize"))
             .args([input.to_str().unwrap(), out.to_str().unwrap(), "Q4_K_M"])
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        testing::interrupt::interrupt_while_writing(child, dir.path(), signal);
+        testing::process::interrupt_while_writing(child, dir.path(), signal);
     }
 }

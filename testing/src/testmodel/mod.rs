@@ -226,16 +226,21 @@ pub fn smollm2_checkpoint() -> Result<PathBuf, ConvertError> {
     cached_dir(&cache.join("smollm2-hamburger"), |d| from_gguf::write(&gguf, d, 0))
 }
 
-/// `checkpoint` converted to `outtype` (base-only or not), cached by name in
-/// the cache directory: `<stem>-<outtype>[-base].gguf`.
+/// `checkpoint` converted to `outtype` (base-only or not), cached in the cache
+/// directory as `<stem>-<outtype>[-base]-<key>.gguf`. The key hashes the
+/// converter's sources (fingerprinted at build time), the options and the
+/// size and modification time of the checkpoint and its side files, so no
+/// change to either is hidden by a stale file; older keys are removed.
 ///
 /// # Errors
 /// When the conversion fails.
 pub fn converted(checkpoint: &Path, stem: &str, outtype: ggml::Type, base_only: bool) -> Result<PathBuf, ConvertError> {
     let dir = cache_dir().join("gguf");
     std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io(&dir, e))?;
-    let out = dir.join(format!("{stem}-{}{}.gguf", outtype.name(), if base_only { "-base" } else { "" }));
+    let name = format!("{stem}-{}{}", outtype.name(), if base_only { "-base" } else { "" });
+    let out = dir.join(format!("{name}-{:016x}.gguf", conversion_key(checkpoint, &name)));
     if !out.exists() {
+        remove_stale(&dir, &name);
         convert::convert(&convert::ConvertOptions {
             checkpoint: checkpoint.to_path_buf(),
             outfile: out.clone(),
@@ -248,4 +253,36 @@ pub fn converted(checkpoint: &Path, stem: &str, outtype: ggml::Type, base_only: 
         })?;
     }
     Ok(out)
+}
+
+/// The cache key of converting `checkpoint` under `name` (stem, type, base-only).
+fn conversion_key(checkpoint: &Path, name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (env!("HAMBURGER_CONVERTER_FINGERPRINT"), name).hash(&mut h);
+    let side = checkpoint.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut inputs = vec![checkpoint.to_path_buf()];
+    for dir in [checkpoint, side.as_path()] {
+        for f in ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "hamburger.json"] {
+            inputs.push(dir.join(f));
+        }
+    }
+    for p in inputs {
+        if let Ok(m) = std::fs::metadata(&p) {
+            (p, m.len(), m.modified().ok()).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// Removes the cached conversions of `name` made under other keys.
+fn remove_stale(dir: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let key = file.strip_prefix(name).and_then(|r| r.strip_prefix('-')).and_then(|r| r.strip_suffix(".gguf"));
+        if key.is_some_and(|k| k.len() == 16 && k.chars().all(|c| c.is_ascii_hexdigit())) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }

@@ -1,9 +1,23 @@
-//! Interrupting a tool in the middle of writing its output, as a user's
-//! Ctrl-C or a service manager's SIGTERM does.
+//! Running the tools as a hostile environment would: under a 4 GiB
+//! address-space limit, and interrupted in the middle of writing their
+//! output, as a user's Ctrl-C or a service manager's SIGTERM does.
 
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+/// The address space the tools get in tests: 4 GiB, the contract of
+/// docs/reliability.md (no input may make a tool need more to fail cleanly).
+pub const ADDRESS_SPACE_KIB: u64 = 4 << 20;
+
+/// A command running `program` with its address space limited to
+/// [`ADDRESS_SPACE_KIB`] (through the shell's `ulimit -v`), so an allocation
+/// a hostile input asks for fails instead of swapping the machine to death.
+pub fn limited(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("sh");
+    c.args(["-c", &format!("ulimit -v {ADDRESS_SPACE_KIB} && exec \"$0\" \"$@\"")]).arg(program);
+    c
+}
 
 /// Waits until `child` has a partial GGUF (`*.part`) in `dir`, sends it
 /// `signal` (`INT`, `TERM`...) and checks that it exits with status 130 and
