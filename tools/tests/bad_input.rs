@@ -264,3 +264,26 @@ fn tokenizer_ids_beyond_the_vocabulary() {
         &["token 512", "vocabulary of 512"],
     );
 }
+
+#[test]
+fn bench_flags_out_of_range() {
+    let p = tiny(false);
+    let m = p.to_str().unwrap();
+    for (args, names) in [
+        (vec!["-t", "0"], vec!["--threads", "0"]),
+        (vec!["-t", "5000"], vec!["--threads", "5000"]),
+        (vec!["--forced-steps", "0"], vec!["--forced-steps", "0"]),
+        (vec!["--forced-steps", "99"], vec!["--forced-steps 99", "4 tokens per macro step"]),
+    ] {
+        let out = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-bench"))
+            .args(["-m", m, "-p", "8", "-n", "4", "-r", "1"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+        for n in names {
+            assert!(err.contains(n), "{args:?}: {err}");
+        }
+    }
+}

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Parser;
 use ggml::llama::LlamaModel;
 use hamburger::DeviceChoice;
@@ -81,6 +81,13 @@ fn run(args: &Args) -> Result<()> {
         &args.model,
         &hamburger::LoadOptions { device: args.device, n_gpu_layers: args.n_gpu_layers, repack: !args.no_repack },
     )?;
+    let forced: Vec<Option<usize>> = match &args.forced_steps {
+        Some(k) => k.iter().map(|&k| Some(k)).collect(),
+        None => vec![None],
+    };
+    if let Some(k) = forced.iter().flatten().find(|&&k| k > model.hp.max_steps) {
+        bail!("--forced-steps {k} exceeds the model's {} tokens per macro step", model.hp.max_steps);
+    }
     let base_ngl = if model.plan.gpu().is_some() { args.n_gpu_layers.min(i32::MAX as usize) as i32 } else { 0 };
     let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, base_ngl, !args.no_repack)).transpose()?;
     let params = SessionParams {
@@ -109,10 +116,6 @@ fn run(args: &Args) -> Result<()> {
         }
         rows.push(Row { test: format!("pp{n}"), forced_steps: None, ours, base });
     }
-    let forced: Vec<Option<usize>> = match &args.forced_steps {
-        Some(k) => k.iter().map(|&k| Some(k)).collect(),
-        None => vec![None],
-    };
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         // One round runs every forced-step setting and the baseline in turn.
         let mut runners = Vec::new();
