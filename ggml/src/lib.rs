@@ -15,6 +15,7 @@
 mod backend;
 mod context;
 mod error;
+mod fatal;
 pub mod gguf;
 mod graph;
 mod groups;
@@ -30,6 +31,7 @@ mod types;
 pub use backend::{Backend, Buffer, BufferType, Device, DeviceKind, ThreadPool, WeightOp};
 pub use context::{as_bytes, Context, Pod, Tensor};
 pub use error::{Error, Result};
+pub use fatal::exit_on_ggml_abort;
 pub use graph::Graph;
 pub use groups::ContextGroups;
 pub use log_bridge::init_logging;

@@ -17,6 +17,7 @@ pub fn run_tool<T: clap::Parser>(
     run: impl FnOnce(T) -> anyhow::Result<()>,
 ) -> ExitCode {
     init_logger(default_log);
+    ggml::exit_on_ggml_abort(program);
     let args: T = parse_or_exit(program, llama_style_args(std::env::args()));
     report(program, run(args))
 }

@@ -55,6 +55,7 @@ struct Args {
 
 fn main() -> ExitCode {
     tools::cli::init_logger("warn");
+    ggml::exit_on_ggml_abort("hamburger-quantize");
     let args: Vec<String> = std::env::args().collect();
     let sub = |name: &str| {
         let mut rest = args.clone();
