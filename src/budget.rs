@@ -32,8 +32,6 @@ pub fn check(model: &Model, p: &EngineParams) -> Result<()> {
     // One K and one V row per cell and layer.
     let row = crate::kv_cache::row_bytes(p.kv_type, hp.n_embd_kv())? as u128;
     let per_layer = 2 * row * cells;
-    let n_gpu = model.plan.n_gpu_layers() as u128;
-    let n_cpu = hp.n_layer as u128 - n_gpu;
     // The widest forward: a batch of prompt tokens attending to the whole (padded)
     // context: the f32 mask, and without flash attention the f32 scores of every head.
     let window = cells.div_ceil(WINDOW_PAD) * WINDOW_PAD;
@@ -48,9 +46,9 @@ pub fn check(model: &Model, p: &EngineParams) -> Result<()> {
             p.n_ctx, p.n_batch
         )));
     }
-    let devices = [(DeviceKind::Cpu, n_cpu), (DeviceKind::Gpu, n_gpu)];
-    for (kind, layers) in devices {
-        let Some((name, total)) = memory(model, kind) else { continue };
+    for (device, layers) in model.plan.layer_counts() {
+        let Some((name, total)) = memory(device) else { continue };
+        let layers = layers as u128;
         let kv = layers * per_layer;
         if kv > total {
             return Err(Error::Invalid(format!(
@@ -74,13 +72,9 @@ pub fn check(model: &Model, p: &EngineParams) -> Result<()> {
     Ok(())
 }
 
-/// The name and total memory of the device of `kind` the model's plan uses
-/// (`None` when it uses none, or the device does not say).
-fn memory(model: &Model, kind: DeviceKind) -> Option<(String, u128)> {
-    let dev = match kind {
-        DeviceKind::Cpu => ggml::Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu),
-        _ => model.plan.gpu(),
-    }?;
+/// The name and total memory of `device` (the CPU when `None`), unless it does not say.
+fn memory(device: Option<ggml::Device>) -> Option<(String, u128)> {
+    let dev = device.or_else(|| ggml::Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu))?;
     let (_, total) = dev.memory();
     (total > 0).then(|| (dev.name(), total as u128))
 }

@@ -169,4 +169,19 @@ mod tests {
         let m = [Message { role: "user".into(), content: "  hi ".into() }];
         assert_eq!(t.render(&m, false).unwrap(), "HI");
     }
+
+    #[test]
+    fn hostile_templates_fail_within_bounds() {
+        let m = [Message { role: "user".into(), content: "hi".into() }];
+        for source in [
+            "{{ 'x' * 100000000000 }}",
+            "{{ range(100000000000) | list | length }}",
+            "{% for i in range(1000000000) %}{% endfor %}",
+            "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+        ] {
+            let t = ChatTemplate::new(source, "", "").unwrap();
+            let e = t.render(&m, true).unwrap_err().to_string();
+            assert!(e.contains("template"), "{source}: {e}");
+        }
+    }
 }

@@ -9,7 +9,7 @@ use ggml::MappedFile;
 
 use crate::arch::{keys, token_type, ARCH_HAMBURGER};
 use crate::hparams::HParams;
-use crate::placement::{DeviceChoice, PlacementPlan};
+use crate::placement::{LoadOptions, PlacementPlan};
 use crate::weights::{self, Weights};
 use crate::{Error, Result};
 
@@ -95,25 +95,6 @@ impl VocabInfo {
     }
 }
 
-/// How to load a model: the device, the offloaded layers and whether CPU
-/// weights may use repacked layouts (the binaries' `--device`, `-ngl` and
-/// `--no-repack`).
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// The device choice (the default is the CPU).
-    pub device: DeviceChoice,
-    /// Base layers to offload to the GPU (the last ones), when there is one.
-    pub n_gpu_layers: usize,
-    /// Whether CPU matrices may be copied into repacked layouts (llama.cpp's default: yes).
-    pub repack: bool,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions { device: DeviceChoice::Cpu, n_gpu_layers: 0, repack: true }
-    }
-}
-
 /// A HAMburger model.
 pub struct Model {
     /// The GGUF file.
@@ -151,7 +132,7 @@ impl Model {
         }
         let hp = HParams::from_gguf(&gguf, ARCH_HAMBURGER)?;
         let vocab = VocabInfo::from_gguf(&gguf, hp.n_vocab)?;
-        let plan = PlacementPlan::new(options.device, options.n_gpu_layers, options.repack, hp.n_layer)?;
+        let plan = PlacementPlan::new(options, hp.n_layer)?;
         let map = Rc::new(MappedFile::open(path)?);
         let weights = weights::load(&gguf, map, &hp, &plan)?;
         Ok(Model {

@@ -1,9 +1,11 @@
-//! Where a model runs, decided once: the device chosen through ggml's backend
-//! registry, how many base layers are offloaded to it (llama.cpp's `-ngl`: the
-//! last N layers; the merger, micro decoder and heads follow the last
-//! offloaded layer), and which CPU buffer types weights may use. The
-//! [`PlacementPlan`] answers for every weight and every cache layer, and makes
-//! the backends a computation runs on.
+//! Where a model runs, decided once: the local device chosen through ggml's
+//! backend registry, the devices of RPC servers on other machines, how many
+//! base layers are offloaded and how they are split among those devices
+//! (llama.cpp's `-ngl` and `--tensor-split`: the last N layers; the merger,
+//! micro decoder and heads follow the last offloaded layer unless kept
+//! local), and which CPU buffer types weights may use. The [`PlacementPlan`]
+//! answers for every weight and every cache layer, and makes the backends a
+//! computation runs on.
 
 use std::rc::Rc;
 
@@ -96,58 +98,138 @@ pub enum Placement {
     Buffer(BufferType),
 }
 
-/// The placement of one model, built once at load from (device choice,
-/// offloaded layers, repack, layer count) and asked for every weight's and
-/// cache layer's buffer type.
+/// How to place a model: the device, the remote devices, the offloaded layers
+/// and their split, and whether CPU weights may use repacked layouts (the
+/// binaries' `--device`, `--rpc`, `-ngl`, `--tensor-split`, `--micro-local`
+/// and `--no-repack`).
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// The local device choice (the default is the CPU).
+    pub device: DeviceChoice,
+    /// RPC servers (`HOST:PORT`) whose devices join the offload devices, before the local GPU.
+    pub rpc: Vec<String>,
+    /// Base layers to offload (the last ones), shared among the offload devices.
+    pub n_gpu_layers: usize,
+    /// The share of the offloaded layers each offload device takes (empty: equal shares).
+    pub tensor_split: Vec<f32>,
+    /// Keep the merger, micro decoder and heads on this machine's CPU instead
+    /// of the device of the last base layer (each micro step then stays local
+    /// when that device is remote).
+    pub micro_local: bool,
+    /// Whether CPU matrices may be copied into repacked layouts (llama.cpp's default: yes).
+    pub repack: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            device: DeviceChoice::Cpu,
+            rpc: Vec::new(),
+            n_gpu_layers: 0,
+            tensor_split: Vec::new(),
+            micro_local: false,
+            repack: true,
+        }
+    }
+}
+
+/// The placement of one model, built once at load from its [`LoadOptions`]
+/// and layer count, and asked for every weight's and cache layer's buffer type.
+///
+/// Offload devices are the RPC servers' devices (in `--rpc` order), then the
+/// local GPU. The last `n_gpu_layers` base layers are offloaded, split among
+/// them in order by `tensor_split` (llama.cpp's rule); the base layers before
+/// stay on the CPU. The token embedding stays on the CPU (row lookups).
 #[derive(Debug, Clone)]
 pub struct PlacementPlan {
-    gpu: Option<Device>,
+    /// Offload devices, in layer order.
+    devices: Vec<Device>,
+    /// Each base layer's offload device (index into `devices`), `None` for the CPU.
+    layer_device: Vec<Option<usize>>,
+    /// The device of the merger, micro decoder and heads.
+    tail_device: Option<usize>,
     cpu: Option<Device>,
     /// The CPU's extra (repacked) buffer types weights may use.
     repack: Vec<BufferType>,
-    /// The first base layer on the GPU (`n_layer` when none is).
-    first_gpu_layer: usize,
-    n_layer: usize,
 }
 
 impl PlacementPlan {
-    /// The plan of a model of `n_layer` base layers: `device` resolved, its
-    /// last `n_gpu_layers` layers offloaded when it is a GPU, CPU matrices in
-    /// repacked layouts when `repack` (llama.cpp's default).
+    /// The plan of a model of `n_layer` base layers.
     ///
     /// # Errors
-    /// When the device asked for was not compiled in or has no device.
-    pub fn new(device: DeviceChoice, n_gpu_layers: usize, repack: bool, n_layer: usize) -> Result<PlacementPlan> {
-        let gpu = select(device)?;
+    /// When the device asked for was not compiled in or has no device, an RPC
+    /// server cannot be joined, or the split does not match the devices.
+    pub fn new(options: &LoadOptions, n_layer: usize) -> Result<PlacementPlan> {
+        let mut devices = Vec::new();
+        for endpoint in &options.rpc {
+            devices.extend(ggml::rpc::add_server(endpoint)?);
+        }
+        devices.extend(select(options.device)?);
+        let split = shares(&options.tensor_split, devices.len())?;
+        let n_off = if devices.is_empty() { 0 } else { options.n_gpu_layers.min(n_layer) };
+        let first = n_layer - n_off;
+        // Offloaded layer j goes to the first device whose cumulative share covers it.
+        let layer_device: Vec<Option<usize>> = (0..n_layer)
+            .map(|il| {
+                (il >= first).then(|| {
+                    let at = (il - first) as f64 + 0.5;
+                    split.iter().position(|&end| at < end * n_off as f64).unwrap_or(devices.len() - 1)
+                })
+            })
+            .collect();
+        let tail_device = if options.micro_local { None } else { layer_device.last().copied().flatten() };
         let cpu = Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu);
-        let repack = match (&cpu, repack) {
+        let repack = match (&cpu, options.repack) {
             (Some(d), true) => d.extra_buffer_types(),
             _ => Vec::new(),
         };
-        let first_gpu_layer = if gpu.is_some() { n_layer - n_gpu_layers.min(n_layer) } else { n_layer };
-        Ok(PlacementPlan { gpu, cpu, repack, first_gpu_layer, n_layer })
+        Ok(PlacementPlan { devices, layer_device, tail_device, cpu, repack })
     }
 
-    /// The GPU, if the plan uses one.
+    /// The offload devices (remote, then the local GPU), in layer order.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// The local GPU, if the plan uses one.
     pub fn gpu(&self) -> Option<Device> {
-        self.gpu
+        self.devices.iter().copied().find(|d| d.backend_name() != "RPC")
     }
 
-    /// Base layers on the GPU.
+    /// Base layers offloaded (to any device).
     pub fn n_gpu_layers(&self) -> usize {
-        self.n_layer - self.first_gpu_layer
+        self.layer_device.iter().filter(|d| d.is_some()).count()
     }
 
-    /// Whether tensor `name` lives on the GPU: offloaded base layers, and,
-    /// once any layer is offloaded (the last one is then), everything after
-    /// the base: final norm, lm_head, rope factors, merger, micro decoder and
-    /// stop head. The token embedding (row lookups of the input) stays on the CPU.
-    fn on_gpu(&self, name: TensorName) -> bool {
-        match name {
-            TensorName::TokenEmbd => false,
-            TensorName::Base(il, _) => il >= self.first_gpu_layer,
-            _ => self.first_gpu_layer < self.n_layer,
-        }
+    /// Base layers on each place: the CPU (`None`) and each offload device.
+    pub fn layer_counts(&self) -> Vec<(Option<Device>, usize)> {
+        let on = |d: Option<usize>| self.layer_device.iter().filter(|&&x| x == d).count();
+        std::iter::once((None, on(None)))
+            .chain(self.devices.iter().enumerate().map(|(i, d)| (Some(*d), on(Some(i)))))
+            .collect()
+    }
+
+    /// One line: the base layers on each place, and where the tail runs
+    /// (`CPU: 4 layers, RPC0 (127.0.0.1:50052): 12 layers; micro steps on RPC0`).
+    pub fn describe(&self) -> String {
+        let name = |d: Option<Device>| match d {
+            None => "CPU".to_string(),
+            Some(d) if d.backend_name() == "RPC" => format!("{} ({})", d.name(), d.description()),
+            Some(d) => d.name(),
+        };
+        let places: Vec<String> =
+            self.layer_counts().into_iter().map(|(d, n)| format!("{}: {n} layers", name(d))).collect();
+        format!("{}; micro steps on {}", places.join(", "), name(self.tail_device.map(|i| self.devices[i])))
+    }
+
+    /// The device weight `name` lives on (`None`: host memory).
+    fn device_of(&self, name: TensorName) -> Option<Device> {
+        let index = match name {
+            TensorName::TokenEmbd => None,
+            TensorName::Base(il, _) => self.layer_device.get(il).copied().flatten(),
+            _ => self.tail_device,
+        };
+        index.map(|i| self.devices[i])
     }
 
     /// Where weight `name` of type `ty` and shape `ne` goes. On the CPU,
@@ -156,8 +238,8 @@ impl PlacementPlan {
     /// embedding is read by row lookups (and is the tied lm_head), so it stays
     /// mapped, as in llama.cpp.
     pub fn weight(&self, name: TensorName, ty: ggml::Type, ne: &[i64]) -> Placement {
-        if let Some(gpu) = self.gpu.filter(|_| self.on_gpu(name)) {
-            return Placement::Buffer(gpu.buffer_type());
+        if let Some(dev) = self.device_of(name) {
+            return Placement::Buffer(dev.buffer_type());
         }
         let matrix = ne.len() == 2 && ne[1] > 1 && name != TensorName::TokenEmbd;
         match &self.cpu {
@@ -170,23 +252,23 @@ impl PlacementPlan {
         }
     }
 
-    fn buffer_type(&self, on_gpu: bool) -> BufferType {
-        self.gpu.filter(|_| on_gpu).map_or_else(BufferType::cpu, |d| d.buffer_type())
+    fn buffer_type(&self, device: Option<usize>) -> BufferType {
+        device.map_or_else(BufferType::cpu, |i| self.devices[i].buffer_type())
     }
 
     /// The buffer type of base layer `il`'s KV cache: the device of its weights.
     pub fn cache_layer(&self, il: usize) -> BufferType {
-        self.buffer_type(il >= self.first_gpu_layer)
+        self.buffer_type(self.layer_device.get(il).copied().flatten())
     }
 
     /// The buffer type of what follows the base (the micro decoder's cache and
-    /// the features): the device of the last base layer.
+    /// the features): the device of the merger and micro decoder.
     pub fn tail(&self) -> BufferType {
-        self.buffer_type(self.first_gpu_layer < self.n_layer)
+        self.buffer_type(self.tail_device)
     }
 
-    /// The backends a computation runs on, the GPU (if any) first since the
-    /// scheduler prefers earlier backends, then the CPU with `n_threads`
+    /// The backends a computation runs on: the offload devices first (the
+    /// scheduler prefers earlier backends), then the CPU with `n_threads`
     /// threads of this thread's shared pool.
     ///
     /// # Errors
@@ -196,10 +278,32 @@ impl PlacementPlan {
         cpu.set_n_threads(n_threads);
         cpu.set_threadpool(threads::shared_pool(n_threads)?);
         let mut backends = Vec::new();
-        if let Some(dev) = self.gpu {
-            backends.push(Rc::new(Backend::new(dev)?));
+        for dev in &self.devices {
+            backends.push(Rc::new(Backend::new(*dev)?));
         }
         backends.push(Rc::new(cpu));
         Ok(backends)
     }
+}
+
+/// Cumulative shares of `n` devices from `--tensor-split` (empty: equal).
+///
+/// # Errors
+/// When the split names another number of devices or is not a set of
+/// non-negative finite numbers with a positive sum.
+fn shares(split: &[f32], n: usize) -> Result<Vec<f64>> {
+    let split: Vec<f64> = if split.is_empty() { vec![1.0; n] } else { split.iter().map(|&x| x as f64).collect() };
+    let sum: f64 = split.iter().sum();
+    if split.len() != n || split.iter().any(|x| !x.is_finite() || *x < 0.0) || !(sum > 0.0) && n > 0 {
+        return Err(Error::Invalid(format!(
+            "--tensor-split {split:?}: expected {n} non-negative shares (one per offload device) with a positive sum"
+        )));
+    }
+    Ok(split
+        .iter()
+        .scan(0.0, |acc, x| {
+            *acc += x / sum;
+            Some(*acc)
+        })
+        .collect())
 }

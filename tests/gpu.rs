@@ -14,8 +14,8 @@ const NEEDS_GPU: &str = "needs a GPU: cargo test --release --features cuda --tes
 /// Opens `gguf` with its last `ngl` base layers (and what follows them) on the
 /// first GPU; fails where there is none.
 fn on_gpu(gguf: &std::path::Path, ngl: usize) -> Model {
-    let model =
-        Model::open(gguf, &LoadOptions { device: DeviceChoice::Auto, n_gpu_layers: ngl, repack: true }).unwrap();
+    let model = Model::open(gguf, &LoadOptions { device: DeviceChoice::Auto, n_gpu_layers: ngl, ..Default::default() })
+        .unwrap();
     assert!(model.plan.gpu().is_some(), "no GPU backend in this build or no GPU on this machine ({NEEDS_GPU})");
     model
 }

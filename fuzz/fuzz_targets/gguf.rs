@@ -6,7 +6,7 @@
 
 use hamburger::chat::{ChatTemplate, Message};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{DeviceChoice, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(g) = ggml::gguf::Gguf::open(&path) {
         let _ = hamburger::hparams::HParams::from_gguf(&g, "llama");
     }
-    let options = LoadOptions { device: DeviceChoice::Cpu, n_gpu_layers: 0, repack: false };
+    let options = LoadOptions { repack: false, ..Default::default() };
     let Ok(model) = Model::open(&path, &options) else { return };
     let params = SessionParams { n_ctx: 32, n_batch: 8, n_threads: 1, ..Default::default() };
     if let Ok(mut s) = Session::new(&model, params) {

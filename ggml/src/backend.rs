@@ -43,6 +43,16 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
+    /// Wraps a registry entry.
+    pub(crate) fn from_raw(raw: sys::ggml_backend_dev_t) -> Device {
+        Device(raw)
+    }
+
+    /// The registry entry.
+    pub(crate) fn raw(&self) -> sys::ggml_backend_dev_t {
+        self.0
+    }
+
     /// Every device compiled into this build, in registry order.
     pub fn all() -> Vec<Device> {
         crate::init_logging();

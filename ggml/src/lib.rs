@@ -25,6 +25,7 @@ mod log_bridge;
 mod mmap;
 mod ops;
 mod quants;
+pub mod rpc;
 mod sched;
 mod types;
 

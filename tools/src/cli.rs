@@ -65,8 +65,52 @@ pub fn report(program: &str, result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
+/// Where a model runs: the flags every tool that loads one shares (flattened
+/// into its arguments).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlacementArgs {
+    /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    pub device: hamburger::DeviceChoice,
+    /// RPC servers (HOST:PORT,...) whose devices take base layers, before the
+    /// local GPU (see docs/distributed.md; the protocol is unauthenticated).
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
+    /// Base layers offloaded to the GPU and RPC devices (the last ones; the
+    /// micro decoder, merger and heads follow the last offloaded layer). Also -ngl.
+    #[arg(long = "n-gpu-layers", default_value_t = 999)]
+    pub n_gpu_layers: usize,
+    /// The share of the offloaded layers each offload device takes, in order
+    /// (RPC devices, then the local GPU), e.g. 3,1. Also -ts.
+    #[arg(long = "tensor-split", value_delimiter = ',', value_parser = non_negative, allow_negative_numbers = true)]
+    pub tensor_split: Vec<f32>,
+    /// Keep the merger, micro decoder and heads on this machine, not on the
+    /// device of the last base layer (saves a round trip per micro step when
+    /// that device is remote).
+    #[arg(long)]
+    pub micro_local: bool,
+    /// Keep every CPU weight on the memory-mapped file (no repacked copies of
+    /// Q4_0/Q4_K/IQ4_NL matrices): less memory, slower matrix products.
+    #[arg(long)]
+    pub no_repack: bool,
+}
+
+impl PlacementArgs {
+    /// The load options these flags ask for.
+    pub fn load_options(&self) -> hamburger::LoadOptions {
+        hamburger::LoadOptions {
+            device: self.device,
+            rpc: self.rpc.clone(),
+            n_gpu_layers: self.n_gpu_layers,
+            tensor_split: self.tensor_split.clone(),
+            micro_local: self.micro_local,
+            repack: !self.no_repack,
+        }
+    }
+}
+
 /// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-sys`, `-fa`,
-/// `-ctk`/`-ctv`, `-ngl`, `-np`) into the long ones our tools define.
+/// `-ctk`/`-ctv`, `-ngl`, `-ts`, `-np`) into the long ones our tools define.
 pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     args.into_iter()
         .map(|a| match a.as_str() {
@@ -75,6 +119,7 @@ pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
             "-fa" => "--flash-attn".into(),
             "-ctk" | "-ctv" => "--cache-type".into(),
             "-ngl" => "--n-gpu-layers".into(),
+            "-ts" => "--tensor-split".into(),
             "-np" => "--parallel".into(),
             _ => a,
         })

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::Parser;
 use ggml::llama::LlamaModel;
-use hamburger::DeviceChoice;
 use hamburger::{Model, SessionParams};
 use tools::bench::{self, Measurement};
 
@@ -46,15 +45,9 @@ struct Args {
     /// Prompt tokens per base forward.
     #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
     batch_size: usize,
-    /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = tools::cli::parse_device)]
-    device: DeviceChoice,
-    /// Base layers offloaded to the GPU (both engines). Also -ngl.
-    #[arg(long = "n-gpu-layers", default_value_t = 999)]
-    n_gpu_layers: usize,
-    /// Keep CPU weights in their file layout (no repacking), in both engines.
-    #[arg(long)]
-    no_repack: bool,
+    /// Where the model runs (both engines: libllama sees the same RPC devices and -ngl).
+    #[command(flatten)]
+    placement: tools::cli::PlacementArgs,
     /// Also generate with this many sequences decoded together (a server's
     /// slots; aggregate tokens/s against libllama's multi-sequence decode).
     #[arg(long, value_delimiter = ',')]
@@ -77,10 +70,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<()> {
-    let model = hamburger::Model::open(
-        &args.model,
-        &hamburger::LoadOptions { device: args.device, n_gpu_layers: args.n_gpu_layers, repack: !args.no_repack },
-    )?;
+    let model = hamburger::Model::open(&args.model, &args.placement.load_options())?;
     let forced: Vec<Option<usize>> = match &args.forced_steps {
         Some(k) => k.iter().map(|&k| Some(k)).collect(),
         None => vec![None],
@@ -88,8 +78,9 @@ fn run(args: &Args) -> Result<()> {
     if let Some(k) = forced.iter().flatten().find(|&&k| k > model.hp.max_steps) {
         bail!("--forced-steps {k} exceeds the model's {} tokens per macro step", model.hp.max_steps);
     }
-    let base_ngl = if model.plan.gpu().is_some() { args.n_gpu_layers.min(i32::MAX as usize) as i32 } else { 0 };
-    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, base_ngl, !args.no_repack)).transpose()?;
+    let base_ngl = model.plan.n_gpu_layers() as i32;
+    let baseline =
+        args.baseline.as_ref().map(|b| LlamaModel::load_with(b, base_ngl, !args.placement.no_repack)).transpose()?;
     let params = SessionParams {
         n_ctx: 0,
         n_batch: args.batch_size,
@@ -178,11 +169,7 @@ fn run(args: &Args) -> Result<()> {
             }
         }
     }
-    let device = model.plan.gpu().map_or_else(
-        || "CPU".to_string(),
-        |d| format!("{} ({} layers)", d.name(), args.n_gpu_layers.min(model.hp.n_layer)),
-    );
-    eprintln!("device: {device}");
+    eprintln!("placement: {}", model.plan.describe());
     let name = args.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let size = model.size_bytes as f64 / (1u64 << 30) as f64;
     match args.output.as_str() {

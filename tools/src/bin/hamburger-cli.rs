@@ -8,7 +8,6 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
 use hamburger::tokenizer::{TextStream, Tokenizer};
-use hamburger::DeviceChoice;
 use hamburger::{Generation, Model, Sampler, SamplerParams, Session, SessionParams};
 
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
@@ -19,20 +18,11 @@ struct Args {
     /// The HAMburger GGUF file.
     #[arg(short = 'm', long, required_unless_present = "list_devices")]
     model: Option<PathBuf>,
-    /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = tools::cli::parse_device)]
-    device: DeviceChoice,
-    /// Base layers offloaded to the GPU (the last ones; the micro decoder,
-    /// merger and heads follow the last offloaded layer). Also -ngl.
-    #[arg(long = "n-gpu-layers", default_value_t = 999)]
-    n_gpu_layers: usize,
-    /// List the devices of this build and exit.
+    #[command(flatten)]
+    placement: tools::cli::PlacementArgs,
+    /// List the devices of this build (and of the --rpc servers) and exit.
     #[arg(long)]
     list_devices: bool,
-    /// Keep every CPU weight on the memory-mapped file (no repacked copies of
-    /// Q4_0/Q4_K/IQ4_NL matrices): less memory, slower matrix products.
-    #[arg(long)]
-    no_repack: bool,
     /// Prompt text.
     #[arg(short = 'p', long, conflicts_with_all = ["file", "prompt_ids"])]
     prompt: Option<String>,
@@ -160,14 +150,14 @@ fn budget(args: &Args, session: &Session, prompt_len: usize) -> usize {
 
 fn run(args: Args) -> Result<()> {
     if args.list_devices {
+        for endpoint in &args.placement.rpc {
+            ggml::rpc::add_server(endpoint)?;
+        }
         print!("{}", hamburger::placement::describe_devices());
         return Ok(());
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
-    let model = hamburger::Model::open(
-        path,
-        &hamburger::LoadOptions { device: args.device, n_gpu_layers: args.n_gpu_layers, repack: !args.no_repack },
-    )?;
+    let model = hamburger::Model::open(path, &args.placement.load_options())?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
     let mut sampler = sampler(&args);
     if args.chat {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use hamburger::{DeviceChoice, LoadOptions, SessionParams};
+use hamburger::SessionParams;
 use server::{Scheduler, SchedulerConfig};
 
 /// An OpenAI-compatible server that batches macro steps across requests.
@@ -51,12 +51,8 @@ struct Args {
     /// CPU threads.
     #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = SessionParams::default().n_threads)]
     threads: usize,
-    /// auto, cpu, cuda or metal.
-    #[arg(long, default_value = "auto", value_parser = tools::cli::parse_device)]
-    device: DeviceChoice,
-    /// Base layers offloaded to the GPU. Also -ngl.
-    #[arg(long = "n-gpu-layers", default_value_t = 999)]
-    n_gpu_layers: usize,
+    #[command(flatten)]
+    placement: tools::cli::PlacementArgs,
     /// Seconds a request may wait for its next piece of text (a streaming
     /// request), or for its whole answer, before it is cancelled.
     #[arg(long, default_value_t = 600)]
@@ -97,7 +93,7 @@ fn run(args: Args) -> Result<()> {
         forced_steps: args.forced_steps,
         ..Default::default()
     };
-    let load = LoadOptions { device: args.device, n_gpu_layers: args.n_gpu_layers, ..Default::default() };
+    let load = args.placement.load_options();
     let cfg = SchedulerConfig { model: args.model, load, session, n_slots: args.parallel, queue: args.queue };
     let scheduler = Scheduler::start(cfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
