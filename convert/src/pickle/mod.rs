@@ -11,6 +11,7 @@ mod value;
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 
+use value::Made;
 pub use value::{Container, Storage, StorageDtype, TensorRef, Unpickled, Value};
 
 /// Dict-like classes that pickle their items with SETITEMS (or a dict BUILD state).
@@ -111,7 +112,7 @@ pub fn unpickle(
     // Items BUILD copies from a state into a dict: the one opcode that copies
     // what is already counted, so bounded by the input's length.
     let mut copied = 0usize;
-    let mut made: Vec<Weak<Container>> = Vec::new();
+    let mut made = Made::default();
     let err = |m: String| PickleError(m);
     macro_rules! pop {
         () => {
@@ -139,7 +140,7 @@ pub fn unpickle(
             } // FRAME
             b'.' => {
                 let root = stack.pop().ok_or_else(|| err("empty stack at STOP".into()))?;
-                return Ok(Unpickled { root, made });
+                return Ok(Unpickled { root, _made: made });
             }
             b'(' => marks.push(stack.len()),
             b'N' => stack.push(Value::None),
@@ -198,23 +199,23 @@ pub fn unpickle(
                 let n = r.u8()? as usize;
                 stack.push(Value::Bytes(r.take(n)?.into()));
             }
-            b')' => stack.push(Value::Tuple(Value::container(Vec::new(), &mut made))),
-            b']' => stack.push(Value::List(Value::container(Vec::new(), &mut made))),
-            b'}' => stack.push(Value::Dict(Value::container(Vec::new(), &mut made))),
+            b')' => stack.push(Value::Tuple(Value::container(Vec::new(), &mut made.0))),
+            b']' => stack.push(Value::List(Value::container(Vec::new(), &mut made.0))),
+            b'}' => stack.push(Value::Dict(Value::container(Vec::new(), &mut made.0))),
             b't' => {
                 let items = pop_mark!();
-                stack.push(Value::Tuple(Value::container(items, &mut made)));
+                stack.push(Value::Tuple(Value::container(items, &mut made.0)));
             }
             b'l' => {
                 let items = pop_mark!();
-                stack.push(Value::List(Value::container(items, &mut made)));
+                stack.push(Value::List(Value::container(items, &mut made.0)));
             }
             b'd' => {
                 let items = pop_mark!();
                 if items.len() % 2 != 0 {
                     return Err(err(format!("odd dict items at offset {at}")));
                 }
-                stack.push(Value::Dict(Value::container(items, &mut made)));
+                stack.push(Value::Dict(Value::container(items, &mut made.0)));
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
@@ -222,7 +223,7 @@ pub fn unpickle(
                     return Err(err("stack underflow".into()));
                 }
                 let items = stack.split_off(stack.len() - n);
-                stack.push(Value::Tuple(Value::container(items, &mut made)));
+                stack.push(Value::Tuple(Value::container(items, &mut made.0)));
             }
             b'a' => {
                 let v = pop!();
@@ -279,7 +280,7 @@ pub fn unpickle(
                 let callable = pop!();
                 let args = args.items().ok_or_else(|| err(format!("call arguments are not a tuple at offset {at}")))?;
                 let v = match callable {
-                    Value::Global(g) => call(&g, &args, &mut made).map_err(err)?,
+                    Value::Global(g) => call(&g, &args, &mut made.0).map_err(err)?,
                     other => Value::Object(other.describe().into()),
                 };
                 stack.push(v);
@@ -292,7 +293,7 @@ pub fn unpickle(
                 let args = args.items();
                 let args = args.as_deref().unwrap_or(&[]);
                 let v = match cls {
-                    Value::Global(g) => call(&g, args, &mut made).map_err(err)?,
+                    Value::Global(g) => call(&g, args, &mut made.0).map_err(err)?,
                     other => Value::Object(other.describe().into()),
                 };
                 stack.push(v);

@@ -96,18 +96,23 @@ impl Drop for Container {
 }
 
 /// The result of unpickling: the root value, and every container made on the
-/// way. A pickle can put a list inside itself; such cycles would outlive the
-/// `Rc`s, so dropping this empties every container first.
+/// way ([`Made`] breaks their cycles when this is dropped).
 #[derive(Debug)]
 pub struct Unpickled {
     /// The value the pickle returns.
     pub root: Value,
-    pub(super) made: Vec<Weak<Container>>,
+    pub(super) _made: Made,
 }
 
-impl Drop for Unpickled {
+/// Every container an unpickling made. A pickle can put a list inside itself;
+/// such cycles would outlive the `Rc`s, so dropping this (after a result, or
+/// on an error) empties every container still alive.
+#[derive(Debug, Default)]
+pub(super) struct Made(pub(super) Vec<Weak<Container>>);
+
+impl Drop for Made {
     fn drop(&mut self) {
-        for c in self.made.drain(..).filter_map(|w| w.upgrade()) {
+        for c in self.0.drain(..).filter_map(|w| w.upgrade()) {
             let items = std::mem::take(&mut *c.items.borrow_mut());
             drop(c);
             drop(items);
