@@ -294,7 +294,7 @@ impl PlacementPlan {
 fn shares(split: &[f32], n: usize) -> Result<Vec<f64>> {
     let split: Vec<f64> = if split.is_empty() { vec![1.0; n] } else { split.iter().map(|&x| x as f64).collect() };
     let sum: f64 = split.iter().sum();
-    if split.len() != n || split.iter().any(|x| !x.is_finite() || *x < 0.0) || !(sum > 0.0) && n > 0 {
+    if split.len() != n || split.iter().any(|x| !x.is_finite() || *x < 0.0) || (n > 0 && sum <= 0.0) {
         return Err(Error::Invalid(format!(
             "--tensor-split {split:?}: expected {n} non-negative shares (one per offload device) with a positive sum"
         )));
@@ -306,4 +306,19 @@ fn shares(split: &[f32], n: usize) -> Result<Vec<f64>> {
             Some(*acc)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shares;
+
+    #[test]
+    fn tensor_split_shares() {
+        assert_eq!(shares(&[], 2).unwrap(), [0.5, 1.0]);
+        assert_eq!(shares(&[3.0, 1.0], 2).unwrap(), [0.75, 1.0]);
+        assert!(shares(&[], 0).unwrap().is_empty());
+        for bad in [&[1.0][..], &[1.0, 1.0, 1.0], &[0.0, 0.0], &[f32::NAN, 1.0], &[-1.0, 2.0]] {
+            assert!(shares(bad, 2).unwrap_err().to_string().contains("--tensor-split"), "{bad:?}");
+        }
+    }
 }

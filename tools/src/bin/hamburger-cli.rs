@@ -84,6 +84,9 @@ struct Args {
     /// Print one JSON object with ids, macro steps, text and timings (no streaming).
     #[arg(long)]
     json: bool,
+    /// Keep generating past end-of-generation tokens (until -n or a full context).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Do not echo the prompt before the generation.
     #[arg(long)]
     no_display_prompt: bool,
@@ -117,6 +120,7 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
         flash_attn,
         confidence: args.confidence,
         max_steps: args.max_steps,
+        ignore_eog: args.ignore_eos,
         ..Default::default()
     };
     if let Some(t) = args.threads {
