@@ -48,8 +48,11 @@ impl std::str::FromStr for DeviceChoice {
 /// # Errors
 /// When the backend asked for was not compiled in or has no device.
 fn select(choice: DeviceChoice) -> Result<Option<Device>> {
-    let gpus: Vec<Device> =
-        Device::all().into_iter().filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu)).collect();
+    // RPC servers' devices register as GPUs too; they come from --rpc, not --device.
+    let gpus: Vec<Device> = Device::all()
+        .into_iter()
+        .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) && d.backend_name() != "RPC")
+        .collect();
     let named = |backend: &str, feature: &str, compiled: bool| -> Result<Option<Device>> {
         if !compiled {
             return Err(Error::Invalid(format!(

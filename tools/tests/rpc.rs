@@ -51,7 +51,9 @@ fn tiny() -> std::path::PathBuf {
 fn golden_cases_with_layers_on_two_servers_and_the_cpu() {
     let (a, b) = (rpc_server(), rpc_server());
     // 16 base layers: 6 on the CPU, then 5 on each server; the tail follows the last layer.
+    // --device auto: the servers' devices are not taken for a local GPU.
     let options = LoadOptions {
+        device: hamburger::DeviceChoice::Auto,
         rpc: vec![a.endpoint.clone(), b.endpoint.clone()],
         n_gpu_layers: 10,
         tensor_split: vec![1.0, 1.0],
