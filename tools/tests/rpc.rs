@@ -118,3 +118,19 @@ fn an_address_nobody_answers_fails_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("no-port-here") && err.lines().count() == 1, "{err}");
 }
+
+#[test]
+fn a_server_on_a_non_loopback_address_warns_that_the_protocol_is_open() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-rpc-server"))
+        .args(["--host", "0.0.0.0", "--port", &port.to_string(), "-t", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let warning = lines.next().unwrap().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(warning.contains("WARN") && warning.contains("no authentication"), "{warning}");
+}
