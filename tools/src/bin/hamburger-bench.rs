@@ -23,9 +23,9 @@ struct Args {
     /// Generation lengths of the tg tests (0: none).
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
-    /// CPU threads.
-    #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = hamburger::SessionParams::default().n_threads)]
-    threads: usize,
+    /// CPU threads; a list sweeps them (`-t 2,4,8,16`), every test at each count.
+    #[arg(short = 't', long, value_delimiter = ',', value_parser = tools::cli::thread_count, default_values_t = [hamburger::SessionParams::default().n_threads])]
+    threads: Vec<usize>,
     /// Repetitions of each test (after one warm-up).
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
@@ -59,6 +59,7 @@ struct Args {
 
 /// One row of the report.
 struct Row {
+    threads: usize,
     test: String,
     forced_steps: Option<usize>,
     ours: Measurement,
@@ -81,10 +82,33 @@ fn run(args: &Args) -> Result<()> {
     let base_ngl = model.plan.n_gpu_layers() as i32;
     let baseline =
         args.baseline.as_ref().map(|b| LlamaModel::load_with(b, base_ngl, !args.placement.no_repack)).transpose()?;
+    let mut rows = Vec::new();
+    for &threads in &args.threads {
+        rows.extend(measure(args, &model, baseline.as_ref(), &forced, threads)?);
+    }
+    eprintln!("placement: {}", model.plan.describe());
+    let name = args.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let size = model.size_bytes as f64 / (1u64 << 30) as f64;
+    match args.output.as_str() {
+        "md" => print_md(&name, size, &rows),
+        "json" => println!("{}", serde_json::to_string_pretty(&json_rows(&name, &model, &rows))?),
+        _ => print_csv(&json_rows(&name, &model, &rows)),
+    }
+    Ok(())
+}
+
+/// Every test of `args` at `threads` threads, ours and (with a baseline) libllama's, interleaved.
+fn measure(
+    args: &Args,
+    model: &Model,
+    baseline: Option<&LlamaModel>,
+    forced: &[Option<usize>],
+    threads: usize,
+) -> Result<Vec<Row>> {
     let params = SessionParams {
         n_ctx: 0,
         n_batch: args.batch_size,
-        n_threads: args.threads,
+        n_threads: threads,
         flash_attn: args.flash_attn == "on",
         confidence: args.confidence,
         ..Default::default()
@@ -92,10 +116,10 @@ fn run(args: &Args) -> Result<()> {
     let r = args.repetitions.max(1);
     let mut rows = Vec::new();
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
-        let (run, mut ours) = bench::hamburger_pp(&model, &params, n)?;
+        let (run, mut ours) = bench::hamburger_pp(model, &params, n)?;
         let mut runners = vec![run];
         let mut base = None;
-        if let Some(b) = &baseline {
+        if let Some(b) = baseline {
             let (run, m) = bench::llama_pp(b, &params, n)?;
             runners.push(run);
             base = Some(m);
@@ -105,19 +129,19 @@ fn run(args: &Args) -> Result<()> {
         if let Some(m) = base.as_mut() {
             m.samples_ns = samples.next().unwrap_or_default();
         }
-        rows.push(Row { test: format!("pp{n}"), forced_steps: None, ours, base });
+        rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, ours, base });
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         // One round runs every forced-step setting and the baseline in turn.
         let mut runners = Vec::new();
         let mut stats = Vec::new();
-        for &k in &forced {
-            let (run, s) = bench::hamburger_tg(&model, &SessionParams { forced_steps: k, ..params.clone() }, n)?;
+        for &k in forced {
+            let (run, s) = bench::hamburger_tg(model, &SessionParams { forced_steps: k, ..params.clone() }, n)?;
             runners.push(run);
             stats.push(s);
         }
         let mut base = None;
-        if let Some(b) = &baseline {
+        if let Some(b) = baseline {
             let (run, m) = bench::llama_tg(b, &params, n)?;
             runners.push(run);
             base = Some(m);
@@ -133,25 +157,25 @@ fn run(args: &Args) -> Result<()> {
                 Some(k) => format!("tg{n} k={k}"),
                 None => format!("tg{n} c={}", args.confidence),
             };
-            rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
+            rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
         }
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         for &p in args.parallel.iter().filter(|&&p| p > 0) {
             let mut runners = Vec::new();
-            for &k in &forced {
+            for &k in forced {
                 runners.push(bench::hamburger_tg_parallel(
-                    &model,
+                    model,
                     &SessionParams { forced_steps: k, ..params.clone() },
                     n,
                     p,
                 )?);
             }
-            if let Some(b) = &baseline {
+            if let Some(b) = baseline {
                 runners.push(bench::llama_tg_parallel(b, &params, n, p)?);
             }
             let mut samples = bench::interleaved(r, &mut runners)?;
-            let base = baseline.as_ref().map(|_| Measurement {
+            let base = baseline.map(|_| Measurement {
                 samples_ns: samples.pop().unwrap_or_default(),
                 ..Measurement::generation(n * p)
             });
@@ -165,22 +189,14 @@ fn run(args: &Args) -> Result<()> {
                     Some(k) => format!("tg{n} x{p} k={k}"),
                     None => format!("tg{n} x{p} c={}", args.confidence),
                 };
-                rows.push(Row { test, forced_steps: k, ours, base: base.clone() });
+                rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
             }
         }
     }
-    eprintln!("placement: {}", model.plan.describe());
-    let name = args.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    let size = model.size_bytes as f64 / (1u64 << 30) as f64;
-    match args.output.as_str() {
-        "md" => print_md(&name, size, args.threads, &rows),
-        "json" => println!("{}", serde_json::to_string_pretty(&json_rows(&name, &model, args.threads, &rows))?),
-        _ => print_csv(&json_rows(&name, &model, args.threads, &rows)),
-    }
-    Ok(())
+    Ok(rows)
 }
 
-fn print_md(name: &str, size_gib: f64, threads: usize, rows: &[Row]) {
+fn print_md(name: &str, size_gib: f64, rows: &[Row]) {
     println!(
         "| model | size | threads | test | t/s | llama.cpp t/s | ratio | tok/step | KV B/tok | llama.cpp KV B/tok |"
     );
@@ -195,7 +211,8 @@ fn print_md(name: &str, size_gib: f64, threads: usize, rows: &[Row]) {
             None => ("-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {name} | {size_gib:.2} GiB | {threads} | {} | {:.2} ± {:.2} | {base} | {ratio} | {:.2} | {:.0} | {base_kv} |",
+            "| {name} | {size_gib:.2} GiB | {} | {} | {:.2} ± {:.2} | {base} | {ratio} | {:.2} | {:.0} | {base_kv} |",
+            r.threads,
             r.test,
             r.ours.avg_ts(),
             r.ours.stddev_ts(),
@@ -206,7 +223,7 @@ fn print_md(name: &str, size_gib: f64, threads: usize, rows: &[Row]) {
 }
 
 /// Rows with llama-bench's field names plus `forced_steps`, one per engine.
-fn json_rows(name: &str, model: &Model, threads: usize, rows: &[Row]) -> Vec<serde_json::Value> {
+fn json_rows(name: &str, model: &Model, rows: &[Row]) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     for r in rows {
         for (engine, m) in [("hamburger", Some(&r.ours)), ("llama.cpp", r.base.as_ref())] {
@@ -215,7 +232,7 @@ fn json_rows(name: &str, model: &Model, threads: usize, rows: &[Row]) -> Vec<ser
                 "engine": engine,
                 "model_filename": name,
                 "model_size": model.size_bytes,
-                "n_threads": threads,
+                "n_threads": r.threads,
                 "n_prompt": m.n_prompt,
                 "n_gen": m.n_gen,
                 "test": r.test,
