@@ -46,14 +46,21 @@ pub fn check(model: &Model, p: &EngineParams) -> Result<()> {
             p.n_ctx, p.n_batch
         )));
     }
+    // Each sequence's micro cache and feature columns live with the tail.
+    let seqs = p.n_seq as u128;
+    let micro = hp.n_micro_layer as u128 * 2 * row * crate::graph::micro::cells_per_seq(hp) as u128 * seqs
+        + hp.n_embd as u128 * hp.n_features() as u128 * seqs * 4;
+    let tail = model.plan.tail_device();
     for (device, layers) in model.plan.layer_counts() {
         let Some((name, total)) = memory(device) else { continue };
         let layers = layers as u128;
-        let kv = layers * per_layer;
+        let here = device == tail;
+        let kv = layers * per_layer + if here { micro } else { 0 };
         if kv > total {
             return Err(Error::Invalid(format!(
-                "a KV cache of {} entries (-c) needs {:.1} GiB, more than the {:.1} GiB of memory of {name}: use a smaller context (-c)",
+                "a KV cache of {} entries (-c) for {} sequences (-np) needs {:.1} GiB, more than the {:.1} GiB of memory of {name}: use a smaller context (-c) or fewer sequences (-np)",
                 p.n_ctx,
+                p.n_seq,
                 kv as f64 / GIB,
                 total as f64 / GIB
             )));

@@ -199,6 +199,11 @@ impl PlacementPlan {
         self.devices.iter().copied().find(|d| d.backend_name() != "RPC")
     }
 
+    /// The device of the merger, micro decoder and heads (`None`: the CPU).
+    pub fn tail_device(&self) -> Option<Device> {
+        self.tail_device.map(|i| self.devices[i])
+    }
+
     /// Base layers offloaded (to any device).
     pub fn n_gpu_layers(&self) -> usize {
         self.layer_device.iter().filter(|d| d.is_some()).count()

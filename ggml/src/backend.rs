@@ -32,8 +32,9 @@ pub enum DeviceKind {
 }
 
 /// A device of ggml's backend registry (CPU, CUDA GPU, Metal GPU, ...).
-/// Devices are owned by the registry and live for the whole program.
-#[derive(Clone, Copy)]
+/// Devices are owned by the registry and live for the whole program; two
+/// handles are equal when they are the same registry entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Device(sys::ggml_backend_dev_t);
 
 impl std::fmt::Debug for Device {

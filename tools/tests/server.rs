@@ -88,3 +88,23 @@ fn bad_flags_fail_in_one_line() {
         assert!(last.starts_with("hamburger-server: "), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
+    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
+    for (args, names) in [
+        (vec!["-np", "10000000", "-c", "10000000"], vec!["-np", "-c", "GiB"]),
+        (vec!["-t", "5000"], vec!["--threads", "5000"]),
+    ] {
+        let out = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-server"))
+            .args(["-m", gguf.to_str().unwrap(), "--port", "0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+        for n in names {
+            assert!(err.contains(n), "{args:?}: {err}");
+        }
+    }
+}
