@@ -37,6 +37,8 @@ pub struct SchedulerConfig {
     pub n_slots: usize,
     /// Requests that may wait for a slot; more are refused.
     pub queue: usize,
+    /// Render the model's chat template in child processes (see `hamburger::chat::Isolation`).
+    pub template_isolation: Option<hamburger::chat::Isolation>,
 }
 
 /// What the HTTP side needs to know of the model.
@@ -225,7 +227,13 @@ fn engine_thread(
         let tokenizer = Tokenizer::from_model(&model)?;
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
         let chat_template = match &model.vocab.chat_template {
-            Some(src) => Some(ChatTemplate::new(src, &text(model.vocab.bos), &text(model.vocab.eos))?),
+            Some(src) => {
+                let t = ChatTemplate::new(src, &text(model.vocab.bos), &text(model.vocab.eos))?;
+                Some(match &cfg.template_isolation {
+                    Some(isolation) => t.isolated(isolation.clone()),
+                    None => t,
+                })
+            }
             None => None,
         };
         let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();

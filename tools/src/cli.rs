@@ -16,10 +16,27 @@ pub fn run_tool<T: clap::Parser>(
     default_log: &str,
     run: impl FnOnce(T) -> anyhow::Result<()>,
 ) -> ExitCode {
+    if let Some(code) = hamburger::chat::serve_if_child() {
+        return ExitCode::from(code as u8);
+    }
     init_logger(default_log);
     ggml::exit_on_ggml_abort(program);
     let args: T = parse_or_exit(program, llama_style_args(std::env::args()));
     report(program, run(args))
+}
+
+/// The address space a chat template's child process may use: far more than
+/// any real template needs, far less than a hostile one asks for.
+pub const TEMPLATE_ADDRESS_SPACE_KIB: u64 = 1 << 20;
+
+/// Chat templates from a model file render in a child process of this
+/// program, limited to [`TEMPLATE_ADDRESS_SPACE_KIB`] (see
+/// `hamburger::chat::Isolation`); [`run_tool`] serves such children.
+///
+/// # Errors
+/// When this program's path is unknown.
+pub fn template_isolation() -> anyhow::Result<hamburger::chat::Isolation> {
+    Ok(hamburger::chat::Isolation::current_exe(TEMPLATE_ADDRESS_SPACE_KIB)?)
 }
 
 /// Makes SIGINT and SIGTERM (and SIGHUP) delete the partial GGUF files being

@@ -287,3 +287,26 @@ fn bench_flags_out_of_range() {
         }
     }
 }
+
+#[test]
+fn a_chat_template_that_exhausts_memory_fails_in_its_child() {
+    // Fuel does not see it: 40 doublings are a few hundred instructions and 2^41 bytes.
+    let doubling =
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}";
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("template.gguf");
+    rewrite(&tiny(false), &p, Edit::Set("tokenizer.chat_template", Value::Str(doubling.into())));
+    let mut child = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-cli"))
+        .args(["-m", p.to_str().unwrap(), "-cnv", "-n", "4"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"hi\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("template") && err.contains("MiB of memory"), "{err}");
+}

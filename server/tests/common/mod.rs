@@ -28,7 +28,8 @@ impl TestServer {
             n_threads: 2,
             ..Default::default()
         };
-        let cfg = SchedulerConfig { model, load: LoadOptions::default(), session, n_slots, queue };
+        let cfg =
+            SchedulerConfig { model, load: LoadOptions::default(), session, n_slots, queue, template_isolation: None };
         let scheduler = Scheduler::start(cfg).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

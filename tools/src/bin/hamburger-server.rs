@@ -94,7 +94,14 @@ fn run(args: Args) -> Result<()> {
         ..Default::default()
     };
     let load = args.placement.load_options();
-    let cfg = SchedulerConfig { model: args.model, load, session, n_slots: args.parallel, queue: args.queue };
+    let cfg = SchedulerConfig {
+        model: args.model,
+        load,
+        session,
+        n_slots: args.parallel,
+        queue: args.queue,
+        template_isolation: Some(tools::cli::template_isolation()?),
+    };
     let scheduler = Scheduler::start(cfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async {

@@ -2,9 +2,14 @@
 //! minijinja and Python-compatible string methods) and the bookkeeping of a
 //! multi-turn chat whose history stays in the KV cache.
 
+mod child;
+
 use std::io;
 
 use minijinja::{context, Environment};
+use serde::{Deserialize, Serialize};
+
+pub use child::{serve_if_child, Isolation, CHILD_ENV};
 
 use crate::{Error, Result};
 
@@ -46,7 +51,7 @@ impl io::Write for BoundedOutput {
 }
 
 /// One chat message.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Message {
     /// `system`, `user` or `assistant`.
     pub role: String,
@@ -57,8 +62,11 @@ pub struct Message {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
+    /// Render in a child process instead of here (see [`Isolation`]).
+    isolation: Option<Isolation>,
 }
 
 fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error> {
@@ -82,15 +90,32 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", source.to_string()).map_err(|e| Error::Template(e.to_string()))?;
-        Ok(ChatTemplate { env, bos: bos.into(), eos: eos.into() })
+        Ok(ChatTemplate { env, source: source.into(), bos: bos.into(), eos: eos.into(), isolation: None })
+    }
+
+    /// This template, rendered from now on in child processes of `isolation`,
+    /// so that a template that exhausts memory ends a child, not this program.
+    pub fn isolated(self, isolation: Isolation) -> ChatTemplate {
+        ChatTemplate { isolation: Some(isolation), ..self }
     }
 
     /// Renders `messages`, ending with the assistant's turn header when `add_generation_prompt`.
     ///
     /// # Errors
     /// When rendering fails: the template raises, runs out of fuel (an
-    /// endless loop) or writes more than the output bound.
+    /// endless loop), writes more than the output bound, or (isolated) needs
+    /// more memory than its child may have.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        if let Some(isolation) = &self.isolation {
+            let request = child::Request {
+                source: self.source.clone(),
+                bos: self.bos.clone(),
+                eos: self.eos.clone(),
+                messages: messages.to_vec(),
+                add_generation_prompt,
+            };
+            return child::render(isolation, &request);
+        }
         let t = self.env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
         let mut out = BoundedOutput(Vec::new());
         let ctx = context! {
