@@ -189,11 +189,6 @@ impl PlacementPlan {
         Ok(PlacementPlan { devices, layer_device, tail_device, cpu, repack })
     }
 
-    /// The offload devices (remote, then the local GPU), in layer order.
-    pub fn devices(&self) -> &[Device] {
-        &self.devices
-    }
-
     /// The local GPU, if the plan uses one.
     pub fn gpu(&self) -> Option<Device> {
         self.devices.iter().copied().find(|d| d.backend_name() != "RPC")
@@ -227,7 +222,7 @@ impl PlacementPlan {
         };
         let places: Vec<String> =
             self.layer_counts().into_iter().map(|(d, n)| format!("{}: {n} layers", name(d))).collect();
-        format!("{}; micro steps on {}", places.join(", "), name(self.tail_device.map(|i| self.devices[i])))
+        format!("{}; micro steps on {}", places.join(", "), name(self.tail_device()))
     }
 
     /// The device weight `name` lives on (`None`: host memory).
