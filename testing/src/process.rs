@@ -19,6 +19,24 @@ pub fn limited(program: impl AsRef<std::ffi::OsStr>) -> Command {
     c
 }
 
+/// Runs `command` expecting it to refuse: a non-zero exit, no panic, and ONE
+/// line on stderr naming each of `must_name` (the tools' contract for bad
+/// input). Returns that line.
+///
+/// # Panics
+/// When any of that does not hold.
+pub fn assert_one_line_error(command: &mut Command, must_name: &[&str]) -> String {
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    assert!(!out.status.success(), "accepted {command:?}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "not one line: {err}");
+    for n in must_name {
+        assert!(err.contains(n), "error does not name {n}: {err}");
+    }
+    err
+}
+
 /// Waits until `child` has a partial GGUF (`*.part`) in `dir`, sends it
 /// `signal` (`INT`, `TERM`...) and checks that it exits with status 130 and
 /// leaves `dir` empty.

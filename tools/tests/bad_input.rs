@@ -18,14 +18,10 @@ fn cli(args: &[&str]) -> (bool, String, String) {
 }
 
 fn assert_clean_error(args: &[&str], must_name: &[&str]) {
-    let (ok, _, err) = cli(args);
-    assert!(!ok, "accepted {args:?}");
-    assert!(!err.contains("panicked"), "{err}");
-    let lines: Vec<&str> = err.trim_end().lines().collect();
-    assert_eq!(lines.len(), 1, "not one line: {err}");
-    for n in must_name {
-        assert!(err.contains(n), "error does not name {n}: {err}");
-    }
+    testing::process::assert_one_line_error(
+        testing::process::limited(env!("CARGO_BIN_EXE_hamburger-cli")).args(args),
+        must_name,
+    );
 }
 
 /// A change to make to a copy of a GGUF.
@@ -275,16 +271,12 @@ fn bench_flags_out_of_range() {
         (vec!["--forced-steps", "0"], vec!["--forced-steps", "0"]),
         (vec!["--forced-steps", "99"], vec!["--forced-steps 99", "4 tokens per macro step"]),
     ] {
-        let out = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-bench"))
-            .args(["-m", m, "-p", "8", "-n", "4", "-r", "1"])
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.trim_end().lines().count() == 1, "{args:?}: {err}");
-        for n in names {
-            assert!(err.contains(n), "{args:?}: {err}");
-        }
+        testing::process::assert_one_line_error(
+            testing::process::limited(env!("CARGO_BIN_EXE_hamburger-bench"))
+                .args(["-m", m, "-p", "8", "-n", "4", "-r", "1"])
+                .args(&args),
+            &names,
+        );
     }
 }
 

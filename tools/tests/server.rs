@@ -96,15 +96,11 @@ fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
         (vec!["-np", "10000000", "-c", "10000000"], vec!["-np", "-c", "GiB"]),
         (vec!["-t", "5000"], vec!["--threads", "5000"]),
     ] {
-        let out = testing::process::limited(env!("CARGO_BIN_EXE_hamburger-server"))
-            .args(["-m", gguf.to_str().unwrap(), "--port", "0"])
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.trim_end().lines().count() == 1, "{args:?}: {err}");
-        for n in names {
-            assert!(err.contains(n), "{args:?}: {err}");
-        }
+        testing::process::assert_one_line_error(
+            testing::process::limited(env!("CARGO_BIN_EXE_hamburger-server"))
+                .args(["-m", gguf.to_str().unwrap(), "--port", "0"])
+                .args(&args),
+            &names,
+        );
     }
 }
