@@ -14,9 +14,6 @@ use crate::{Error, Result};
 /// The most threads a ggml thread pool takes (`GGML_MAX_N_THREADS`).
 pub const MAX_THREADS: usize = 512;
 
-/// Attention windows are padded to this many cells (see the engine).
-const WINDOW_PAD: u128 = 256;
-
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Checks `p` against ggml's limits and the machine's memory for `model`.
@@ -32,9 +29,10 @@ pub fn check(model: &Model, p: &EngineParams) -> Result<()> {
     // One K and one V row per cell and layer.
     let row = crate::kv_cache::row_bytes(p.kv_type, hp.n_embd_kv())? as u128;
     let per_layer = 2 * row * cells;
-    // The widest forward: a batch of prompt tokens attending to the whole (padded)
-    // context: the f32 mask, and without flash attention the f32 scores of every head.
-    let window = cells.div_ceil(WINDOW_PAD) * WINDOW_PAD;
+    // The widest forward: a batch of prompt tokens attending to the whole context
+    // (the engine's padded window never passes it): the f32 mask, and without
+    // flash attention the f32 scores of every head.
+    let window = cells;
     let tokens = p.n_batch.min(p.n_ctx) as u128;
     let per_token_cell = if p.flash_attn { 4 } else { 4 * (hp.n_head as u128 + 1) };
     let scores = tokens * window * per_token_cell;
