@@ -1,5 +1,6 @@
 //! What the fuzz targets share: a scratch directory for inputs that the code
-//! under test reads from a path, and the fixture the tokenizer target uses.
+//! under test reads from a path, the fixture the tokenizer target uses (the
+//! test crate's), and small valid files to start from.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -18,10 +19,7 @@ pub fn scratch(name: &str, data: &[u8]) -> PathBuf {
     p
 }
 
-/// The shared tiny fixture (`../shared/fixtures/tiny-hamburger` beside the checkout).
-pub fn tiny_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/tiny-hamburger")
-}
+pub use testing::testmodel::tiny_fixture;
 
 /// The tiny fixture's vocabulary size.
 pub const TINY_VOCAB: usize = 512;
