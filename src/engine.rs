@@ -143,6 +143,14 @@ impl<'m> Engine<'m> {
         self.forwards
     }
 
+    /// Puts the CPU workers to sleep until the next graph instead of letting
+    /// them spin (see [`ggml::ThreadPool::pause`]): for a caller about to
+    /// idle or to let other work have the cores, such as a benchmark timing
+    /// another engine.
+    pub fn pause_threads(&self) {
+        self.backends.iter().for_each(|b| b.pause_threads());
+    }
+
     /// Forgets `seq`: frees its cells and restarts its positions.
     pub fn clear_seq(&mut self, seq: SeqId) {
         self.kv.clear_seq(seq);

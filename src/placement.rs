@@ -189,6 +189,13 @@ impl PlacementPlan {
         Ok(PlacementPlan { devices, layer_device, tail_device, cpu, repack })
     }
 
+    /// The offload devices, in layer order (the RPC servers' in `--rpc` order,
+    /// then the local GPU; empty: the CPU alone). A libllama baseline given
+    /// exactly these runs where we run.
+    pub fn offload_devices(&self) -> &[Device] {
+        &self.devices
+    }
+
     /// The local GPU, if the plan uses one.
     pub fn gpu(&self) -> Option<Device> {
         self.devices.iter().copied().find(|d| d.backend_name() != "RPC")

@@ -115,6 +115,11 @@ impl<'m> Session<'m> {
         (self.engine.kv().bytes(), self.engine.kv().bytes_per_cell())
     }
 
+    /// Puts the CPU workers to sleep until the next graph: see [`Engine::pause_threads`].
+    pub fn pause_threads(&self) {
+        self.engine.pause_threads();
+    }
+
     /// Forgets the conversation (the caches are reused).
     pub fn clear(&mut self) {
         self.engine.clear_seq(SEQ);

@@ -384,6 +384,13 @@ impl Backend {
         }
     }
 
+    /// Puts the CPU backend's pool workers to sleep now (no-op elsewhere): see [`ThreadPool::pause`].
+    pub fn pause_threads(&self) {
+        if let Some(pool) = self.threadpool.borrow().as_ref() {
+            pool.pause();
+        }
+    }
+
     /// Waits for queued work to finish.
     pub fn synchronize(&self) {
         // SAFETY: the backend is live.
@@ -415,5 +422,15 @@ impl ThreadPool {
         let ptr = unsafe { sys::ggml_threadpool_new(&mut params) };
         let ptr = NonNull::new(ptr).ok_or_else(|| Error::BackendInit("CPU thread pool".into()))?;
         Ok(ThreadPool { ptr })
+    }
+
+    /// Puts the workers to sleep now. After a graph they otherwise spin
+    /// polling for the next one (about 6.5 million pause instructions each,
+    /// a good part of a second on some CPUs), which is what makes decode
+    /// latency low but steals cores from anything else that runs meanwhile:
+    /// another engine being measured, say. The next graph wakes them.
+    pub fn pause(&self) {
+        // SAFETY: the pool is live; pausing an idle or paused pool is allowed.
+        unsafe { sys::ggml_threadpool_pause(self.ptr.as_ptr()) }
     }
 }

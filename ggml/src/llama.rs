@@ -23,6 +23,24 @@ fn path_cstring(path: &Path) -> Result<CString> {
         .map_err(|_| Error::Invalid(format!("{}: path contains NUL", path.display())))
 }
 
+/// Where libllama puts a model's weights: the same choices our placement
+/// makes, so a baseline runs on exactly the hardware we run on.
+#[derive(Debug, Clone, Copy)]
+pub struct LlamaPlacement<'a> {
+    /// The devices layers may be offloaded to, in order (`Some(&[])`: the
+    /// CPU alone). `None` is libllama's default: every GPU and RPC device it
+    /// finds, whose host buffer then holds even the CPU's weights (unpacked)
+    /// and takes large batches from the CPU, as `llama-bench -ngl 0` does on
+    /// a GPU machine.
+    pub devices: Option<&'a [crate::Device]>,
+    /// Layers offloaded (the last ones).
+    pub n_gpu_layers: i32,
+    /// Each listed device's share of the offloaded layers (empty: equal).
+    pub tensor_split: &'a [f32],
+    /// Whether CPU weights may use the repacked layouts (llama.cpp's `use_extra_bufts`).
+    pub repack: bool,
+}
+
 /// A model loaded by libllama.
 pub struct LlamaModel(NonNull<sys::llama_model>);
 
@@ -34,27 +52,44 @@ impl Drop for LlamaModel {
 }
 
 impl LlamaModel {
-    /// Loads a llama.cpp GGUF, offloading `n_gpu_layers` layers when a GPU backend exists.
+    /// Loads a llama.cpp GGUF, offloading `n_gpu_layers` layers to any GPU
+    /// libllama finds (its default device choice) and using the CPU's
+    /// repacked layouts.
     ///
     /// # Errors
     /// When libllama rejects the file (its reason is included).
     pub fn load(path: &Path, n_gpu_layers: i32) -> Result<LlamaModel> {
-        LlamaModel::load_with(path, n_gpu_layers, true)
+        LlamaModel::load_with(path, &LlamaPlacement { devices: None, n_gpu_layers, tensor_split: &[], repack: true })
     }
 
-    /// [`LlamaModel::load`], choosing whether weights may use the CPU's
-    /// repacked layouts (llama.cpp's `use_extra_bufts`, on by default).
+    /// Loads a llama.cpp GGUF placed as `placement` says.
     ///
     /// # Errors
-    /// As [`LlamaModel::load`].
-    pub fn load_with(path: &Path, n_gpu_layers: i32, repack: bool) -> Result<LlamaModel> {
+    /// As [`LlamaModel::load`], and when the split does not name one share per device.
+    pub fn load_with(path: &Path, placement: &LlamaPlacement) -> Result<LlamaModel> {
         backend_init();
         let c = path_cstring(path)?;
         // SAFETY: default params by value.
         let mut params = unsafe { sys::llama_model_default_params() };
-        params.n_gpu_layers = n_gpu_layers;
-        params.use_extra_bufts = repack;
-        // SAFETY: c is NUL-terminated; params is initialised.
+        params.n_gpu_layers = placement.n_gpu_layers;
+        params.use_extra_bufts = placement.repack;
+        // libllama reads both lists during the load only; they outlive the call.
+        let mut devices: Option<Vec<sys::ggml_backend_dev_t>> =
+            placement.devices.map(|d| d.iter().map(|d| d.raw()).chain(std::iter::once(std::ptr::null_mut())).collect());
+        if let Some(d) = devices.as_mut() {
+            params.devices = d.as_mut_ptr();
+        }
+        // llama.cpp reads up to its maximum device count of shares; pad with zeros.
+        let mut split = placement.tensor_split.to_vec();
+        if !split.is_empty() {
+            if placement.devices.is_none_or(|d| d.len() != split.len()) {
+                return Err(Error::Invalid("libllama: the tensor split needs one share per listed device".into()));
+            }
+            // SAFETY: a plain getter.
+            split.resize(unsafe { sys::llama_max_devices() }.max(split.len()), 0.0);
+            params.tensor_split = split.as_ptr();
+        }
+        // SAFETY: c is NUL-terminated; params is initialised and its lists live until the call returns.
         let (ptr, why) = capture_errors(|| unsafe { sys::llama_model_load_from_file(c.as_ptr(), params) });
         NonNull::new(ptr).map(LlamaModel).ok_or_else(|| {
             Error::Llama(format!("{}: {}", path.display(), why.unwrap_or_else(|| "failed to load model".into())))
@@ -154,7 +189,7 @@ pub struct LlamaContext<'m> {
     ptr: NonNull<sys::llama_context>,
     n_vocab: usize,
     /// The persistent CPU thread pool (as llama-bench attaches one); freed after the context.
-    _threadpool: crate::ThreadPool,
+    threadpool: crate::ThreadPool,
     _model: PhantomData<&'m LlamaModel>,
 }
 
@@ -195,7 +230,12 @@ impl<'m> LlamaContext<'m> {
         let threadpool = crate::ThreadPool::new(p.n_threads.max(1) as usize)?;
         // SAFETY: both live; the context keeps using the pool, which it owns (dropped after it).
         unsafe { sys::llama_attach_threadpool(ptr.as_ptr(), threadpool.ptr.as_ptr(), threadpool.ptr.as_ptr()) };
-        Ok(LlamaContext { ptr, n_vocab: model.n_vocab(), _threadpool: threadpool, _model: PhantomData })
+        Ok(LlamaContext { ptr, n_vocab: model.n_vocab(), threadpool, _model: PhantomData })
+    }
+
+    /// Puts this context's CPU workers to sleep now: see [`crate::ThreadPool::pause`].
+    pub fn pause_threads(&self) {
+        self.threadpool.pause();
     }
 
     /// Feeds `tokens` (at the next positions) and computes the logits of the last one.

@@ -3,7 +3,9 @@
 //! through an empty context) and a generation test (tg: N tokens one macro
 //! step after another), and the same tests on libllama for a same-run
 //! baseline. Tests are prepared as runners and repeated in interleaved
-//! rounds after one warm-up each.
+//! rounds after one warm-up each. Each engine is measured alone: a runner
+//! puts its CPU workers to sleep when its clock stops, so they do not spin
+//! (as ggml's workers do after every graph) beside the next runner's test.
 
 use std::time::Instant;
 
@@ -118,7 +120,9 @@ pub fn hamburger_pp<'m>(model: &'m Model, params: &SessionParams, n: usize) -> R
         session.clear();
         let t = Instant::now();
         session.feed(&tokens, false)?;
-        Ok(t.elapsed().as_nanos() as u64)
+        let ns = t.elapsed().as_nanos() as u64;
+        session.pause_threads();
+        Ok(ns)
     });
     Ok((run, meta))
 }
@@ -141,6 +145,7 @@ pub fn hamburger_tg<'m>(model: &'m Model, params: &SessionParams, n: usize) -> R
         let t = &gen.timings;
         let kv = (t.kv_entries * t.kv_bytes_per_entry) as f64 / t.context_tokens.max(1) as f64;
         out.set((t.tokens_per_step(), kv));
+        session.pause_threads();
         Ok((t.gen_ms * 1e6) as u64)
     });
     Ok((run, stats))
@@ -169,7 +174,9 @@ pub fn hamburger_tg_parallel<'m>(
         (0..n_seq).for_each(|s| engine.clear_seq(s));
         let t = Instant::now();
         generate::run(&mut engine, &cfg, &mut seqs)?;
-        Ok(t.elapsed().as_nanos() as u64)
+        let ns = t.elapsed().as_nanos() as u64;
+        engine.pause_threads();
+        Ok(ns)
     }))
 }
 
@@ -197,7 +204,9 @@ pub fn llama_tg_parallel<'m>(
             ctx.decode_seqs(&inputs)?;
         }
         ctx.synchronize();
-        Ok(t.elapsed().as_nanos() as u64)
+        let ns = t.elapsed().as_nanos() as u64;
+        ctx.pause_threads();
+        Ok(ns)
     }))
 }
 
@@ -269,7 +278,9 @@ fn llama_runner<'m>(
             ctx.decode(c)?;
         }
         ctx.synchronize();
-        Ok(t.elapsed().as_nanos() as u64)
+        let ns = t.elapsed().as_nanos() as u64;
+        ctx.pause_threads();
+        Ok(ns)
     });
     Ok((run, meta))
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use ggml::llama::LlamaModel;
+use ggml::llama::{LlamaModel, LlamaPlacement};
 use hamburger::{Model, SessionParams};
 use tools::bench::{self, Measurement};
 
@@ -79,9 +79,25 @@ fn run(args: &Args) -> Result<()> {
     if let Some(k) = forced.iter().flatten().find(|&&k| k > model.hp.max_steps) {
         bail!("--forced-steps {k} exceeds the model's {} tokens per macro step", model.hp.max_steps);
     }
-    let base_ngl = model.plan.n_gpu_layers() as i32;
-    let baseline =
-        args.baseline.as_ref().map(|b| LlamaModel::load_with(b, base_ngl, !args.placement.no_repack)).transpose()?;
+    // libllama runs where we run. Our devices only: left to itself on a GPU
+    // machine it keeps even `-ngl 0`'s weights in the GPU's host buffer
+    // (unpacked) and sends large batches to the GPU, not a CPU measurement.
+    // Our split (equal unless -ts): its default splits by free memory. Its
+    // -ngl counts the output layer first, which our tail (the lm_head)
+    // follows when offloaded.
+    let plan = &model.plan;
+    let devices = plan.offload_devices();
+    let split = match args.placement.tensor_split.as_slice() {
+        [] if !devices.is_empty() => vec![1.0; devices.len()],
+        ts => ts.to_vec(),
+    };
+    let placement = LlamaPlacement {
+        devices: Some(devices),
+        n_gpu_layers: (plan.n_gpu_layers() + usize::from(plan.tail_device().is_some())) as i32,
+        tensor_split: &split,
+        repack: !args.placement.no_repack,
+    };
+    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, &placement)).transpose()?;
     let mut rows = Vec::new();
     for &threads in &args.threads {
         rows.extend(measure(args, &model, baseline.as_ref(), &forced, threads)?);
