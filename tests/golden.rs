@@ -36,3 +36,13 @@ fn golden_cases_in_f32_flash_attention() {
     };
     check_all_cases(p, 1e-3, 1e-4);
 }
+
+/// TF32's arithmetic on the CPU (`testing::golden::tf32_emulation`): the
+/// golden tokens hold, the logits move measurably, and `tests/gpu.rs` takes
+/// its tolerances from these departures.
+#[test]
+fn golden_cases_in_tf32_precision() {
+    let (logit, stop) = testing::golden::tf32_emulation();
+    assert!(logit.diff > 1e-4, "10-bit operands must move the logits: {}", logit.at);
+    assert!(stop.diff > 0.0);
+}

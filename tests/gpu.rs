@@ -3,6 +3,15 @@
 //! F32, and Q8_0 agreeing with the CPU. They are ignored by default and,
 //! when asked for, fail where this build or machine has no GPU:
 //! `cargo test --release --features cuda --test gpu -- --ignored`.
+//!
+//! The SmolLM2 tests read the GGUF from the test cache (`$HAMBURGER_CACHE`);
+//! on a machine without network, `../shared/gpu/pack.sh --smollm2` carries
+//! it there. F32 on the GPU is not F32 throughout: ggml-cuda runs products of
+//! more than 3 columns (prefill) in TF32, so the golden logits get
+//! tolerances from TF32's arithmetic emulated on the CPU
+//! ([`testing::golden::tf32_emulation`]); that emulation also keeps all five
+//! SmolLM2 prompts' 32 greedy tokens equal to F32's, which is why the
+//! partial-offload test asks for exact tokens.
 
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{DeviceChoice, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
@@ -49,6 +58,10 @@ fn smollm2_prompts(model: &Model) -> Vec<Vec<u32>> {
 #[ignore = "needs a GPU: cargo test --release --features cuda --test gpu -- --ignored"]
 fn golden_cases_on_the_gpu() {
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
+    // Twice TF32's departures on this fixture (5.1e-2 logit, 2.3e-3 p_stop
+    // on the CPU when written); the GPU rounds only its prefill products, so
+    // it should stay well inside (6.6e-3 seen at one logit on an H100).
+    let (logit, stop) = testing::golden::tf32_emulation();
     let model = on_gpu(&gguf, 999);
     let p = SessionParams {
         n_ctx: 256,
@@ -57,7 +70,7 @@ fn golden_cases_on_the_gpu() {
         keep_logits: true,
         ..Default::default()
     };
-    testing::golden::check_golden(&model, p, 5e-3, 5e-4);
+    testing::golden::check_golden(&model, p, 2.0 * logit.diff, 2.0 * stop.diff);
 }
 
 #[test]
