@@ -10,7 +10,7 @@ use std::rc::Rc;
 use ggml::{Backend, Buffer, Context, Tensor, Type};
 
 use crate::batch::Batch;
-use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape};
+use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, Wants};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape};
 use crate::graph::{StepGraph, StepOut};
 use crate::kv_cache::{KvCache, SeqId};
@@ -71,6 +71,8 @@ pub struct Engine<'m> {
     base_graphs: GraphCache<BaseShape, StepGraph<BaseInputs>>,
     micro_graphs: GraphCache<MicroShape, StepGraph<MicroInputs>>,
     next_pos: Vec<usize>,
+    /// Whether each sequence's feature columns hold its last base forward's.
+    has_features: Vec<bool>,
     forwards: usize,
 }
 
@@ -114,6 +116,7 @@ impl<'m> Engine<'m> {
             base_graphs: GraphCache { entries: Vec::new() },
             micro_graphs: GraphCache { entries: Vec::new() },
             next_pos: vec![0; p.n_seq],
+            has_features: vec![false; p.n_seq],
             forwards: 0,
         })
     }
@@ -156,6 +159,7 @@ impl<'m> Engine<'m> {
         self.kv.clear_seq(seq);
         self.micro.clear_seq(seq);
         self.next_pos[seq] = 0;
+        self.has_features[seq] = false;
     }
 
     fn check_tokens<'a>(&self, tokens: impl IntoIterator<Item = &'a u32>) -> Result<()> {
@@ -168,13 +172,14 @@ impl<'m> Engine<'m> {
 
     /// One base forward over `batch`: each input takes a free cell of its
     /// sequence. Returns, for each sequence of the batch in order of first
-    /// appearance, the outputs of its last input (the logits only with
-    /// `want_logits`; the stop probability only with `stop_head`).
+    /// appearance, the outputs of its last input (the logits and the stop
+    /// probability only if `want` asks; the features for micro step 0 are
+    /// stored only if it asks, and micro step 0 refuses a sequence without).
     ///
     /// # Errors
     /// On an unknown sequence or token, a full cache, or a failed computation
     /// (the batch's cells are freed again then).
-    pub fn decode(&mut self, batch: &Batch, stop_head: bool, want_logits: bool) -> Result<Vec<(SeqId, StepOut)>> {
+    pub fn decode(&mut self, batch: &Batch, want: Wants) -> Result<Vec<(SeqId, StepOut)>> {
         if batch.is_empty() {
             return Err(Error::Invalid("nothing to decode: the batch is empty".into()));
         }
@@ -194,17 +199,20 @@ impl<'m> Engine<'m> {
             self.kv.occupy(c, i.seq, p);
         }
         let n_kv = self.kv.used_window().next_multiple_of(KV_PAD).min(self.kv.n_cells());
-        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, stop_head);
+        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, want);
         let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
         let mut run = || -> Result<Vec<StepOut>> {
             let sg =
                 self.base_graphs.get(layout.shape.clone(), |s| base::build(model, kv, features, s, flash, backends))?;
             sg.inputs.set(kv, &layout)?;
             sg.sched.compute(&sg.graph)?;
-            sg.outputs.read(want_logits)
+            sg.outputs.read(want.logits)
         };
         match run() {
             Ok(outs) => {
+                for &s in &layout.out_seqs {
+                    self.has_features[s] = want.features;
+                }
                 self.next_pos = next_pos;
                 self.forwards += 1;
                 Ok(layout.out_seqs.into_iter().zip(outs).collect())
@@ -240,6 +248,11 @@ impl<'m> Engine<'m> {
             return Err(Error::Invalid(format!("micro step: sequences must be distinct and below {n_seq}")));
         }
         self.check_tokens(inputs.iter().map(|(_, t)| t))?;
+        if let Some(&(seq, _)) = inputs.iter().find(|&&(q, _)| s == 0 && !self.has_features[q]) {
+            return Err(Error::Invalid(format!(
+                "micro step 0 of sequence {seq}: its last base forward stored no features (one token per step)"
+            )));
+        }
         let layout = MicroLayout::new(hp, s, inputs, self.features.ne()[1] as usize, self.micro.n_cells(), stop_head);
         if s == 0 {
             inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));

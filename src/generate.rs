@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::batch::Batch;
 use crate::engine::Engine;
+use crate::graph::base::Wants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::sampling::Sampler;
@@ -238,7 +239,8 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
     }
     let want_logits = cfg.keep_logits || seqs.iter().any(|s| !s.done && !s.sampler.is_greedy());
     let stop_head = seqs.iter().any(|s| !s.done && s.rule(cfg).needs_stop_head());
-    let mut outs = engine.decode(&batch, stop_head, want_logits)?;
+    let features = seqs.iter().any(|s| !s.done && s.rule(cfg).may_continue());
+    let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?;
     let mut ready = Vec::new();
     for (i, take) in fed {
         let sg = &mut seqs[i];

@@ -1,9 +1,10 @@
 //! Where a model runs, decided once: the local device chosen through ggml's
 //! backend registry, the devices of RPC servers on other machines, how many
 //! base layers are offloaded and how they are split among those devices
-//! (llama.cpp's `-ngl` and `--tensor-split`: the last N layers; the merger,
-//! micro decoder and heads follow the last offloaded layer unless kept
-//! local), and which CPU buffer types weights may use. The [`PlacementPlan`]
+//! (llama.cpp's `-ngl` and `--tensor-split`: the last N layers; the micro
+//! decoder and heads follow the last offloaded layer unless kept local, the
+//! merger sits with the first base layer, which it feeds), and which CPU
+//! buffer types weights may use. The [`PlacementPlan`]
 //! answers for every weight and every cache layer, and makes the backends a
 //! computation runs on.
 
@@ -115,7 +116,7 @@ pub struct LoadOptions {
     pub n_gpu_layers: usize,
     /// The share of the offloaded layers each offload device takes (empty: equal shares).
     pub tensor_split: Vec<f32>,
-    /// Keep the merger, micro decoder and heads on this machine's CPU instead
+    /// Keep the micro decoder and heads on this machine's CPU instead
     /// of the device of the last base layer (each micro step then stays local
     /// when that device is remote).
     pub micro_local: bool,
@@ -149,7 +150,7 @@ pub struct PlacementPlan {
     devices: Vec<Device>,
     /// Each base layer's offload device (index into `devices`), `None` for the CPU.
     layer_device: Vec<Option<usize>>,
-    /// The device of the merger, micro decoder and heads.
+    /// The device of the micro decoder and heads.
     tail_device: Option<usize>,
     cpu: Option<Device>,
     /// The CPU's extra (repacked) buffer types weights may use.
@@ -201,7 +202,7 @@ impl PlacementPlan {
         self.devices.iter().copied().find(|d| d.backend_name() != "RPC")
     }
 
-    /// The device of the merger, micro decoder and heads (`None`: the CPU).
+    /// The device of the micro decoder and heads (`None`: the CPU).
     pub fn tail_device(&self) -> Option<Device> {
         self.tail_device.map(|i| self.devices[i])
     }
@@ -237,6 +238,9 @@ impl PlacementPlan {
         let index = match name {
             TensorName::TokenEmbd => None,
             TensorName::Base(il, _) => self.layer_device.get(il).copied().flatten(),
+            // The merged input feeds base layer 0: computed elsewhere, it
+            // would cost the base forward a hop to that device and back.
+            TensorName::Merger(..) | TensorName::MergerPos => self.layer_device.first().copied().flatten(),
             _ => self.tail_device,
         };
         index.map(|i| self.devices[i])
@@ -272,7 +276,7 @@ impl PlacementPlan {
     }
 
     /// The buffer type of what follows the base (the micro decoder's cache and
-    /// the features): the device of the merger and micro decoder.
+    /// the features): the device of the micro decoder.
     pub fn tail(&self) -> BufferType {
         self.buffer_type(self.tail_device)
     }

@@ -7,6 +7,7 @@ use ggml::Type;
 
 use crate::engine::{Engine, EngineParams};
 use crate::generate::{self, DecodeConfig, SeqGen};
+use crate::graph::base::Wants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::model::Model;
@@ -159,8 +160,9 @@ impl<'m> Session<'m> {
     }
 
     fn forward(&mut self, batch: &Batch, want_logits: bool) -> Result<StepOut> {
-        let stop_head = self.cfg.rule.needs_stop_head();
-        let mut outs = self.engine.decode(batch, stop_head, want_logits)?;
+        // Features always: the caller may drive micro steps itself.
+        let want = Wants { stop_head: self.cfg.rule.needs_stop_head(), logits: want_logits, features: true };
+        let mut outs = self.engine.decode(batch, want)?;
         Ok(outs.pop().expect("one sequence, one output").1)
     }
 

@@ -26,6 +26,12 @@ impl StepRule {
         !self.forced && self.max_steps > 1 && self.confidence <= 1.0
     }
 
+    /// Whether a macro step may go past its first token (and so needs the
+    /// base forward's features for micro step 0).
+    pub fn may_continue(&self) -> bool {
+        self.max_steps > 1 && (self.forced || self.confidence <= 1.0)
+    }
+
     /// Whether a step that has emitted `n` tokens, the last with stop
     /// probability `p_stop`, ends here.
     pub fn stops(&self, n: usize, p_stop: f32) -> bool {

@@ -6,7 +6,8 @@
 //! probabilities and logits up to float rounding (F32 weights and cache).
 
 use hamburger::generate::{self, DecodeConfig, SeqGen};
-use hamburger::{Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::graph::base::Wants;
+use hamburger::{Batch, Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// The prompts and confidence of the golden cases at `confidence`.
@@ -92,4 +93,38 @@ fn two_prompts_in_one_batch_decode_like_single_sessions() {
 fn six_prompts_in_one_batch_with_flash_attention() {
     check(true, 0.3, 6);
     check(true, 0.8, 6);
+}
+
+/// Greedy one-token macro steps driven on the engine, storing the features or not.
+fn one_token_steps(model: &Model, prompt: &[u32], n: usize, features: bool) -> Vec<u32> {
+    let params = SessionParams { n_ctx: 64, ..Default::default() };
+    let mut engine = Engine::new(model, &params.engine_params(1)).unwrap();
+    let want = Wants { stop_head: false, logits: false, features };
+    let mut batch = Batch::new();
+    batch.push_tokens(0, prompt);
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = engine.decode(&batch, want).unwrap()[0].1.argmax;
+        out.push(t);
+        batch = Batch::new();
+        batch.push_merged(0, &[t]);
+    }
+    out
+}
+
+#[test]
+fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
+    let model = tiny_f32();
+    let prompt = &golden_prompts(0.3)[0];
+    assert_eq!(one_token_steps(&model, prompt, 8, false), one_token_steps(&model, prompt, 8, true));
+    let mut engine = Engine::new(&model, &SessionParams::default().engine_params(1)).unwrap();
+    let mut batch = Batch::new();
+    batch.push_tokens(0, prompt);
+    let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: false }).unwrap()[0].1.argmax;
+    let err = engine.micro_step(0, &[(0, t)], false, false).unwrap_err().to_string();
+    assert!(err.contains("stored no features"), "{err}");
+    let mut batch = Batch::new();
+    batch.push_merged(0, &[t]);
+    let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: true }).unwrap()[0].1.argmax;
+    engine.micro_step(0, &[(0, t)], false, false).unwrap();
 }

@@ -51,6 +51,8 @@ pub struct BaseShape {
     pub n_kv: usize,
     /// Whether to compute the stop head (not when the step length cannot depend on it).
     pub stop_head: bool,
+    /// Whether to store the output rows' features (not when no micro step can follow).
+    pub features: bool,
 }
 
 impl BaseShape {
@@ -61,6 +63,19 @@ impl BaseShape {
     fn n_rows(&self) -> usize {
         self.n_plain + self.merged.iter().sum::<usize>()
     }
+}
+
+/// What a base forward computes beyond its KV entries and out_0's argmax:
+/// each costs work, and across devices transfers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wants {
+    /// out_0's stop probability (only when the step length can depend on it).
+    pub stop_head: bool,
+    /// out_0's logits read back (for sampling or inspection).
+    pub logits: bool,
+    /// The output rows' features, which micro step 0 reads (only when a
+    /// micro step can follow: not when every macro step is one token).
+    pub features: bool,
 }
 
 /// Where the inputs of one batch go in the graph, and the values of its inputs.
@@ -81,8 +96,9 @@ pub struct BaseLayout {
 
 impl BaseLayout {
     /// Lays out `batch`, whose inputs have the rope positions `pos` and the
-    /// cache cells `cells` (batch order), attending `n_kv` cells.
-    pub fn new(hp: &HParams, batch: &Batch, pos: &[i32], cells: &[usize], n_kv: usize, stop_head: bool) -> BaseLayout {
+    /// cache cells `cells` (batch order), attending `n_kv` cells, computing
+    /// what `want` asks for.
+    pub fn new(hp: &HParams, batch: &Batch, pos: &[i32], cells: &[usize], n_kv: usize, want: Wants) -> BaseLayout {
         let inputs = batch.inputs();
         let group = |i: usize| match inputs[i].n_tokens {
             1 => usize::MAX,
@@ -112,7 +128,8 @@ impl BaseLayout {
                 n_out: outs.len(),
                 permuted,
                 n_kv,
-                stop_head,
+                stop_head: want.stop_head,
+                features: want.features,
             },
             tokens: embed_order.iter().flat_map(|&i| batch.tokens_of(&inputs[i]).iter().map(|&t| t as i32)).collect(),
             perm,
@@ -128,7 +145,7 @@ pub struct BaseInputs {
     tokens: Tensor,
     perm: Option<Tensor>,
     attn: AttnInputs,
-    feat_idx: Tensor,
+    feat_idx: Option<Tensor>,
 }
 
 impl BaseInputs {
@@ -141,7 +158,9 @@ impl BaseInputs {
         if let Some(p) = &self.perm {
             p.write(&layout.perm)?;
         }
-        self.feat_idx.write(&layout.feat_idx)?;
+        if let Some(f) = &self.feat_idx {
+            f.write(&layout.feat_idx)?;
+        }
         self.attn.set(kv, &layout.rows)
     }
 }
@@ -192,22 +211,35 @@ pub fn build(
         None => x,
     };
     let f = hp.n_features();
-    let feat_idx = g.new_tensor(Type::I64, &[shape.n_out as i64, f as i64]).named("inp_feat_idx");
-    feat_idx.set_input();
+    let feat_idx = shape.features.then(|| {
+        let t = g.new_tensor(Type::I64, &[shape.n_out as i64, f as i64]).named("inp_feat_idx");
+        t.set_input();
+        t
+    });
     let store_feature = |gf: &mut ggml::Graph, fi: usize, src: &Tensor| {
-        let idx = g.view(&feat_idx, &[shape.n_out as i64], &[], fi * feat_idx.nb()[1]);
-        gf.expand(&g.set_rows(features, src, &idx));
+        if let Some(feat_idx) = &feat_idx {
+            let idx = g.view(feat_idx, &[shape.n_out as i64], &[], fi * feat_idx.nb()[1]);
+            gf.expand(&g.set_rows(features, src, &idx));
+        }
     };
     let attn = AttnInputs::new(&g, kv, hp.n_embd_kv(), shape.n_rows(), shape.n_kv, flash);
     let lc = LayerCtx { hp, cache: kv, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last_layer = hp.n_layer - 1;
+    // Feature rows are cut out where their layer runs but stored after the
+    // last layer: the feature columns live with the tail, and a store in
+    // mid-stack would hop to the tail's device and back (two more backend
+    // splits, each a round trip to an RPC server or a GPU).
+    let mut feature_rows = Vec::new();
     for (il, lw) in w.layers.iter().enumerate() {
         x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last_layer).then_some(shape.n_out));
-        if il != last_layer {
+        if il != last_layer && shape.features {
             if let Some(fi) = hp.feature_layers.iter().position(|&l| l == il) {
-                store_feature(&mut gs.gf, fi, &last_cols(&g, &x, shape.n_out));
+                feature_rows.push((fi, g.cont(&last_cols(&g, &x, shape.n_out))));
             }
         }
+    }
+    for (fi, rows) in &feature_rows {
+        store_feature(&mut gs.gf, *fi, rows);
     }
     let out = rms_norm(&g, &x, &w.output_norm, hp.rms_eps).named("out_0"); // [D, n_out]
     store_feature(&mut gs.gf, f - 1, &out);
