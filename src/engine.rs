@@ -248,7 +248,7 @@ impl<'m> Engine<'m> {
             return Err(Error::Invalid(format!("micro step: sequences must be distinct and below {n_seq}")));
         }
         self.check_tokens(inputs.iter().map(|(_, t)| t))?;
-        if let Some(&(seq, _)) = inputs.iter().find(|&&(q, _)| s == 0 && !self.has_features[q]) {
+        if let Some(&(seq, _)) = inputs.iter().find(|&&(q, _)| !self.has_features[q]).filter(|_| s == 0) {
             return Err(Error::Invalid(format!(
                 "micro step 0 of sequence {seq}: its last base forward stored no features (one token per step)"
             )));

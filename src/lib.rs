@@ -32,6 +32,7 @@ pub use batch::Batch;
 pub use engine::{Engine, EngineParams};
 pub use error::{Error, Result};
 pub use generate::{DecodeConfig, SeqGen};
+pub use graph::base::Wants;
 pub use graph::StepOut;
 pub use model::Model;
 pub use placement::{DeviceChoice, LoadOptions};

@@ -23,7 +23,7 @@ impl StepRule {
     /// Whether step lengths depend on the stop head (not when forced, when
     /// every step is one token, or when the confidence stops every step anyway).
     pub fn needs_stop_head(&self) -> bool {
-        !self.forced && self.max_steps > 1 && self.confidence <= 1.0
+        !self.forced && self.may_continue()
     }
 
     /// Whether a macro step may go past its first token (and so needs the

@@ -6,8 +6,7 @@
 //! probabilities and logits up to float rounding (F32 weights and cache).
 
 use hamburger::generate::{self, DecodeConfig, SeqGen};
-use hamburger::graph::base::Wants;
-use hamburger::{Batch, Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{Batch, Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, Wants};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// The prompts and confidence of the golden cases at `confidence`.

@@ -79,7 +79,8 @@ impl LlamaModel {
         if let Some(d) = devices.as_mut() {
             params.devices = d.as_mut_ptr();
         }
-        // llama.cpp reads up to its maximum device count of shares; pad with zeros.
+        // llama.cpp's own front-ends pass llama_max_devices() shares (a row
+        // split reads that many): pad with zeros.
         let mut split = placement.tensor_split.to_vec();
         if !split.is_empty() {
             if placement.devices.is_none_or(|d| d.len() != split.len()) {

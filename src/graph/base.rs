@@ -210,18 +210,11 @@ pub fn build(
         Some(p) => g.get_rows(&x, p),
         None => x,
     };
-    let f = hp.n_features();
     let feat_idx = shape.features.then(|| {
-        let t = g.new_tensor(Type::I64, &[shape.n_out as i64, f as i64]).named("inp_feat_idx");
+        let t = g.new_tensor(Type::I64, &[shape.n_out as i64, hp.n_features() as i64]).named("inp_feat_idx");
         t.set_input();
         t
     });
-    let store_feature = |gf: &mut ggml::Graph, fi: usize, src: &Tensor| {
-        if let Some(feat_idx) = &feat_idx {
-            let idx = g.view(feat_idx, &[shape.n_out as i64], &[], fi * feat_idx.nb()[1]);
-            gf.expand(&g.set_rows(features, src, &idx));
-        }
-    };
     let attn = AttnInputs::new(&g, kv, hp.n_embd_kv(), shape.n_rows(), shape.n_kv, flash);
     let lc = LayerCtx { hp, cache: kv, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last_layer = hp.n_layer - 1;
@@ -229,7 +222,7 @@ pub fn build(
     // last layer: the feature columns live with the tail, and a store in
     // mid-stack would hop to the tail's device and back (two more backend
     // splits, each a round trip to an RPC server or a GPU).
-    let mut feature_rows = Vec::new();
+    let mut feature_rows = Vec::new(); // (feature index, rows [D, n_out])
     for (il, lw) in w.layers.iter().enumerate() {
         x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last_layer).then_some(shape.n_out));
         if il != last_layer && shape.features {
@@ -238,10 +231,13 @@ pub fn build(
             }
         }
     }
-    for (fi, rows) in &feature_rows {
-        store_feature(&mut gs.gf, *fi, rows);
-    }
     let out = rms_norm(&g, &x, &w.output_norm, hp.rms_eps).named("out_0"); // [D, n_out]
-    store_feature(&mut gs.gf, f - 1, &out);
+    if let Some(feat_idx) = &feat_idx {
+        feature_rows.push((hp.n_features() - 1, out.clone()));
+        for (fi, rows) in &feature_rows {
+            let idx = g.view(feat_idx, &[shape.n_out as i64], &[], fi * feat_idx.nb()[1]);
+            gs.gf.expand(&g.set_rows(features, rows, &idx));
+        }
+    }
     finish(gs, backends, w, &out, shape.stop_head, BaseInputs { tokens, perm, attn, feat_idx })
 }
