@@ -303,6 +303,23 @@ impl<'m> LlamaContext<'m> {
         }
     }
 
+    /// The logits of input `i` of the last [`LlamaContext::decode_seqs`], which
+    /// gives every input logits (a scorer reads the whole sequence's).
+    ///
+    /// # Errors
+    /// When input `i` has no logits (out of range, or not asked for).
+    pub fn logits_ith(&self, i: usize) -> Result<Vec<f32>> {
+        let i = i32::try_from(i).map_err(|_| Error::Invalid(format!("logits of input {i}: out of range")))?;
+        // SAFETY: libllama checks `i` against the last batch and returns null
+        // (logging the reason) when that input has no logits.
+        let p = unsafe { sys::llama_get_logits_ith(self.ptr.as_ptr(), i) };
+        if p.is_null() {
+            return Err(Error::Invalid(format!("input {i} of the last decode has no logits")));
+        }
+        // SAFETY: a non-null row holds n_vocab logits, valid until the next decode.
+        Ok(unsafe { std::slice::from_raw_parts(p, self.n_vocab) }.to_vec())
+    }
+
     /// Forgets everything in the KV cache.
     pub fn clear(&mut self) {
         // SAFETY: the context and its memory are live.

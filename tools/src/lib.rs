@@ -4,11 +4,14 @@
 //! * [`cli`]: argument parsing that reports one line, the logger, flag parsers
 //!   shared by every binary;
 //! * [`bench`]: llama-bench-style measurements of our engine against libllama;
+//! * [`eval`]: a trained model against its base on real prompts (speed and
+//!   the base's log-likelihood of the outputs), and the base's entropies;
 //! * [`sweep`] and [`compare`] (with [`plot`]): `hamburger-quantize`'s
 //!   quantization sweeps and its timing against llama.cpp's quantizer.
 
 pub mod bench;
 pub mod cli;
 pub mod compare;
+pub mod eval;
 pub mod plot;
 pub mod sweep;

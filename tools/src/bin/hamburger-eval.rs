@@ -1,0 +1,189 @@
+//! `hamburger-eval`: a trained HAMburger against its base on real prompts
+//! (tokens per macro step, KV entries per token, end-to-end tokens/s against
+//! libllama on the base in the same run, and the base's log-likelihood of the
+//! outputs), and `score`, the base's per-token entropies and log-probabilities
+//! of answers (what `hamburger-train segment` reads).
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel, LlamaPlacement};
+use hamburger::{LoadOptions, Model, Session};
+use serde_json::{json, Value};
+use tools::eval::{self, Prompts, Row, Scorer};
+
+/// Evaluates a HAMburger GGUF against its base.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generates from every prompt with HAMburger (at each confidence) and
+    /// with libllama on the base; prints a table of speed and quality.
+    Run {
+        /// The HAMburger GGUF.
+        #[arg(short = 'm', long)]
+        model: PathBuf,
+        /// The base-only GGUF libllama generates with (the speed baseline).
+        #[arg(long)]
+        baseline: PathBuf,
+        /// The base GGUF that scores the outputs (default: --baseline); a
+        /// quantization sweep scores every type with the same F16 base.
+        #[arg(long)]
+        scorer: Option<PathBuf>,
+        /// JSON lines with a `prompt` field (a user message).
+        #[arg(long)]
+        prompts: PathBuf,
+        /// Use only the first N prompts.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// New tokens per prompt (both engines generate exactly this many).
+        #[arg(short = 'n', long, default_value_t = 128, value_parser = tools::cli::at_least_one)]
+        n_predict: usize,
+        /// Stop-head confidences, comma-separated (one row each).
+        #[arg(long, value_delimiter = ',', default_value = "0.8", value_parser = tools::cli::non_negative)]
+        confidence: Vec<f32>,
+        /// CPU threads.
+        #[arg(short = 't', long, default_value_t = 2, value_parser = tools::cli::thread_count)]
+        threads: usize,
+        /// Output: md or json.
+        #[arg(short = 'o', long, default_value = "md", value_parser = ["md", "json"])]
+        output: String,
+    },
+    /// Reads JSON lines `{"prompt": user message, "response": text}` (other
+    /// fields are kept) and writes each with `ids` (prompt and answer, the
+    /// answer ended by the end-of-turn token), `n_prompt`, and the base's
+    /// `entropy` and `logprob` of every answer token.
+    Score {
+        /// The HAMburger GGUF (its tokenizer and chat template).
+        #[arg(short = 'm', long)]
+        model: PathBuf,
+        /// The base-only GGUF that scores.
+        #[arg(long)]
+        baseline: PathBuf,
+        /// CPU threads.
+        #[arg(short = 't', long, default_value_t = 2, value_parser = tools::cli::thread_count)]
+        threads: usize,
+        /// Longest sequence scored; longer ones are cut there.
+        #[arg(short = 'c', long, default_value_t = 2048, value_parser = tools::cli::at_least_one)]
+        ctx_size: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    tools::cli::run_tool("hamburger-eval", "warn", |args: Args| match args.cmd {
+        Cmd::Run { model, baseline, scorer, prompts, limit, n_predict, confidence, threads, output } => {
+            let opts = RunOptions { n_predict, confidence, threads, limit };
+            let rows = run(&model, &baseline, scorer.as_deref(), &prompts, &opts)?;
+            match output.as_str() {
+                "md" => print!("{}", eval::markdown(&rows)),
+                _ => println!("{}", serde_json::to_string_pretty(&rows.iter().map(Row::to_json).collect::<Vec<_>>())?),
+            }
+            Ok(())
+        }
+        Cmd::Score { model, baseline, threads, ctx_size } => score(&model, &baseline, threads, ctx_size),
+    })
+}
+
+struct RunOptions {
+    n_predict: usize,
+    confidence: Vec<f32>,
+    threads: usize,
+    limit: Option<usize>,
+}
+
+/// The `prompt` of every JSON line of `path`.
+fn read_prompts(path: &Path, limit: Option<usize>) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--prompts {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+        let p = v["prompt"].as_str().with_context(|| format!("{}:{}: no string field 'prompt'", path.display(), i + 1))?;
+        out.push(p.to_string());
+    }
+    out.truncate(limit.unwrap_or(usize::MAX));
+    if out.is_empty() {
+        bail!("--prompts {}: no prompts", path.display());
+    }
+    Ok(out)
+}
+
+fn load_base(path: &Path) -> Result<LlamaModel> {
+    let cpu = LlamaPlacement { devices: Some(&[]), n_gpu_layers: 0, tensor_split: &[], repack: true };
+    LlamaModel::load_with(path, &cpu).with_context(|| format!("{}", path.display()))
+}
+
+fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: &RunOptions) -> Result<Vec<Row>> {
+    let texts = read_prompts(prompts, o.limit)?;
+    let model = Model::open(model, &LoadOptions::default())?;
+    let chat = Prompts::new(&model)?;
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| chat.user(t)).collect::<Result<_>>()?;
+    let n_ctx = ids.iter().map(Vec::len).max().unwrap_or(0) + o.n_predict + 8;
+    let base = load_base(baseline)?;
+    let score_model = scorer.map(load_base).transpose()?;
+    let mut scorer = Scorer::new(score_model.as_ref().unwrap_or(&base), n_ctx, o.threads)?;
+    let llama_params = LlamaContextParams { n_ctx: n_ctx as u32, n_threads: o.threads as i32, ..Default::default() };
+    let mut base_ctx = LlamaContext::new(&base, llama_params)?;
+    let mut sessions: Vec<Session> = o
+        .confidence
+        .iter()
+        .map(|&c| Session::new(&model, eval::session_params(c, o.threads, n_ctx)))
+        .collect::<hamburger::Result<_>>()?;
+    let mut rows: Vec<Row> = o.confidence.iter().map(|&c| Row { confidence: c, ..Default::default() }).collect();
+    // Warm-up: one untimed generation per engine.
+    eval::run_base(&mut base_ctx, &ids[0], o.n_predict.min(8))?;
+    for s in &mut sessions {
+        eval::run_hamburger(s, &ids[0], o.n_predict.min(8))?;
+    }
+    let eog = &model.vocab.eog;
+    for (i, prompt) in ids.iter().enumerate() {
+        for (session, row) in sessions.iter_mut().zip(&mut rows) {
+            let base_run = eval::run_base(&mut base_ctx, prompt, o.n_predict)?;
+            let ours = eval::run_hamburger(session, prompt, o.n_predict)?;
+            eval::account(row, &mut scorer, prompt, &ours, &base_run, eog)?;
+        }
+        log::info!("prompt {}/{} done", i + 1, ids.len());
+    }
+    Ok(rows)
+}
+
+fn score(model: &Path, baseline: &Path, threads: usize, n_ctx: usize) -> Result<()> {
+    let model = Model::open(model, &LoadOptions::default())?;
+    let chat = Prompts::new(&model)?;
+    let end = model.vocab.eos.context("the model has no end-of-turn token")?;
+    let base = load_base(baseline)?;
+    let mut scorer = Scorer::new(&base, n_ctx, threads)?;
+    let mut out = std::io::stdout().lock();
+    for (i, line) in std::io::stdin().lock().lines().enumerate() {
+        let line = line.context("standard input")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut v: Value = serde_json::from_str(&line).with_context(|| format!("input line {}: not JSON", i + 1))?;
+        let field = |k: &str| v[k].as_str().map(str::to_owned).with_context(|| format!("input line {}: no string field '{k}'", i + 1));
+        let (prompt, response) = (field("prompt")?, field("response")?);
+        let mut ids = chat.user(&prompt)?;
+        let n_prompt = ids.len();
+        ids.extend(chat.text(&response)?);
+        ids.push(end);
+        ids.truncate(n_ctx);
+        if ids.len() <= n_prompt {
+            log::warn!("input line {}: the prompt fills the context; skipped", i + 1);
+            continue;
+        }
+        let s = scorer.score(&ids, n_prompt)?;
+        v["ids"] = json!(ids);
+        v["n_prompt"] = json!(n_prompt);
+        v["entropy"] = json!(s.entropy);
+        v["logprob"] = json!(s.logprob);
+        writeln!(out, "{v}")?;
+    }
+    Ok(())
+}

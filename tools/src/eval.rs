@@ -1,0 +1,318 @@
+//! `hamburger-eval`: what a trained HAMburger is worth against its base, on
+//! real prompts. For each prompt and confidence it generates greedily with
+//! our engine and, in the same run, with libllama on the base-only GGUF (the
+//! same prompt ids, the same number of new tokens, end of generation ignored
+//! so both produce exactly `n`), timing both end to end; then it scores both
+//! outputs with the base (a [`Scorer`]): the base's mean log-likelihood of
+//! HAMburger's greedy text against that of its own greedy text, and how many
+//! leading tokens the two share. Quality is taken on each output up to its
+//! first end-of-generation token.
+//!
+//! The same [`Scorer`] gives the training tool the base's entropies (`score`).
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
+use hamburger::chat::{ChatTemplate, Message};
+use hamburger::tokenizer::Tokenizer;
+use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
+use serde_json::{json, Value};
+
+/// The base's view of a token sequence: for every position after the prompt,
+/// the log-probability of the token there and the entropy of the distribution
+/// it was drawn from.
+pub struct Scored {
+    /// `ln p(ids[i] | ids[..i])` for each `i` from the prompt's end.
+    pub logprob: Vec<f32>,
+    /// Entropy (nats) of the base's next-token distribution at each such `i`.
+    pub entropy: Vec<f32>,
+}
+
+/// Scores sequences with libllama: the whole sequence in one pass per batch,
+/// every position's logits kept.
+pub struct Scorer<'m> {
+    ctx: LlamaContext<'m>,
+    n_batch: usize,
+    n_ctx: usize,
+}
+
+impl<'m> Scorer<'m> {
+    /// A scorer of sequences up to `n_ctx` tokens on `model`.
+    ///
+    /// # Errors
+    /// When libllama cannot create the context.
+    pub fn new(model: &'m LlamaModel, n_ctx: usize, threads: usize) -> Result<Scorer<'m>> {
+        let n_batch = 512.min(n_ctx);
+        let params = LlamaContextParams {
+            n_ctx: n_ctx as u32,
+            n_batch: n_batch as u32,
+            n_threads: threads as i32,
+            ..Default::default()
+        };
+        Ok(Scorer { ctx: LlamaContext::new(model, params)?, n_batch, n_ctx })
+    }
+
+    /// Scores `ids[n_prompt..]` given everything before each token.
+    ///
+    /// # Errors
+    /// When the sequence is longer than the context, `n_prompt` is 0, or a decode fails.
+    pub fn score(&mut self, ids: &[u32], n_prompt: usize) -> Result<Scored> {
+        anyhow::ensure!(n_prompt >= 1 && n_prompt <= ids.len(), "a scored sequence needs a prompt of 1..={} tokens", ids.len());
+        anyhow::ensure!(ids.len() <= self.n_ctx, "a sequence of {} tokens exceeds the scorer's context of {}", ids.len(), self.n_ctx);
+        self.ctx.clear();
+        let mut out = Scored { logprob: Vec::new(), entropy: Vec::new() };
+        let last = ids.len() - 1;
+        for (c, chunk) in ids[..last].chunks(self.n_batch).enumerate() {
+            let start = c * self.n_batch;
+            let inputs: Vec<(i32, i32, i32)> =
+                chunk.iter().enumerate().map(|(j, &t)| (t as i32, (start + j) as i32, 0)).collect();
+            self.ctx.decode_seqs(&inputs)?;
+            for j in 0..chunk.len() {
+                let pos = start + j;
+                if pos + 1 < n_prompt {
+                    continue;
+                }
+                let (lp, h) = log_prob_and_entropy(&self.ctx.logits_ith(j)?, ids[pos + 1] as usize);
+                out.logprob.push(lp);
+                out.entropy.push(h);
+            }
+        }
+        self.ctx.pause_threads();
+        Ok(out)
+    }
+}
+
+/// `ln softmax(logits)[target]` and the distribution's entropy, in f64.
+fn log_prob_and_entropy(logits: &[f32], target: usize) -> (f32, f32) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let log_z = max + z.ln();
+    let entropy: f64 = logits
+        .iter()
+        .map(|&l| {
+            let lp = l as f64 - log_z;
+            -lp.exp() * lp
+        })
+        .sum();
+    ((logits[target] as f64 - log_z) as f32, entropy as f32)
+}
+
+/// A user prompt rendered with the model's chat template and tokenized.
+pub struct Prompts {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+}
+
+impl Prompts {
+    /// The chat template and tokenizer of `model`.
+    ///
+    /// # Errors
+    /// When the model has no tokenizer or no chat template.
+    pub fn new(model: &Model) -> Result<Prompts> {
+        let tokenizer = Tokenizer::from_model(model)?;
+        let source = model.vocab.chat_template.as_deref().context("the model has no chat template")?;
+        let text_of = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
+        let template = ChatTemplate::new(source, &text_of(model.vocab.bos), &text_of(model.vocab.eos))?
+            .isolated(crate::cli::template_isolation()?);
+        Ok(Prompts { tokenizer, template })
+    }
+
+    /// The token ids of a conversation of one user message, ready for the answer.
+    ///
+    /// # Errors
+    /// When the template or the tokenizer fails.
+    pub fn user(&self, text: &str) -> Result<Vec<u32>> {
+        let rendered = self.template.render(&[Message { role: "user".into(), content: text.into() }], true)?;
+        Ok(self.tokenizer.encode(&rendered, true)?)
+    }
+
+    /// The token ids of an answer's text (no special tokens added).
+    ///
+    /// # Errors
+    /// When the tokenizer fails.
+    pub fn text(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.tokenizer.encode(text, false)?)
+    }
+}
+
+/// What one engine did on one prompt.
+#[derive(Debug, Clone, Default)]
+pub struct Run {
+    /// Output tokens (exactly `n`: end of generation ignored).
+    pub ids: Vec<u32>,
+    /// Base forwards (macro steps; `ids.len()` for the base).
+    pub forwards: usize,
+    /// Wall-clock nanoseconds, prompt included.
+    pub ns: u64,
+}
+
+/// Greedy generation of `n` tokens with our engine (a session at its confidence).
+///
+/// # Errors
+/// When generation fails.
+pub fn run_hamburger(session: &mut Session, prompt: &[u32], n: usize) -> Result<Run> {
+    session.clear();
+    let mut sampler = Sampler::new(SamplerParams::greedy());
+    let t = Instant::now();
+    let gen = session.generate(prompt, n, &mut sampler, |_| true)?;
+    let ns = t.elapsed().as_nanos() as u64;
+    session.pause_threads();
+    Ok(Run { ids: gen.output_ids, forwards: gen.timings.macro_steps, ns })
+}
+
+/// Greedy generation of `n` tokens with libllama on the base.
+///
+/// # Errors
+/// When a decode fails.
+pub fn run_base(ctx: &mut LlamaContext, prompt: &[u32], n: usize) -> Result<Run> {
+    let prompt: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let t = Instant::now();
+    let ids = ctx.greedy(&prompt, n, None)?;
+    let ns = t.elapsed().as_nanos() as u64;
+    ctx.pause_threads();
+    let ids: Vec<u32> = ids.into_iter().map(|t| t as u32).collect();
+    Ok(Run { forwards: ids.len(), ids, ns })
+}
+
+/// Per-confidence totals over the prompts.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    /// The stop-head confidence.
+    pub confidence: f32,
+    /// Prompts run.
+    pub prompts: usize,
+    /// Tokens generated by each engine.
+    pub tokens: usize,
+    /// Our base forwards (macro steps).
+    pub macro_steps: usize,
+    /// Our nanoseconds and libllama's.
+    pub ns: u64,
+    /// libllama's nanoseconds on the same prompts.
+    pub base_ns: u64,
+    /// Sum of the base's log-likelihood of our kept tokens, and their count.
+    pub ll: f64,
+    /// Our kept tokens (up to the first end of generation).
+    pub kept: usize,
+    /// The same for the base's own greedy outputs.
+    pub base_ll: f64,
+    /// The base's kept tokens.
+    pub base_kept: usize,
+    /// Leading tokens our output shares with the base's, summed over prompts.
+    pub shared: usize,
+    /// Prompts whose kept outputs are identical.
+    pub identical: usize,
+}
+
+impl Row {
+    /// Mean tokens per macro step.
+    pub fn tokens_per_step(&self) -> f64 {
+        self.tokens as f64 / self.macro_steps.max(1) as f64
+    }
+
+    /// Our end-to-end tokens/s over libllama's.
+    pub fn speedup(&self) -> f64 {
+        self.base_ns as f64 / self.ns.max(1) as f64
+    }
+
+    /// The base's mean log-likelihood per token of our outputs.
+    pub fn mean_ll(&self) -> f64 {
+        self.ll / self.kept.max(1) as f64
+    }
+
+    /// ... and of its own outputs.
+    pub fn base_mean_ll(&self) -> f64 {
+        self.base_ll / self.base_kept.max(1) as f64
+    }
+
+    /// How much worse our outputs score than the base's own, relatively
+    /// (0.05: 5% lower mean log-likelihood).
+    pub fn ll_loss(&self) -> f64 {
+        self.mean_ll() / self.base_mean_ll() - 1.0
+    }
+
+    /// The row as JSON (the columns of every report).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "confidence": self.confidence,
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "tokens_per_step": self.tokens_per_step(),
+            "kv_entries_per_token": self.macro_steps as f64 / self.tokens.max(1) as f64,
+            "tokens_per_s": self.tokens as f64 * 1e9 / self.ns.max(1) as f64,
+            "base_tokens_per_s": self.tokens as f64 * 1e9 / self.base_ns.max(1) as f64,
+            "speedup": self.speedup(),
+            "mean_ll": self.mean_ll(),
+            "base_mean_ll": self.base_mean_ll(),
+            "ll_loss": self.ll_loss(),
+            "shared_prefix": self.shared as f64 / self.prompts.max(1) as f64,
+            "identical": self.identical,
+        })
+    }
+}
+
+/// `ids` up to and including its first end-of-generation token.
+pub fn kept<'a>(ids: &'a [u32], eog: &[u32]) -> &'a [u32] {
+    match ids.iter().position(|t| eog.contains(t)) {
+        Some(i) => &ids[..=i],
+        None => ids,
+    }
+}
+
+/// Adds one prompt's runs to `row`: speed from the full runs, quality from
+/// the kept outputs scored by the base.
+///
+/// # Errors
+/// When scoring fails.
+pub fn account(row: &mut Row, scorer: &mut Scorer, prompt: &[u32], ours: &Run, base: &Run, eog: &[u32]) -> Result<()> {
+    let (a, b) = (kept(&ours.ids, eog), kept(&base.ids, eog));
+    let ll = |s: &mut Scorer, out: &[u32]| -> Result<f64> {
+        let seq: Vec<u32> = prompt.iter().chain(out).copied().collect();
+        Ok(s.score(&seq, prompt.len())?.logprob.iter().map(|&x| x as f64).sum())
+    };
+    row.prompts += 1;
+    row.tokens += ours.ids.len();
+    row.macro_steps += ours.forwards;
+    row.ns += ours.ns;
+    row.base_ns += base.ns;
+    row.ll += ll(scorer, a)?;
+    row.kept += a.len();
+    row.base_ll += ll(scorer, b)?;
+    row.base_kept += b.len();
+    row.shared += a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    row.identical += usize::from(a == b);
+    Ok(())
+}
+
+/// Session parameters of an evaluation at `confidence`.
+pub fn session_params(confidence: f32, threads: usize, n_ctx: usize) -> SessionParams {
+    SessionParams { n_ctx, n_threads: threads, confidence, ignore_eog: true, ..Default::default() }
+}
+
+/// The rows as a Markdown table.
+pub fn markdown(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| confidence | tokens/step | KV entries/token | tok/s | base tok/s | speedup | LL (ours) | LL (base) | LL loss | shared prefix | identical |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for r in rows {
+        let j = r.to_json();
+        let f = |k: &str| j[k].as_f64().unwrap_or(0.0);
+        s.push_str(&format!(
+            "| {} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2}x | {:.3} | {:.3} | {:+.1}% | {:.1} | {}/{} |\n",
+            r.confidence,
+            f("tokens_per_step"),
+            f("kv_entries_per_token"),
+            f("tokens_per_s"),
+            f("base_tokens_per_s"),
+            f("speedup"),
+            f("mean_ll"),
+            f("base_mean_ll"),
+            100.0 * f("ll_loss"),
+            f("shared_prefix"),
+            r.identical,
+            r.prompts
+        ));
+    }
+    s
+}

@@ -1,0 +1,102 @@
+//! `hamburger-eval` on the tiny fixture against its own base-only export in
+//! libllama: at confidence > 1 HAMburger is its base (same tokens, no
+//! log-likelihood loss, one token per step); at a low confidence it takes
+//! several tokens per step; `score` gives one entropy and log-probability
+//! per answer token; bad prompt files get one line naming the file and line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use testing::testmodel::tiny_fixture;
+
+fn eval_bin() -> Command {
+    testing::process::limited(env!("CARGO_BIN_EXE_hamburger-eval"))
+}
+
+/// The fixture as a HAMburger GGUF and as a base-only GGUF (f32).
+fn fixture_ggufs(dir: &Path) -> (PathBuf, PathBuf) {
+    let (ham, base) = (dir.join("tiny.gguf"), dir.join("tiny-base.gguf"));
+    for (out, extra) in [(&ham, None), (&base, Some("--base-only"))] {
+        let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+            .arg(tiny_fixture())
+            .arg("--outfile")
+            .arg(out)
+            .args(["--outtype", "f32", "--no-progress"])
+            .args(extra)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    (ham, base)
+}
+
+#[test]
+fn eval_reports_the_base_at_confidence_above_one_and_several_tokens_per_step_below() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ham, base) = fixture_ggufs(dir.path());
+    let prompts = dir.path().join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"prompt\": \"The license grants you\"}\n{\"prompt\": \"Once upon a time\"}\n").unwrap();
+    let out = eval_bin()
+        .args(["run", "-m"])
+        .arg(&ham)
+        .arg("--baseline")
+        .arg(&base)
+        .arg("--prompts")
+        .arg(&prompts)
+        .args(["-n", "24", "--confidence", "1.01,0.3", "-t", "1", "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let (exact, fast) = (&rows[0], &rows[1]);
+    assert_eq!(exact["prompts"], 2);
+    assert_eq!(exact["tokens"], 48, "exactly -n tokens per prompt");
+    assert_eq!(exact["tokens_per_step"], 1.0);
+    assert_eq!(exact["kv_entries_per_token"], 1.0);
+    assert_eq!(exact["identical"], 2, "confidence > 1 decodes exactly like the base: {exact}");
+    assert!(exact["ll_loss"].as_f64().unwrap().abs() < 1e-9, "{exact}");
+    assert!(exact["base_mean_ll"].as_f64().unwrap() < 0.0);
+    assert!(fast["tokens_per_step"].as_f64().unwrap() > 1.2, "{fast}");
+    assert!(fast["kv_entries_per_token"].as_f64().unwrap() < 0.85, "{fast}");
+}
+
+#[test]
+fn score_gives_an_entropy_and_a_log_probability_per_answer_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ham, base) = fixture_ggufs(dir.path());
+    let mut child = eval_bin()
+        .args(["score", "-t", "1", "-m"])
+        .arg(&ham)
+        .arg("--baseline")
+        .arg(&base)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"{\"id\": \"a\", \"prompt\": \"Hello\", \"response\": \"The license\"}\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    let (ids, n_prompt) = (v["ids"].as_array().unwrap(), v["n_prompt"].as_u64().unwrap() as usize);
+    let answer = ids.len() - n_prompt;
+    assert!(answer >= 2, "the answer's tokens and the end-of-turn token");
+    assert_eq!(ids.last().unwrap(), 2, "answers end with the end-of-turn token (<|im_end|> = 2)");
+    assert_eq!(v["entropy"].as_array().unwrap().len(), answer);
+    assert_eq!(v["logprob"].as_array().unwrap().len(), answer);
+    assert!(v["logprob"].as_array().unwrap().iter().all(|x| x.as_f64().unwrap() <= 0.0));
+    assert!(v["entropy"].as_array().unwrap().iter().all(|x| x.as_f64().unwrap() >= 0.0));
+    assert_eq!(v["id"], "a", "other fields are kept");
+}
+
+#[test]
+fn a_prompt_file_without_prompts_is_one_line_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ham, base) = fixture_ggufs(dir.path());
+    let prompts = dir.path().join("bad.jsonl");
+    std::fs::write(&prompts, "{\"prompt\": \"ok\"}\n{\"text\": \"no prompt\"}\n").unwrap();
+    let mut c = eval_bin();
+    c.args(["run", "-m"]).arg(&ham).arg("--baseline").arg(&base).arg("--prompts").arg(&prompts);
+    testing::process::assert_one_line_error(&mut c, &["bad.jsonl:2", "prompt"]);
+}
