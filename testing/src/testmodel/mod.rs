@@ -223,7 +223,7 @@ pub fn tiny_fixture() -> PathBuf {
 pub fn smollm2_checkpoint() -> Result<PathBuf, ConvertError> {
     let cache = cache_dir();
     let gguf = smollm2_gguf(&cache)?;
-    cached_dir(&cache.join("smollm2-hamburger"), |d| from_gguf::write(&gguf, d, 0))
+    cached_dir(&cache.join("smollm2-hamburger"), |d| from_gguf::write(&gguf, d, from_gguf::Grafted::Random(0)))
 }
 
 /// `checkpoint` converted to `outtype` (base-only or not), cached in the cache
