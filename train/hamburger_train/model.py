@@ -1,0 +1,277 @@
+"""HAMburger in PyTorch, for training: a frozen Llama base, the compositional
+embedder (merger), the micro-step decoder and the stop head, with the
+semantics of `shared/docs/hamburger-model.md` and the original key names.
+
+The runtime (Rust, ggml) is what users run; this module exists so that the
+grafted modules can be trained with autograd. `greedy` decodes exactly as the
+runtime does, so an export can be checked token for token against it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+
+@dataclass
+class Config:
+    """The base's shapes (from `config.json`) and the grafted modules' (from `hamburger.json`)."""
+
+    vocab: int
+    dim: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    ffn: int
+    eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    feature_layers: list[int]
+    micro_layers: int
+    merger_heads: int
+    max_steps: int
+    eos: list[int]
+
+    @staticmethod
+    def load(ckpt: Path) -> "Config":
+        """Reads `config.json` and `hamburger.json` of a checkpoint directory."""
+        c = json.loads((ckpt / "config.json").read_text())
+        h = json.loads((ckpt / "hamburger.json").read_text())
+        eos = c.get("eos_token_id")
+        eos = eos if isinstance(eos, list) else [eos]
+        n_head = c["num_attention_heads"]
+        return Config(
+            vocab=c["vocab_size"], dim=c["hidden_size"], n_layer=c["num_hidden_layers"], n_head=n_head,
+            n_head_kv=c.get("num_key_value_heads", n_head), head_dim=c.get("head_dim") or c["hidden_size"] // n_head,
+            ffn=c["intermediate_size"], eps=c["rms_norm_eps"], rope_theta=c.get("rope_theta", 10000.0),
+            rope_scaling=c.get("rope_scaling"), feature_layers=list(h["feature_layers"]),
+            micro_layers=h["micro_layers"], merger_heads=h["merger_heads"], max_steps=h["max_steps"],
+            eos=[e for e in eos if e is not None],
+        )
+
+
+def rope_inv_freq(cfg: Config) -> torch.Tensor:
+    """Rotary inverse frequencies, with Llama 3's frequency scaling when configured."""
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    s = cfg.rope_scaling
+    if s and s.get("rope_type", s.get("type")) == "llama3":
+        factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old = s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        is_mid = (wavelen <= old / low) & (wavelen >= old / high)
+        inv = torch.where(is_mid, mid, scaled)
+    return inv.float()
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding of x [..., T, heads, head_dim] at positions pos [..., T]."""
+    ang = pos[..., None].float() * inv  # [..., T, hd/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[..., None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[..., None, :]
+    a, b = x.chunk(2, -1)
+    return x * cos + torch.cat([-b, a], -1) * sin
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in f32."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class Layer(nn.Module):
+    """One Llama decoder layer (HF layout: rotate-half q/k rows)."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        d, hd = cfg.dim, cfg.head_dim
+        self.cfg = cfg
+        self.input_layernorm = nn.Parameter(torch.ones(d))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(d))
+        self.q_proj = nn.Linear(d, cfg.n_head * hd, bias=False)
+        self.k_proj = nn.Linear(d, cfg.n_head_kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, cfg.n_head_kv * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * hd, d, bias=False)
+        self.gate_proj = nn.Linear(d, cfg.ffn, bias=False)
+        self.up_proj = nn.Linear(d, cfg.ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn, d, bias=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor, mask: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple]:
+        """x [B, T, D] at rope positions pos [B, T], after the keys and values
+        `past` of earlier inputs; mask [B, 1, T, past + T] (True = attend).
+        Returns the output and this layer's keys and values, past included."""
+        c = self.cfg
+        B, T, _ = x.shape
+        h = rms_norm(x, self.input_layernorm, c.eps)
+        q = rope(self.q_proj(h).view(B, T, c.n_head, c.head_dim), pos, inv).transpose(1, 2)
+        k = rope(self.k_proj(h).view(B, T, c.n_head_kv, c.head_dim), pos, inv).transpose(1, 2)
+        v = self.v_proj(h).view(B, T, c.n_head_kv, c.head_dim).transpose(1, 2)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        rep = c.n_head // c.n_head_kv
+        a = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(B, T, -1))
+        h = rms_norm(x, self.post_attention_layernorm, c.eps)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), (k, v)
+
+
+class Merger(nn.Module):
+    """The compositional embedder: k > 1 token embeddings -> one input embedding."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        d = cfg.dim
+        self.heads = cfg.merger_heads
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d + d // 2, d)
+        self.v_proj = nn.Linear(d + d // 2, d)
+        self.out_proj = nn.Linear(d, d)
+        self.pos = nn.Parameter(torch.randn(cfg.max_steps, d // 2) * math.sqrt(2.0 / (cfg.max_steps + d // 2)))
+
+    def forward(self, e: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        """Merges e [N, S, D] (rows beyond each group's n [N] tokens are ignored) into [N, D]."""
+        N, S, D = e.shape
+        valid = torch.arange(S)[None, :] < n[:, None]  # [N, S]
+        m = (e * valid[..., None]).sum(1) / n[:, None]
+        hs = D // self.heads
+        u = torch.cat([e, self.pos[:S].expand(N, S, -1)], -1)
+        q = self.q_proj(m).view(N, self.heads, 1, hs)
+        k = self.k_proj(u).view(N, S, self.heads, hs).transpose(1, 2)
+        v = self.v_proj(u).view(N, S, self.heads, hs).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :])
+        return m + self.out_proj(o.reshape(N, D))
+
+
+class StopHead(nn.Module):
+    """Linear -> SiLU -> Linear -> SiLU -> Linear(D, 1): the logit of stopping after a micro step."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d), nn.SiLU(), nn.Linear(d, 1))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net(h).squeeze(-1)
+
+
+class HAMburger(nn.Module):
+    """A frozen base with trainable grafted modules (`grafted_parameters`)."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.dim)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layer))
+        self.norm = nn.Parameter(torch.ones(cfg.dim))
+        self.lm_head: nn.Parameter | None = None  # None: tied to the embedding
+        self.merger = Merger(cfg)
+        self.micro = nn.ModuleList(Layer(cfg) for _ in range(cfg.micro_layers))
+        self.stop_head = StopHead(cfg.dim)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.requires_grad_(False)
+        for p in self.grafted_parameters():
+            p.requires_grad_(True)
+
+    def grafted_parameters(self):
+        """The parameters training changes: merger, micro decoder and stop head."""
+        yield from self.merger.parameters()
+        yield from self.micro.parameters()
+        yield from self.stop_head.parameters()
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """lm_head(h)."""
+        return h @ (self.embed.weight if self.lm_head is None else self.lm_head).T
+
+    def base(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past: list | None = None,
+             want_kv: bool = False) -> tuple[list[torch.Tensor], list | None]:
+        """Runs the base over input embeddings x [B, T, D] (after the keys and
+        values `past` of earlier inputs, one pair per layer); returns the F
+        features [B, T, D] (the last one after the final norm) and, when
+        asked, every layer's keys and values."""
+        feats, kv = [], []
+        last = self.cfg.n_layer - 1
+        for i, layer in enumerate(self.layers):
+            x, layer_kv = layer(x, pos, self.inv_freq, mask, None if past is None else past[i])
+            if want_kv:
+                kv.append(layer_kv)
+            if i in self.cfg.feature_layers and i != last:
+                feats.append(x)
+        feats.append(rms_norm(x, self.norm, self.cfg.eps))
+        return feats, kv if want_kv else None
+
+    def micro_decode(self, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The micro decoder over [features (F), embed(tokens) (k-1)] for N macro steps:
+        feats [N, F, D], tokens [N, k-1]; returns out_1..out_{k-1} [N, k-1, D]."""
+        x = torch.cat([feats, self.embed(tokens)], 1)
+        N, T, _ = x.shape
+        pos = torch.arange(T).expand(N, T)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+        for layer in self.micro:
+            x, _ = layer(x, pos, self.inv_freq, mask)
+        return x[:, feats.shape[1]:]
+
+    @staticmethod
+    def from_checkpoint(ckpt: Path) -> "HAMburger":
+        """Loads a checkpoint directory (`model.safetensors` in the original layout)."""
+        cfg = Config.load(ckpt)
+        model = HAMburger(cfg)
+        sd = load_file(str(ckpt / "model.safetensors"))
+        model.load_original(sd)
+        return model
+
+    def load_original(self, sd: dict[str, torch.Tensor], grafted_only: bool = False) -> None:
+        """Copies tensors named as in the original checkpoint into this model
+        (only the grafted ones when `grafted_only`)."""
+        own = self.original_state(grafted_only)
+        missing = [k for k in own if k not in sd and k != "model.lm_head.weight"]
+        if missing:
+            raise KeyError(f"checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
+        with torch.no_grad():
+            for k, t in own.items():
+                if k in sd:
+                    t.copy_(sd[k].float())
+            if not grafted_only and "model.lm_head.weight" in sd and not torch.equal(sd["model.lm_head.weight"], sd["model.model.embed_tokens.weight"]):
+                self.lm_head = nn.Parameter(sd["model.lm_head.weight"].float(), requires_grad=False)
+
+    def original_state(self, grafted_only: bool = False) -> dict[str, torch.Tensor]:
+        """This model's tensors under the original checkpoint's key names."""
+        def layer(prefix: str, l: Layer) -> dict[str, torch.Tensor]:
+            out = {f"{prefix}.input_layernorm.weight": l.input_layernorm,
+                   f"{prefix}.post_attention_layernorm.weight": l.post_attention_layernorm}
+            for n in ("q", "k", "v", "o"):
+                out[f"{prefix}.self_attn.{n}_proj.weight"] = getattr(l, f"{n}_proj").weight
+            for n in ("gate", "up", "down"):
+                out[f"{prefix}.mlp.{n}_proj.weight"] = getattr(l, f"{n}_proj").weight
+            return out
+
+        sd: dict[str, torch.Tensor] = {}
+        if not grafted_only:
+            sd["model.model.embed_tokens.weight"] = self.embed.weight
+            sd["model.model.norm.weight"] = self.norm
+            if self.lm_head is not None:
+                sd["model.lm_head.weight"] = self.lm_head
+            for i, l in enumerate(self.layers):
+                sd.update(layer(f"model.model.layers.{i}", l))
+        m = self.merger
+        for n in ("q", "k", "v"):
+            lin = getattr(m, f"{n}_proj")
+            sd[f"comp_embedder.merger.{n}_proj.weight"] = lin.weight
+            sd[f"comp_embedder.merger.{n}_proj.bias"] = lin.bias
+        sd["comp_embedder.merger.pos"] = m.pos
+        sd["comp_embedder.out_proj.weight"] = m.out_proj.weight
+        sd["comp_embedder.out_proj.bias"] = m.out_proj.bias
+        for i, l in enumerate(self.micro):
+            sd.update(layer(f"micro_step_decoder.decoders.{i}", l))
+        for i, lin in zip((0, 2, 4), (self.stop_head.net[0], self.stop_head.net[2], self.stop_head.net[4])):
+            sd[f"micro_step_decoder.stop_head.{i}.weight"] = lin.weight
+            sd[f"micro_step_decoder.stop_head.{i}.bias"] = lin.bias
+        return sd

@@ -1,0 +1,30 @@
+"""One progress line on stderr: done/total, units per second and time left."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    """Reports `what` every `every` seconds: counts, a rate of `unit` and the time left."""
+
+    def __init__(self, what: str, total: int, unit: str = "items", every: float = 10.0):
+        self.what, self.total, self.unit, self.every = what, total, unit, every
+        self.start = time.monotonic()
+        self.last = 0.0
+        self.units = 0
+
+    def update(self, done: int, units: int = 0, extra: str = "", force: bool = False) -> None:
+        """Records `units` more work (tokens) and prints when due."""
+        self.units += units
+        now = time.monotonic()
+        if not force and now - self.last < self.every:
+            return
+        self.last = now
+        el = max(now - self.start, 1e-9)
+        rate = self.units / el
+        left = (self.total - done) * el / done if done else float("nan")
+        eta = f"{left / 60:.1f} min" if left == left else "?"
+        print(f"{self.what}: {done}/{self.total} {rate:.0f} {self.unit}/s, {el / 60:.1f} min elapsed, {eta} left {extra}",
+              file=sys.stderr, flush=True)

@@ -1,0 +1,106 @@
+"""`segment`: the paper's segmentation of each answer into macro steps.
+
+The base scores every answer (`hamburger-eval score`: our tokenizer and chat
+template, libllama on the base-only GGUF): the entropy of its next-token
+distribution at each answer token (`scored.jsonl`, resumable). The answers
+are then cut into macro steps by the original implementation's "decreasing"
+family of strategies: a step starts at a token and goes on, up to
+`max_steps` tokens, while each following token's entropy is at most `ratio`
+times the largest entropy in the step so far (or below `min_entropy`, which
+the original's `decreasing_v2` adds). So a step is one token the base is
+unsure of followed by tokens it is much surer of: what the micro-step decoder
+can predict. The paper's plain "decreasing" (ratio 0.3 against the first
+token, no floor) is `--ratio 0.3 --min-entropy 0`. Output: `segments.jsonl`
+(id, split, ids, n_prompt, steps), rewritten from `scored.jsonl` each run, so
+another strategy costs no scoring.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .progress import Progress
+
+def decreasing(values: list[float], max_steps: int, ratio: float, min_entropy: float) -> list[int]:
+    """Step lengths (summing to len(values)): a token joins the current step
+    while the step has room and its entropy is below `min_entropy` or at
+    most `ratio` times the step's largest entropy so far."""
+    steps: list[int] = []
+    count, top = 0, -1.0
+    for e in values:
+        if count and count < max_steps and (e < min_entropy or e <= ratio * top):
+            count += 1
+            top = max(top, e)
+        else:
+            if count:
+                steps.append(count)
+            count, top = 1, e
+    if count:
+        steps.append(count)
+    assert sum(steps) == len(values)
+    return steps
+
+
+def base_only_gguf(bin_dir: Path, base: Path, work: Path) -> Path:
+    """The base checkpoint as a plain llama GGUF (Q8_0), the scorer libllama runs."""
+    gguf = work / "base-q8_0.gguf"
+    if not gguf.exists():
+        subprocess.run([str(bin_dir / "hamburger-convert"), str(base), "--outfile", str(gguf), "--outtype", "q8_0",
+                        "--base-only"], check=True, capture_output=True)
+    return gguf
+
+
+def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_entropy: float) -> None:
+    """Scores every answer not yet in `scored.jsonl`, then writes `segments.jsonl`."""
+    from .data import teacher_gguf
+    max_steps = json.loads((base / "hamburger.json").read_text())["max_steps"]
+    scored_path = work / "scored.jsonl"
+    done = set()
+    if scored_path.exists():
+        for line in scored_path.read_text().splitlines():
+            try:
+                done.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError):
+                pass  # a line cut by an interruption: scored again
+    rows = [json.loads(l) for l in (work / "responses.jsonl").read_text().splitlines() if l.strip()]
+    todo = [r for r in rows if r["id"] not in done]
+    if todo:
+        teacher, scorer = teacher_gguf(bin_dir, base, work), base_only_gguf(bin_dir, base, work)
+        prog = Progress("segment: scoring", len(rows), "tokens")
+        n = len(done)
+        with tempfile.TemporaryFile("w+") as inp, open(scored_path, "a") as out:
+            inp.write("".join(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],
+                                          "response": r["response"]}) + "\n" for r in todo))
+            inp.seek(0)
+            cmd = [str(bin_dir / "hamburger-eval"), "score", "-m", str(teacher), "--baseline", str(scorer),
+                   "-t", str(threads)]
+            proc = subprocess.Popen(cmd, stdin=inp, stdout=subprocess.PIPE, text=True)
+            for line in proc.stdout:
+                v = json.loads(line)
+                out.write(json.dumps({k: v[k] for k in ("id", "split", "ids", "n_prompt", "entropy")}) + "\n")
+                out.flush()
+                n += 1
+                prog.update(n, len(v["entropy"]))
+            if proc.wait() != 0:
+                raise RuntimeError(f"hamburger-eval score exited with {proc.returncode}")
+        prog.update(n, force=True)
+    tokens = steps_total = 0
+    tmp = work / "segments.part"
+    with open(tmp, "w") as out:
+        for line in scored_path.read_text().splitlines():
+            try:
+                v = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            steps = decreasing(v["entropy"], max_steps, ratio, min_entropy)
+            tokens, steps_total = tokens + len(v["entropy"]), steps_total + len(steps)
+            out.write(json.dumps({"id": v["id"], "split": v["split"], "ids": v["ids"], "n_prompt": v["n_prompt"],
+                                  "steps": steps}) + "\n")
+    tmp.replace(work / "segments.jsonl")
+    print(f"segment: {tokens} answer tokens in {steps_total} macro steps "
+          f"({tokens / max(steps_total, 1):.2f} tokens per step; ratio {ratio}, min entropy {min_entropy})",
+          file=sys.stderr)

@@ -1,0 +1,259 @@
+"""`train`: the merger, the micro-step decoder and the stop head on a frozen base.
+
+Teacher forcing as in the original implementation: each answer, cut into
+macro steps by `segment`, is fed to the base as the prompt's tokens followed
+by ONE merged input per macro step (at the rope position of its last token);
+the features of each base output predict the next macro step's tokens: the
+first through the lm_head (which trains the merger, through the frozen base),
+the rest through the micro-step decoder. Losses: cross-entropy on every token
+plus 0.5 x binary cross-entropy on the stop targets.
+
+Stop targets: 1 at a macro step's last token, as in the paper, and also
+before a token the micro decoder would get wrong (its argmax is not the
+data's token, which is the base's own greedy choice). So the stop head learns
+where the micro decoder can be trusted, and the confidence knob trades tokens
+per step against agreement with the base.
+
+The base stays frozen: the shipped model is then the PyPI base plus the
+grafted modules alone, and confidence > 1 is exactly the base. The prompt
+runs once without gradients (its keys and values are reused), so gradients
+flow only where merged inputs are.
+
+Resumable: `train/state.pt` (grafted weights, optimizer, step, history) is
+written every `SAVE_EVERY` steps; `history.json` and `loss.png` show the
+curve; `train/snapshots/step-N.pt` keeps the grafted weights every
+`SNAPSHOT_EVERY` steps, so how the model grew with training can be measured
+afterwards (`export --snapshot N`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .model import HAMburger, rms_norm
+from .progress import Progress
+
+SAVE_EVERY = 25
+SNAPSHOT_EVERY = 100
+STOP_WEIGHT = 0.5
+WARMUP = 20
+
+
+def load_segments(work: Path, split: str) -> list[dict]:
+    """The segmented answers of one split."""
+    rows = [json.loads(l) for l in (work / "segments.jsonl").read_text().splitlines() if l.strip()]
+    return [r for r in rows if r["split"] == split and len(r["steps"]) >= 2]
+
+
+def init_grafted(model: HAMburger, seed: int) -> None:
+    """Starting point: micro layers copied from the base's last layers (a
+    pretrained transformer reading the base's own hidden states) with their
+    output projections zeroed, so each starts as the identity (there is no
+    norm after the micro decoder: out_s starts as the token's embedding);
+    the merger starting as the mean of its embeddings (out_proj zero); the
+    stop head's bias towards stopping (most positions end a step)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        n = len(model.micro)
+        for m, b in zip(model.micro, model.layers[-n:]):
+            m.load_state_dict(b.state_dict())
+            m.o_proj.weight.zero_()
+            m.down_proj.weight.zero_()
+        for lin in (model.merger.q_proj, model.merger.k_proj, model.merger.v_proj):
+            torch.nn.init.normal_(lin.weight, std=0.02)
+            lin.bias.zero_()
+        model.merger.out_proj.weight.zero_()
+        model.merger.out_proj.bias.zero_()
+        torch.nn.init.normal_(model.merger.pos, std=0.02)
+        for lin in (model.stop_head.net[0], model.stop_head.net[2], model.stop_head.net[4]):
+            torch.nn.init.normal_(lin.weight, std=1.0 / math.sqrt(lin.in_features))
+            lin.bias.zero_()
+        model.stop_head.net[4].bias.fill_(1.0)
+
+
+def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
+    """The loss of one segmented answer, and its counts for the metrics."""
+    cfg = model.cfg
+    ids = torch.tensor(row["ids"])
+    n_prompt, steps = row["n_prompt"], row["steps"]
+    resp = ids[n_prompt:]
+    segs = list(torch.split(resp, steps))
+    ends = torch.tensor(steps).cumsum(0) + n_prompt - 1  # stream position of each step's last token
+
+    # The prompt, once, without gradients: its last features and its keys/values.
+    with torch.no_grad():
+        x = model.embed(ids[:n_prompt])[None]
+        pos = torch.arange(n_prompt)[None]
+        mask = torch.ones(n_prompt, n_prompt, dtype=torch.bool).tril()[None, None]
+        pfeats, past = model.base(x, pos, mask, want_kv=True)
+    # One input per macro step but the last: merged when it has k > 1 tokens.
+    emb = [None] * (len(segs) - 1)
+    for k in range(1, cfg.max_steps + 1):
+        idx = [j for j in range(len(segs) - 1) if steps[j] == k]
+        if not idx:
+            continue
+        e = model.embed(torch.stack([segs[j] for j in idx]))
+        merged = e[:, 0] if k == 1 else model.merger(e, torch.full((len(idx),), k))
+        for j, m in zip(idx, merged):
+            emb[j] = m
+    T = len(emb)
+    x = torch.stack(emb)[None]
+    pos = ends[:-1][None]
+    mask = torch.cat([torch.ones(T, n_prompt, dtype=torch.bool), torch.ones(T, T, dtype=torch.bool).tril()], 1)[None, None]
+    mfeats, _ = model.base(x, pos, mask, past=past)
+    # feats[j]: the features that predict macro step j, [n_steps, F, D].
+    feats = torch.cat([torch.stack([f[0, -1:] for f in pfeats], 1), torch.stack([f[0] for f in mfeats], 1)], 0)
+
+    outs, targets, step_of = [feats[:, -1]], [torch.stack([s[0] for s in segs])], [torch.zeros(len(segs), dtype=torch.long)]
+    seg_of = [torch.arange(len(segs))]
+    for k in range(2, cfg.max_steps + 1):
+        idx = [j for j in range(len(segs)) if steps[j] == k]
+        if not idx:
+            continue
+        toks = torch.stack([segs[j] for j in idx])
+        o = model.micro_decode(feats[idx], toks[:, :-1])  # out_1..out_{k-1}
+        outs.append(o.reshape(-1, cfg.dim))
+        targets.append(toks[:, 1:].reshape(-1))
+        step_of.append(torch.arange(1, k).repeat(len(idx)))
+        seg_of.append(torch.tensor(idx).repeat_interleave(k - 1))
+    out, target, s_of, g_of = torch.cat(outs), torch.cat(targets), torch.cat(step_of), torch.cat(seg_of)
+    logits = model.logits(out)
+    ce = F.cross_entropy(logits, target, reduction="sum")
+    correct = logits.argmax(-1) == target
+
+    # Stop after out_s when it ends its macro step, or when the next token would be wrong.
+    k_of = torch.tensor(steps)[g_of]
+    last = s_of == k_of - 1
+    next_wrong = torch.zeros_like(last)
+    key = g_of * cfg.max_steps + s_of
+    where = {int(kk): i for i, kk in enumerate(key)}
+    for i in range(len(key)):
+        if not last[i]:
+            next_wrong[i] = ~correct[where[int(key[i]) + 1]]
+    stop_target = (last | next_wrong).float()
+    stop_logit = model.stop_head(out)
+    bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
+    n = len(target)
+    loss = (ce + STOP_WEIGHT * bce) / n
+    stats = {"tokens": n, "ce": ce.item(), "bce": bce.item(), "first_correct": correct[s_of == 0].sum().item(),
+             "firsts": int((s_of == 0).sum()), "micro_correct": correct[s_of > 0].sum().item(),
+             "micros": int((s_of > 0).sum()), "stop_correct": ((stop_logit > 0) == (stop_target > 0.5)).sum().item()}
+    return loss, stats
+
+
+def lr_at(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < WARMUP:
+        return peak * (step + 1) / WARMUP
+    t = (step - WARMUP) / max(1, steps - WARMUP)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def summarize(stats: list[dict]) -> dict:
+    """Means over a list of per-sequence counts."""
+    tot = {k: sum(s[k] for s in stats) for k in stats[0]}
+    n = max(tot["tokens"], 1)
+    return {"ce": tot["ce"] / n, "bce": tot["bce"] / n, "first_acc": tot["first_correct"] / max(tot["firsts"], 1),
+            "micro_acc": tot["micro_correct"] / max(tot["micros"], 1), "stop_acc": tot["stop_correct"] / n,
+            "tokens": tot["tokens"]}
+
+
+def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: int, history: list) -> None:
+    """Writes the training state atomically."""
+    tmp = path.with_suffix(".part")
+    torch.save({"grafted": model.original_state(grafted_only=True), "opt": opt.state_dict(), "step": step,
+                "history": history}, tmp)
+    tmp.replace(path)
+
+
+def plot(history: list, path: Path) -> None:
+    """The loss curve (training tokens on x) as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    train = [h for h in history if h["kind"] == "train"]
+    val = [h for h in history if h["kind"] == "val"]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for hs, style, name in ((train, "-", "train"), (val, "o-", "held out")):
+        if hs:
+            x = [h["seen_tokens"] for h in hs]
+            ax[0].plot(x, [h["ce"] for h in hs], style, label=f"token CE ({name})")
+            ax[0].plot(x, [h["bce"] for h in hs], style, label=f"stop BCE ({name})")
+            ax[1].plot(x, [h["micro_acc"] for h in hs], style, label=f"micro-step accuracy ({name})")
+            ax[1].plot(x, [h["first_acc"] for h in hs], style, label=f"first-token accuracy ({name})")
+    for a in ax:
+        a.set_xlabel("answer tokens seen")
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int) -> None:
+    """Trains until `steps` optimizer steps, resuming from `train/state.pt`."""
+    out = work / "train"
+    out.mkdir(parents=True, exist_ok=True)
+    rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
+    model = HAMburger.from_checkpoint(base)
+    init_grafted(model, seed)
+    params = [p for p in model.grafted_parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    state_path = out / "state.pt"
+    step, history = 0, []
+    if state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        model.load_original(st["grafted"], grafted_only=True)
+        opt.load_state_dict(st["opt"])
+        step, history = st["step"], st["history"]
+        print(f"train: resumed at step {step}", file=sys.stderr)
+    if step >= steps:
+        print(f"train: done ({step} steps)", file=sys.stderr)
+        return
+    seen = history[-1]["seen_tokens"] if history else 0
+    order = list(range(len(rows)))
+    prog = Progress("train", steps, "tokens", every=30)
+    prog.update(step)
+    window: list[dict] = []
+    while step < steps:
+        epoch, i0 = divmod(step * batch, len(rows))
+        random.Random(seed + epoch).shuffle(order)
+        picks = [rows[order[(i0 + b) % len(rows)]] for b in range(batch)]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr)
+        opt.zero_grad()
+        for r in picks:
+            loss, stats = sequence_loss(model, r)
+            (loss / batch).backward()
+            window.append(stats)
+            seen += stats["tokens"]
+            prog.update(step, stats["tokens"])
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if step % 5 == 0 or step == steps:
+            s = summarize(window)
+            history.append({"kind": "train", "step": step, "seen_tokens": seen, **s})
+            window = []
+            prog.update(step, extra=f"ce {s['ce']:.3f} stop {s['bce']:.3f} micro acc {s['micro_acc']:.3f} "
+                        f"first acc {s['first_acc']:.3f}", force=True)
+        if step % SAVE_EVERY == 0 or step == steps:
+            if held:
+                with torch.no_grad():
+                    s = summarize([sequence_loss(model, r)[1] for r in held])
+                history.append({"kind": "val", "step": step, "seen_tokens": seen, **s})
+            save_state(state_path, model, opt, step, history)
+            if step % SNAPSHOT_EVERY == 0:
+                (out / "snapshots").mkdir(exist_ok=True)
+                torch.save({"grafted": model.original_state(grafted_only=True), "step": step,
+                            "seen_tokens": seen}, out / "snapshots" / f"step-{step}.pt")
+            (out / "history.json").write_text(json.dumps(history))
+            plot(history, out / "loss.png")
