@@ -28,6 +28,19 @@ fn run_ok(c: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `hamburger-convert CHECKPOINT --outfile OUT --outtype TYPE`, which must succeed.
+fn convert(checkpoint: &Path, out: &Path, outtype: &str) {
+    let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+        .arg(checkpoint)
+        .arg("--outfile")
+        .arg(out)
+        .args(["--outtype", outtype, "--no-progress"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "converting {}", checkpoint.display());
+}
+
 fn golden() -> Value {
     serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("golden.json")).unwrap()).unwrap()
 }
@@ -104,14 +117,7 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     }
 
     let gguf = dir.path().join("trained.gguf");
-    let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
-        .arg(&out)
-        .arg("--outfile")
-        .arg(&gguf)
-        .args(["--outtype", "f32", "--no-progress"])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    convert(&out, &gguf, "f32");
     for case in golden()["cases"].as_array().unwrap().iter().step_by(6) {
         let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
         let conf = case["confidence"].as_f64().unwrap();
@@ -143,14 +149,7 @@ fn the_shipped_smollm2_hamburger_converts_loads_and_takes_several_tokens_per_ste
     testmodel::cached_dir(&ckpt, |d| testmodel::from_gguf::write(&gguf_base, d, testmodel::from_gguf::Grafted::Trained(&grafted)))
         .unwrap();
     let gguf = dir.path().join("trained-q8_0.gguf");
-    let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
-        .arg(&ckpt)
-        .arg("--outfile")
-        .arg(&gguf)
-        .args(["--outtype", "q8_0", "--no-progress"])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    convert(&ckpt, &gguf, "q8_0");
     let cli = run_ok(
         Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
             .arg("-m")

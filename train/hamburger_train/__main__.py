@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=4, help="train: sequences per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4, help="train: peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="train: seed")
+    p.add_argument("--tune-layers", type=int, default=3, help="train: base layers fine-tuned (the first N; 0: frozen base)")
     p.add_argument("--snapshot", type=int, help="export: the snapshot of this step instead of the latest state")
     p.add_argument("--ids", type=str, help="greedy: prompt token ids, comma-separated")
     p.add_argument("-n", type=int, default=32, help="greedy: new tokens")
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage in ("segment", "all"):
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     if a.stage in ("train", "all"):
-        train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed)
+        train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers)
     if a.stage in ("export", "all"):
         if a.out is None:
             p.error("export needs --out")

@@ -165,7 +165,7 @@ def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots
         print(f"data: all {len(rows)} prompts answered", file=sys.stderr)
         return
     proc, url = start_server(bin_dir, gguf, slots, threads)
-    prog = Progress("data", len(rows), "tokens")
+    prog = Progress("data", len(rows), "tokens", initial=len(done))
     n_done = len(done)
     try:
         with open(resp_path, "a") as f, ThreadPoolExecutor(slots) as pool:

@@ -46,7 +46,7 @@ def run(work: Path, base: Path, out: Path, snapshot: int | None = None) -> None:
         shutil.copyfile(base / f, out / f)
     sd = model.original_state()
     write_safetensors(sd, out / "model.safetensors")
-    grafted = {k: v.to(torch.float16) for k, v in model.original_state(grafted_only=True).items()}
+    grafted = {k: v.to(torch.float16) for k, v in state["grafted"].items()}
     write_safetensors(grafted, out / "grafted.safetensors")
     print(f"export: {out} (step {state['step']}; grafted modules "
           f"{sum(v.numel() for v in grafted.values()) / 1e6:.1f} M parameters)", file=sys.stderr)

