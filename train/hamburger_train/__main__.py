@@ -5,6 +5,7 @@
     hamburger-train train    --work DIR   # merger, micro-step decoder and stop head
     hamburger-train export   --work DIR --out DIR   # the original checkpoint layout
     hamburger-train all      --work DIR --out DIR   # every stage, each resuming where it stopped
+    hamburger-train greedy   --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check)
 
 Every stage reads and writes the work directory and skips what is done, so a
 command interrupted at any moment continues when run again.
@@ -22,17 +23,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hamburger-train", description=__doc__.split("\n\n")[0])
     p.add_argument("stage", choices=["data", "segment", "train", "export", "all", "greedy"])
-    p.add_argument("--work", type=Path, required=True, help="work directory (resumable state)")
+    p.add_argument("--work", type=Path, help="work directory (resumable state); every stage but greedy")
     p.add_argument("--base", type=Path, help="base checkpoint directory (default: hamburger-testmodel smollm2)")
     p.add_argument("--bin", type=Path, default=ROOT / "target/release", help="the project's binaries")
     p.add_argument("--out", type=Path, help="export: the checkpoint directory to write")
-    p.add_argument("--prompts", type=int, default=3000, help="data: number of prompts")
+    p.add_argument("--prompts", type=int, default=1167, help="data: number of prompts (the shipped run answered 1167)")
     p.add_argument("--max-tokens", type=int, default=192, help="data: most tokens per answer")
     p.add_argument("--slots", type=int, default=4, help="data: concurrent requests (server -np)")
     p.add_argument("--ratio", type=float, default=0.5, help="segment: entropy ratio to the step's largest")
     p.add_argument("--min-entropy", type=float, default=0.2, help="segment: entropy (nats) that always joins a step")
     p.add_argument("-t", "--threads", type=int, default=2, help="CPU threads")
-    p.add_argument("--steps", type=int, default=1500, help="train: optimizer steps in all")
+    p.add_argument("--steps", type=int, default=480, help="train: optimizer steps in all")
     p.add_argument("--batch", type=int, default=4, help="train: sequences per optimizer step")
     p.add_argument("--lr", type=float, default=3e-4, help="train: peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="train: seed")
@@ -43,10 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--confidence", type=float, default=0.8, help="greedy: stop-head confidence")
     a = p.parse_args(argv)
 
+    if a.stage != "greedy" and a.work is None:
+        p.error(f"{a.stage} needs --work")
+    if a.stage == "greedy" and (a.out is None or a.ids is None):
+        p.error("greedy needs --out CHECKPOINT and --ids")
     import torch
     torch.set_num_threads(a.threads)
     from . import data, segment, train, export
-    base = a.base or data.base_checkpoint(a.bin)
+    base = a.base or (None if a.stage == "greedy" else data.base_checkpoint(a.bin))
     if a.stage in ("data", "all"):
         data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads)
     if a.stage in ("segment", "all"):
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("export needs --out")
         export.run(a.work, base, a.out, a.snapshot)
     if a.stage == "greedy":
-        export.print_greedy(a.work if a.out is None else a.out, [int(x) for x in a.ids.split(",")], a.n, a.confidence)
+        export.print_greedy(a.out, [int(x) for x in a.ids.split(",")], a.n, a.confidence)
     return 0
 
 

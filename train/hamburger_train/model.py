@@ -1,6 +1,6 @@
-"""HAMburger in PyTorch, for training: a frozen Llama base, the compositional
-embedder (merger), the micro-step decoder and the stop head, with the
-semantics of `shared/docs/hamburger-model.md` and the original key names.
+"""HAMburger in PyTorch, for training: a Llama base (frozen, or its first
+layers tuned), the compositional embedder (merger), the micro-step decoder
+and the stop head, with the semantics of `shared/docs/hamburger-model.md` and the original key names.
 
 The runtime (Rust, ggml) is what users run; this module exists so that the
 grafted modules can be trained with autograd. `greedy` decodes exactly as the

@@ -1,10 +1,10 @@
-"""`train`: the merger, the micro-step decoder and the stop head on a frozen base.
+"""`train`: the merger, the micro-step decoder and the stop head (and the base's first layers).
 
 Teacher forcing as in the original implementation: each answer, cut into
 macro steps by `segment`, is fed to the base as the prompt's tokens followed
 by ONE merged input per macro step (at the rope position of its last token);
 the features of each base output predict the next macro step's tokens: the
-first through the lm_head (which trains the merger, through the frozen base),
+first through the lm_head (which trains the merger, through the base),
 the rest through the micro-step decoder. Losses: cross-entropy on every token
 plus 0.5 x binary cross-entropy on the stop targets.
 
@@ -14,10 +14,12 @@ data's token, which is the base's own greedy choice). So the stop head learns
 where the micro decoder can be trusted, and the confidence knob trades tokens
 per step against agreement with the base.
 
-The base stays frozen: the shipped model is then the PyPI base plus the
-grafted modules alone, and confidence > 1 is exactly the base. The prompt
-runs once without gradients (its keys and values are reused), so gradients
-flow only where merged inputs are.
+The base stays frozen but for its first `tuned_layers` layers (0: frozen),
+which learn at `TUNED_LR_SCALE` times the rate: a frozen base reads merged
+inputs poorly, and the first layers are where a merge can be unpacked;
+what ships is then the PyPI base plus the grafted modules and those layers.
+The prompt runs once without gradients (its keys and values are reused), so
+gradients flow only from the answer's inputs.
 
 Resumable: `train/state.pt` (grafted weights, optimizer, step, history) is
 written every `SAVE_EVERY` steps; `history.json` and `loss.png` show the
