@@ -27,6 +27,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import records
 from .progress import Progress
 
 HELD_OUT_ONE_IN = 40
@@ -93,7 +94,7 @@ def build_prompts(out: Path, limit: int) -> list[dict]:
     """Writes `prompts.jsonl` (id, split, prompt), round-robin over modules so a limit keeps variety."""
     path = out / "prompts.jsonl"
     if path.exists():
-        return [json.loads(l) for l in path.read_text().splitlines()]
+        return records.read(path)
     root = Path(sysconfig.get_paths()["stdlib"])
     by_module: dict[str, list[tuple[str, str]]] = {}
     for module, qual, sig, s, kind in documented(root):
@@ -153,13 +154,7 @@ def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots
     gguf = teacher_gguf(bin_dir, base, out)
     rows = build_prompts(out, limit)
     resp_path = out / "responses.jsonl"
-    done = set()
-    if resp_path.exists():
-        for line in resp_path.read_text().splitlines():
-            try:
-                done.add(json.loads(line)["id"])
-            except (json.JSONDecodeError, KeyError):
-                pass  # a line cut by an interruption: answered again
+    done = records.done_ids(resp_path)
     todo = [r for r in rows if r["id"] not in done]
     if not todo:
         print(f"data: all {len(rows)} prompts answered", file=sys.stderr)

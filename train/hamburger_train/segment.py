@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import records
 from .progress import Progress
 
 def decreasing(values: list[float], max_steps: int, ratio: float, min_entropy: float) -> list[int]:
@@ -59,14 +60,8 @@ def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_e
     from .data import teacher_gguf
     max_steps = json.loads((base / "hamburger.json").read_text())["max_steps"]
     scored_path = work / "scored.jsonl"
-    done = set()
-    if scored_path.exists():
-        for line in scored_path.read_text().splitlines():
-            try:
-                done.add(json.loads(line)["id"])
-            except (json.JSONDecodeError, KeyError):
-                pass  # a line cut by an interruption: scored again
-    rows = [json.loads(l) for l in (work / "responses.jsonl").read_text().splitlines() if l.strip()]
+    done = records.done_ids(scored_path)
+    rows = records.read(work / "responses.jsonl")
     todo = [r for r in rows if r["id"] not in done]
     if todo:
         teacher, scorer = teacher_gguf(bin_dir, base, work), base_only_gguf(bin_dir, base, work)
@@ -91,11 +86,7 @@ def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_e
     tokens = steps_total = 0
     tmp = work / "segments.part"
     with open(tmp, "w") as out:
-        for line in scored_path.read_text().splitlines():
-            try:
-                v = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for v in records.read(scored_path):
             steps = decreasing(v["entropy"], max_steps, ratio, min_entropy)
             tokens, steps_total = tokens + len(v["entropy"]), steps_total + len(steps)
             out.write(json.dumps({"id": v["id"], "split": v["split"], "ids": v["ids"], "n_prompt": v["n_prompt"],

@@ -34,13 +34,13 @@ import json
 import math
 import random
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .model import HAMburger, rms_norm
+from .model import HAMburger
+from . import records
 from .progress import Progress
 
 SAVE_EVERY = 25
@@ -52,7 +52,7 @@ WARMUP = 20
 
 def load_segments(work: Path, split: str) -> list[dict]:
     """The segmented answers of one split."""
-    rows = [json.loads(l) for l in (work / "segments.jsonl").read_text().splitlines() if l.strip()]
+    rows = records.read(work / "segments.jsonl")
     return [r for r in rows if r["split"] == split and len(r["steps"]) >= 2]
 
 
