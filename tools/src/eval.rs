@@ -58,8 +58,17 @@ impl<'m> Scorer<'m> {
     /// # Errors
     /// When the sequence is longer than the context, `n_prompt` is 0, or a decode fails.
     pub fn score(&mut self, ids: &[u32], n_prompt: usize) -> Result<Scored> {
-        anyhow::ensure!(n_prompt >= 1 && n_prompt <= ids.len(), "a scored sequence needs a prompt of 1..={} tokens", ids.len());
-        anyhow::ensure!(ids.len() <= self.n_ctx, "a sequence of {} tokens exceeds the scorer's context of {}", ids.len(), self.n_ctx);
+        anyhow::ensure!(
+            n_prompt >= 1 && n_prompt <= ids.len(),
+            "a scored sequence needs a prompt of 1..={} tokens",
+            ids.len()
+        );
+        anyhow::ensure!(
+            ids.len() <= self.n_ctx,
+            "a sequence of {} tokens exceeds the scorer's context of {}",
+            ids.len(),
+            self.n_ctx
+        );
         self.ctx.clear();
         let mut out = Scored { logprob: Vec::new(), entropy: Vec::new() };
         let last = ids.len() - 1;

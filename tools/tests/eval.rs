@@ -75,7 +75,12 @@ fn score_gives_an_entropy_and_a_log_probability_per_answer_token() {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"{\"id\": \"a\", \"prompt\": \"Hello\", \"response\": \"The license\"}\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"id\": \"a\", \"prompt\": \"Hello\", \"response\": \"The license\"}\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let v: Value = serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();

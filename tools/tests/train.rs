@@ -61,7 +61,12 @@ fn trainer_greedy(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> Vec
 }
 
 fn steps_of(case: &Value) -> Vec<Vec<u64>> {
-    case["macro_steps"].as_array().unwrap().iter().map(|s| serde_json::from_value(s["tokens"].clone()).unwrap()).collect()
+    case["macro_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| serde_json::from_value(s["tokens"].clone()).unwrap())
+        .collect()
 }
 
 #[test]
@@ -99,9 +104,15 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     std::fs::create_dir_all(&work).unwrap();
     fixture_work(&work);
     let fx = tiny_fixture();
-    run_ok(train_tool().arg("train").arg("--work").arg(&work).arg("--base").arg(&fx).args([
-        "--steps", "12", "--batch", "4", "--lr", "2e-3",
-    ]));
+    run_ok(
+        train_tool()
+            .arg("train")
+            .arg("--work")
+            .arg(&work)
+            .arg("--base")
+            .arg(&fx)
+            .args(["--steps", "12", "--batch", "4", "--lr", "2e-3"]),
+    );
     let history: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(work.join("train/history.json")).unwrap()).unwrap();
     let ce: Vec<f64> = history.iter().filter(|h| h["kind"] == "train").map(|h| h["ce"].as_f64().unwrap()).collect();
@@ -146,8 +157,10 @@ fn the_shipped_smollm2_hamburger_converts_loads_and_takes_multi_token_steps() {
     let gguf_base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    testmodel::cached_dir(&ckpt, |d| testmodel::from_gguf::write(&gguf_base, d, testmodel::from_gguf::Grafted::Trained(&grafted)))
-        .unwrap();
+    testmodel::cached_dir(&ckpt, |d| {
+        testmodel::from_gguf::write(&gguf_base, d, testmodel::from_gguf::Grafted::Trained(&grafted))
+    })
+    .unwrap();
     let gguf = dir.path().join("trained-q8_0.gguf");
     convert(&ckpt, &gguf, "q8_0");
     let cli = run_ok(
@@ -176,5 +189,8 @@ fn a_grafted_file_with_a_misshapen_tensor_is_refused_naming_it() {
     let err = testmodel::from_gguf::write(&gguf_base, dir.path(), testmodel::from_gguf::Grafted::Trained(&bad))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("grafted.safetensors") && (err.contains("comp_embedder") || err.contains("micro_step_decoder")), "{err}");
+    assert!(
+        err.contains("grafted.safetensors") && (err.contains("comp_embedder") || err.contains("micro_step_decoder")),
+        "{err}"
+    );
 }

@@ -105,7 +105,8 @@ fn read_prompts(path: &Path, limit: Option<usize>) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
-        let p = v["prompt"].as_str().with_context(|| format!("{}:{}: no string field 'prompt'", path.display(), i + 1))?;
+        let p =
+            v["prompt"].as_str().with_context(|| format!("{}:{}: no string field 'prompt'", path.display(), i + 1))?;
         out.push(p.to_string());
     }
     out.truncate(limit.unwrap_or(usize::MAX));
@@ -167,7 +168,9 @@ fn score(model: &Path, baseline: &Path, threads: usize, n_ctx: usize) -> Result<
             continue;
         }
         let mut v: Value = serde_json::from_str(&line).with_context(|| format!("input line {}: not JSON", i + 1))?;
-        let field = |k: &str| v[k].as_str().map(str::to_owned).with_context(|| format!("input line {}: no string field '{k}'", i + 1));
+        let field = |k: &str| {
+            v[k].as_str().map(str::to_owned).with_context(|| format!("input line {}: no string field '{k}'", i + 1))
+        };
         let (prompt, response) = (field("prompt")?, field("response")?);
         let mut ids = chat.user(&prompt)?;
         let n_prompt = ids.len();
