@@ -225,17 +225,10 @@ fn engine_thread(
     };
     let setup = || -> hamburger::Result<(Arc<ModelInfo>, Engine)> {
         let tokenizer = Tokenizer::from_model(&model)?;
-        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
-        let chat_template = match &model.vocab.chat_template {
-            Some(src) => {
-                let t = ChatTemplate::new(src, &text(model.vocab.bos), &text(model.vocab.eos))?;
-                Some(match &cfg.template_isolation {
-                    Some(isolation) => t.isolated(isolation.clone()),
-                    None => t,
-                })
-            }
-            None => None,
-        };
+        let chat_template = ChatTemplate::of_model(&model, &tokenizer)?.map(|t| match &cfg.template_isolation {
+            Some(isolation) => t.isolated(isolation.clone()),
+            None => t,
+        });
         let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let info = ModelInfo {
             name: if model.name.is_empty() { stem } else { model.name.clone() },

@@ -93,6 +93,21 @@ impl ChatTemplate {
         Ok(ChatTemplate { env, source: source.into(), bos: bos.into(), eos: eos.into(), isolation: None })
     }
 
+    /// The chat template `model`'s GGUF carries, with the texts of its BOS and
+    /// EOS tokens (`None` when the file has no template).
+    ///
+    /// # Errors
+    /// When the template does not parse.
+    pub fn of_model(model: &crate::Model, tokenizer: &crate::tokenizer::Tokenizer) -> Result<Option<ChatTemplate>> {
+        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
+        model
+            .vocab
+            .chat_template
+            .as_deref()
+            .map(|source| ChatTemplate::new(source, &text(model.vocab.bos), &text(model.vocab.eos)))
+            .transpose()
+    }
+
     /// This template, rendered from now on in child processes of `isolation`,
     /// so that a template that exhausts memory ends a child, not this program.
     pub fn isolated(self, isolation: Isolation) -> ChatTemplate {

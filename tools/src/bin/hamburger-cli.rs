@@ -303,9 +303,8 @@ fn report(gen: &Generation) -> String {
 
 fn chat(args: &Args, model: &Model, session: &mut Session, sampler: &mut Sampler) -> Result<()> {
     let tok = Tokenizer::from_model(model)?;
-    let source = model.vocab.chat_template.as_deref().context("the model has no chat template")?;
-    let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or_default();
-    let template = ChatTemplate::new(source, &text_of(model.vocab.bos), &text_of(model.vocab.eos))?
+    let template = ChatTemplate::of_model(model, &tok)?
+        .context("the model has no chat template")?
         .isolated(tools::cli::template_isolation()?);
     let mut chat = Chat::new(template, args.system_prompt.as_deref());
     let stdin = std::io::stdin();
