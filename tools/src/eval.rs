@@ -1,8 +1,8 @@
 //! `hamburger-eval`: what a trained HAMburger is worth against its base, on
-//! real prompts. For each prompt and confidence it generates greedily with
-//! our engine and, in the same run, with libllama on the base-only GGUF (the
-//! same prompt ids, the same number of new tokens, end of generation ignored
-//! so both produce exactly `n`), timing both end to end; then it scores both
+//! real prompts. For each prompt it generates greedily with libllama on the
+//! base-only GGUF once, then with our engine at each confidence, in the same
+//! run (the same prompt ids, the same number of new tokens, end of generation
+//! ignored so both produce exactly `n`), timing each end to end; then it scores both
 //! outputs with the base (a [`Scorer`]): the base's mean log-likelihood of
 //! HAMburger's greedy text against that of its own greedy text, and how many
 //! leading tokens the two share. Quality is taken on each output up to its
@@ -92,19 +92,11 @@ impl<'m> Scorer<'m> {
     }
 }
 
-/// `ln softmax(logits)[target]` and the distribution's entropy, in f64.
+/// `ln softmax(logits)[target]` and the distribution's entropy.
 fn log_prob_and_entropy(logits: &[f32], target: usize) -> (f32, f32) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
-    let log_z = max + z.ln();
-    let entropy: f64 = logits
-        .iter()
-        .map(|&l| {
-            let lp = l as f64 - log_z;
-            -lp.exp() * lp
-        })
-        .sum();
-    ((logits[target] as f64 - log_z) as f32, entropy as f32)
+    let lp = crate::sweep::log_softmax(logits);
+    let entropy: f64 = lp.iter().map(|&x| -x.exp() * x).sum();
+    (lp[target] as f32, entropy as f32)
 }
 
 /// A user prompt rendered with the model's chat template and tokenized.
@@ -120,9 +112,8 @@ impl Prompts {
     /// When the model has no tokenizer or no chat template.
     pub fn new(model: &Model) -> Result<Prompts> {
         let tokenizer = Tokenizer::from_model(model)?;
-        let source = model.vocab.chat_template.as_deref().context("the model has no chat template")?;
-        let text_of = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
-        let template = ChatTemplate::new(source, &text_of(model.vocab.bos), &text_of(model.vocab.eos))?
+        let template = ChatTemplate::of_model(model, &tokenizer)?
+            .context("the model has no chat template")?
             .isolated(crate::cli::template_isolation()?);
         Ok(Prompts { tokenizer, template })
     }
@@ -268,29 +259,44 @@ pub fn kept<'a>(ids: &'a [u32], eog: &[u32]) -> &'a [u32] {
     }
 }
 
-/// Adds one prompt's runs to `row`: speed from the full runs, quality from
-/// the kept outputs scored by the base.
+/// A run with its quality: the output kept up to the first end of
+/// generation, and the base's log-likelihood of that (summed).
+#[derive(Debug, Clone)]
+pub struct Judged {
+    /// The run.
+    pub run: Run,
+    /// Its output up to and including the first end-of-generation token.
+    pub kept: Vec<u32>,
+    /// `sum ln p_base(kept[i] | prompt, kept[..i])`.
+    pub ll: f64,
+}
+
+/// Scores `run`'s kept output after `prompt` with the base.
 ///
 /// # Errors
 /// When scoring fails.
-pub fn account(row: &mut Row, scorer: &mut Scorer, prompt: &[u32], ours: &Run, base: &Run, eog: &[u32]) -> Result<()> {
-    let (a, b) = (kept(&ours.ids, eog), kept(&base.ids, eog));
-    let ll = |s: &mut Scorer, out: &[u32]| -> Result<f64> {
-        let seq: Vec<u32> = prompt.iter().chain(out).copied().collect();
-        Ok(s.score(&seq, prompt.len())?.logprob.iter().map(|&x| x as f64).sum())
-    };
+pub fn judge(scorer: &mut Scorer, prompt: &[u32], run: Run, eog: &[u32]) -> Result<Judged> {
+    let kept = kept(&run.ids, eog).to_vec();
+    let seq: Vec<u32> = prompt.iter().chain(&kept).copied().collect();
+    let ll = scorer.score(&seq, prompt.len())?.logprob.iter().map(|&x| x as f64).sum();
+    Ok(Judged { run, kept, ll })
+}
+
+/// Adds one prompt's runs to `row`: speed from the full runs, quality from
+/// the kept outputs.
+pub fn account(row: &mut Row, ours: &Judged, base: &Judged) {
+    let (a, b) = (&ours.kept, &base.kept);
     row.prompts += 1;
-    row.tokens += ours.ids.len();
-    row.macro_steps += ours.forwards;
-    row.ns += ours.ns;
-    row.base_ns += base.ns;
-    row.ll += ll(scorer, a)?;
+    row.tokens += ours.run.ids.len();
+    row.macro_steps += ours.run.forwards;
+    row.ns += ours.run.ns;
+    row.base_ns += base.run.ns;
+    row.ll += ours.ll;
     row.kept += a.len();
-    row.base_ll += ll(scorer, b)?;
+    row.base_ll += base.ll;
     row.base_kept += b.len();
     row.shared += a.iter().zip(b).take_while(|(x, y)| x == y).count();
     row.identical += usize::from(a == b);
-    Ok(())
 }
 
 /// Session parameters of an evaluation at `confidence`.

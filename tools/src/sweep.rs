@@ -121,7 +121,8 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Result<Generation>
     Ok(session.generate(prompt, n, &mut Sampler::new(SamplerParams::greedy()), |_| true)?)
 }
 
-fn log_softmax(l: &[f32]) -> Vec<f64> {
+/// `ln softmax(l)` in f64.
+pub fn log_softmax(l: &[f32]) -> Vec<f64> {
     let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let z = l.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
     l.iter().map(|&x| x as f64 - z).collect()

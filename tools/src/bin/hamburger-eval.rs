@@ -145,10 +145,10 @@ fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: 
     }
     let eog = &model.vocab.eog;
     for (i, prompt) in ids.iter().enumerate() {
+        let base_run = eval::judge(&mut scorer, prompt, eval::run_base(&mut base_ctx, prompt, o.n_predict)?, eog)?;
         for (session, row) in sessions.iter_mut().zip(&mut rows) {
-            let base_run = eval::run_base(&mut base_ctx, prompt, o.n_predict)?;
-            let ours = eval::run_hamburger(session, prompt, o.n_predict)?;
-            eval::account(row, &mut scorer, prompt, &ours, &base_run, eog)?;
+            let ours = eval::judge(&mut scorer, prompt, eval::run_hamburger(session, prompt, o.n_predict)?, eog)?;
+            eval::account(row, &ours, &base_run);
         }
         log::info!("prompt {}/{} done", i + 1, ids.len());
     }
