@@ -20,13 +20,18 @@ use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
 use serde_json::{json, Value};
 
 /// The base's view of a token sequence: for every position after the prompt,
-/// the log-probability of the token there and the entropy of the distribution
-/// it was drawn from.
+/// the log-probability of the token there, the entropy of the distribution
+/// it was drawn from, and that distribution's most likely tokens (the soft
+/// targets a distilled model learns from).
 pub struct Scored {
     /// `ln p(ids[i] | ids[..i])` for each `i` from the prompt's end.
     pub logprob: Vec<f32>,
     /// Entropy (nats) of the base's next-token distribution at each such `i`.
     pub entropy: Vec<f32>,
+    /// The `top` most likely tokens of that distribution at each such `i`,
+    /// as (token, log-probability), most likely first; empty lists when the
+    /// scorer was asked for none.
+    pub top: Vec<Vec<(u32, f32)>>,
 }
 
 /// Scores sequences with libllama: the whole sequence in one pass per batch,
@@ -53,11 +58,12 @@ impl<'m> Scorer<'m> {
         Ok(Scorer { ctx: LlamaContext::new(model, params)?, n_batch, n_ctx })
     }
 
-    /// Scores `ids[n_prompt..]` given everything before each token.
+    /// Scores `ids[n_prompt..]` given everything before each token, keeping
+    /// the `top` most likely tokens of each next-token distribution.
     ///
     /// # Errors
     /// When the sequence is longer than the context, `n_prompt` is 0, or a decode fails.
-    pub fn score(&mut self, ids: &[u32], n_prompt: usize) -> Result<Scored> {
+    pub fn score(&mut self, ids: &[u32], n_prompt: usize, top: usize) -> Result<Scored> {
         anyhow::ensure!(
             n_prompt >= 1 && n_prompt <= ids.len(),
             "a scored sequence needs a prompt of 1..={} tokens",
@@ -70,7 +76,7 @@ impl<'m> Scorer<'m> {
             self.n_ctx
         );
         self.ctx.clear();
-        let mut out = Scored { logprob: Vec::new(), entropy: Vec::new() };
+        let mut out = Scored { logprob: Vec::new(), entropy: Vec::new(), top: Vec::new() };
         let last = ids.len() - 1;
         for (c, chunk) in ids[..last].chunks(self.n_batch).enumerate() {
             let start = c * self.n_batch;
@@ -82,9 +88,10 @@ impl<'m> Scorer<'m> {
                 if pos + 1 < n_prompt {
                     continue;
                 }
-                let (lp, h) = log_prob_and_entropy(&self.ctx.logits_ith(j)?, ids[pos + 1] as usize);
-                out.logprob.push(lp);
-                out.entropy.push(h);
+                let lp = crate::sweep::log_softmax(&self.ctx.logits_ith(j)?);
+                out.logprob.push(lp[ids[pos + 1] as usize] as f32);
+                out.entropy.push(lp.iter().map(|&x| -x.exp() * x).sum::<f64>() as f32);
+                out.top.push(most_likely(&lp, top));
             }
         }
         self.ctx.pause_threads();
@@ -92,11 +99,17 @@ impl<'m> Scorer<'m> {
     }
 }
 
-/// `ln softmax(logits)[target]` and the distribution's entropy.
-fn log_prob_and_entropy(logits: &[f32], target: usize) -> (f32, f32) {
-    let lp = crate::sweep::log_softmax(logits);
-    let entropy: f64 = lp.iter().map(|&x| -x.exp() * x).sum();
-    (lp[target] as f32, entropy as f32)
+/// The `k` largest log-probabilities of `lp` with their tokens, largest first.
+fn most_likely(lp: &[f64], k: usize) -> Vec<(u32, f32)> {
+    let mut order: Vec<usize> = (0..lp.len()).collect();
+    let k = k.min(order.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    order.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
+    order.truncate(k);
+    order.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]));
+    order.into_iter().map(|t| (t as u32, lp[t] as f32)).collect()
 }
 
 /// A user prompt rendered with the model's chat template and tokenized.
@@ -278,7 +291,7 @@ pub struct Judged {
 pub fn judge(scorer: &mut Scorer, prompt: &[u32], run: Run, eog: &[u32]) -> Result<Judged> {
     let kept = kept(&run.ids, eog).to_vec();
     let seq: Vec<u32> = prompt.iter().chain(&kept).copied().collect();
-    let ll = scorer.score(&seq, prompt.len())?.logprob.iter().map(|&x| x as f64).sum();
+    let ll = scorer.score(&seq, prompt.len(), 0)?.logprob.iter().map(|&x| x as f64).sum();
     Ok(Judged { run, kept, ll })
 }
 

@@ -62,11 +62,11 @@ fn eval_reports_the_base_at_confidence_above_one_and_several_tokens_per_step_bel
 }
 
 #[test]
-fn score_gives_an_entropy_and_a_log_probability_per_answer_token() {
+fn score_gives_an_entropy_a_log_probability_and_the_top_tokens_per_answer_token() {
     let dir = tempfile::tempdir().unwrap();
     let (ham, base) = fixture_ggufs(dir.path());
     let mut child = eval_bin()
-        .args(["score", "-t", "1", "-m"])
+        .args(["score", "-t", "1", "--top", "4", "-m"])
         .arg(&ham)
         .arg("--baseline")
         .arg(&base)
@@ -93,6 +93,23 @@ fn score_gives_an_entropy_and_a_log_probability_per_answer_token() {
     assert!(v["logprob"].as_array().unwrap().iter().all(|x| x.as_f64().unwrap() <= 0.0));
     assert!(v["entropy"].as_array().unwrap().iter().all(|x| x.as_f64().unwrap() >= 0.0));
     assert_eq!(v["id"], "a", "other fields are kept");
+    // The top tokens: 4 per answer token, most likely first, the scored token's
+    // log-probability among them whenever it is at least the 4th largest.
+    let top = v["top"].as_array().unwrap();
+    assert_eq!(top.len(), answer);
+    for (i, t) in top.iter().enumerate() {
+        let t: Vec<(u64, f64)> =
+            t.as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap())).collect();
+        assert_eq!(t.len(), 4);
+        assert!(t.windows(2).all(|w| w[0].1 >= w[1].1), "not most likely first: {t:?}");
+        let lp = v["logprob"][i].as_f64().unwrap();
+        let token = ids[n_prompt + i].as_u64().unwrap();
+        if lp >= t[3].1 {
+            let found = t.iter().find(|p| p.0 == token).map(|p| p.1);
+            assert!(found.is_some_and(|x| (x - lp).abs() < 1e-4), "token {token} ({lp}) not in {t:?}");
+        }
+        assert!(t[0].1 <= 0.0 && t.iter().map(|p| p.1.exp()).sum::<f64>() <= 1.0 + 1e-4);
+    }
 }
 
 #[test]

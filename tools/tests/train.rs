@@ -80,8 +80,13 @@ fn trainer_model_reproduces_the_original_golden_outputs() {
 }
 
 /// A work directory whose segments are the fixture's own golden generations
-/// (the macro steps the original implementation took).
-fn fixture_work(dir: &Path) {
+/// (the macro steps the original implementation took); with `soft`, each
+/// answer token also has soft targets as `segment` keeps them (the token
+/// itself at 0.8, two neighbours at 0.15 and 0.05).
+fn fixture_work(dir: &Path, soft: bool) {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("config.json")).unwrap()).unwrap();
+    let vocab = config["vocab_size"].as_u64().unwrap();
     let mut lines = String::new();
     for (i, case) in golden()["cases"].as_array().unwrap().iter().enumerate() {
         let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
@@ -89,10 +94,17 @@ fn fixture_work(dir: &Path) {
         let mut ids = prompt.clone();
         ids.extend(steps.iter().flatten());
         let lens: Vec<usize> = steps.iter().map(Vec::len).collect();
-        lines.push_str(&format!(
-            "{}\n",
-            json!({"id": format!("case{i}"), "split": "train", "ids": ids, "n_prompt": prompt.len(), "steps": lens})
-        ));
+        let mut row =
+            json!({"id": format!("case{i}"), "split": "train", "ids": ids, "n_prompt": prompt.len(), "steps": lens});
+        if soft {
+            let top: Vec<Value> = steps
+                .iter()
+                .flatten()
+                .map(|&t| json!([[t, 0.8f64.ln()], [(t + 1) % vocab, 0.15f64.ln()], [(t + 2) % vocab, 0.05f64.ln()]]))
+                .collect();
+            row["top"] = json!(top);
+        }
+        lines.push_str(&format!("{row}\n"));
     }
     std::fs::write(dir.join("segments.jsonl"), lines).unwrap();
 }
@@ -102,7 +114,8 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    fixture_work(&work);
+    // Soft targets (distillation), as `segment` writes them.
+    fixture_work(&work, true);
     let fx = tiny_fixture();
     run_ok(
         train_tool()
@@ -126,6 +139,27 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     for f in ["model.safetensors", "grafted.safetensors", "config.json", "tokenizer.json", "hamburger.json"] {
         assert!(out.join(f).exists(), "export lacks {f}");
     }
+
+    // A new run started from the export goes on from where this one ended
+    // (here on the data's tokens alone: the hard-target path).
+    let again = dir.path().join("again");
+    std::fs::create_dir_all(&again).unwrap();
+    fixture_work(&again, false);
+    run_ok(
+        train_tool()
+            .arg("train")
+            .arg("--work")
+            .arg(&again)
+            .arg("--base")
+            .arg(&fx)
+            .arg("--init")
+            .arg(out.join("grafted.safetensors"))
+            .args(["--steps", "5", "--batch", "4", "--lr", "2e-3"]),
+    );
+    let resumed: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(again.join("train/history.json")).unwrap()).unwrap();
+    let first = resumed.iter().find(|h| h["kind"] == "train").unwrap()["ce"].as_f64().unwrap();
+    assert!(first < ce[0] * 0.95, "--init did not start from the trained weights: CE {first} vs {}", ce[0]);
 
     let gguf = dir.path().join("trained.gguf");
     convert(&out, &gguf, "f32");

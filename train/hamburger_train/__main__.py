@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bin", type=Path, default=ROOT / "target/release", help="the project's binaries")
     p.add_argument("--out", type=Path, help="export: the checkpoint directory to write")
     p.add_argument("--prompts", type=int, default=1167, help="data: number of prompts (the shipped run answered 1167)")
+    p.add_argument("--skip", type=int, default=0, help="data: answer prompts from this index on (new data after an earlier run)")
     p.add_argument("--max-tokens", type=int, default=192, help="data: most tokens per answer")
     p.add_argument("--slots", type=int, default=4, help="data: concurrent requests (server -np)")
     p.add_argument("--ratio", type=float, default=0.5, help="segment: entropy ratio to the step's largest")
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-4, help="train: peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="train: seed")
     p.add_argument("--tune-layers", type=int, default=3, help="train: base layers fine-tuned (the first N; 0: frozen base)")
+    p.add_argument("--init", type=Path, help="train: start from this grafted.safetensors (e.g. the shipped model's)")
     p.add_argument("--snapshot", type=int, help="export: the snapshot of this step instead of the latest state")
     p.add_argument("--ids", type=str, help="greedy: prompt token ids, comma-separated")
     p.add_argument("-n", type=int, default=32, help="greedy: new tokens")
@@ -53,11 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     from . import data, segment, train, export
     base = a.base or (None if a.stage == "greedy" else data.base_checkpoint(a.bin))
     if a.stage in ("data", "all"):
-        data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads)
+        data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip)
     if a.stage in ("segment", "all"):
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     if a.stage in ("train", "all"):
-        train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers)
+        train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers, init=a.init)
     if a.stage in ("export", "all"):
         if a.out is None:
             p.error("export needs --out")

@@ -148,11 +148,14 @@ def complete(url: str, prompt: str, max_tokens: int) -> dict:
         return json.loads(r.read())
 
 
-def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots: int, threads: int) -> None:
-    """Builds the prompts, then answers every one not yet in `responses.jsonl`."""
+def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots: int, threads: int,
+        skip: int = 0) -> None:
+    """Builds the first `limit` prompts, then answers every one from index
+    `skip` on that is not yet in `responses.jsonl` (a later run skips what an
+    earlier one was trained on: new data for training that goes on)."""
     out.mkdir(parents=True, exist_ok=True)
     gguf = teacher_gguf(bin_dir, base, out)
-    rows = build_prompts(out, limit)
+    rows = build_prompts(out, limit)[skip:]
     resp_path = out / "responses.jsonl"
     done = records.done_ids(resp_path)
     todo = [r for r in rows if r["id"] not in done]

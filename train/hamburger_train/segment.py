@@ -10,9 +10,10 @@ times the largest entropy in the step so far (or below `min_entropy`, which
 the original's `decreasing_v2` adds). So a step is one token the base is
 unsure of followed by tokens it is much surer of: what the micro-step decoder
 can predict. The paper's plain "decreasing" (ratio 0.3 against the first
-token, no floor) is `--ratio 0.3 --min-entropy 0`. Output: `segments.jsonl`
-(id, split, ids, n_prompt, steps), rewritten from `scored.jsonl` each run, so
-another strategy costs no scoring.
+token, no floor) is `--ratio 0.3 --min-entropy 0`. The same pass keeps the
+base's `TOP` most likely tokens at every answer token, the soft targets of
+`train`. Output: `segments.jsonl` (id, split, ids, n_prompt, steps, top),
+rewritten from `scored.jsonl` each run, so another strategy costs no scoring.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from pathlib import Path
 
 from . import records
 from .progress import Progress
+
+TOP = 8  # the base's most likely tokens kept per answer token: the soft targets `train` distils
+
 
 def decreasing(values: list[float], max_steps: int, ratio: float, min_entropy: float) -> list[int]:
     """Step lengths (summing to len(values)): a token joins the current step
@@ -72,11 +76,11 @@ def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_e
                                           "response": r["response"]}) + "\n" for r in todo))
             inp.seek(0)
             cmd = [str(bin_dir / "hamburger-eval"), "score", "-m", str(teacher), "--baseline", str(scorer),
-                   "-t", str(threads)]
+                   "-t", str(threads), "--top", str(TOP)]
             proc = subprocess.Popen(cmd, stdin=inp, stdout=subprocess.PIPE, text=True)
             for line in proc.stdout:
                 v = json.loads(line)
-                out.write(json.dumps({k: v[k] for k in ("id", "split", "ids", "n_prompt", "entropy")}) + "\n")
+                out.write(json.dumps({k: v[k] for k in ("id", "split", "ids", "n_prompt", "entropy", "top")}) + "\n")
                 out.flush()
                 n += 1
                 prog.update(n, len(v["entropy"]))
@@ -89,8 +93,10 @@ def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_e
         for v in records.read(scored_path):
             steps = decreasing(v["entropy"], max_steps, ratio, min_entropy)
             tokens, steps_total = tokens + len(v["entropy"]), steps_total + len(steps)
-            out.write(json.dumps({"id": v["id"], "split": v["split"], "ids": v["ids"], "n_prompt": v["n_prompt"],
-                                  "steps": steps}) + "\n")
+            row = {"id": v["id"], "split": v["split"], "ids": v["ids"], "n_prompt": v["n_prompt"], "steps": steps}
+            if "top" in v:
+                row["top"] = v["top"]
+            out.write(json.dumps(row) + "\n")
     tmp.replace(work / "segments.jsonl")
     print(f"segment: {tokens} answer tokens in {steps_total} macro steps "
           f"({tokens / max(steps_total, 1):.2f} tokens per step; ratio {ratio}, min entropy {min_entropy})",

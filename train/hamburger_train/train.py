@@ -6,7 +6,12 @@ by ONE merged input per macro step (at the rope position of its last token);
 the features of each base output predict the next macro step's tokens: the
 first through the lm_head (which trains the merger, through the base),
 the rest through the micro-step decoder. Losses: cross-entropy on every token
-plus 0.5 x binary cross-entropy on the stop targets.
+plus 0.5 x binary cross-entropy on the stop targets. When `segment` kept the
+base's most likely tokens (`top`), the token loss is the cross-entropy
+against the base's distribution over them (distillation: the whole
+distribution says more per token than its argmax, and keeps the first
+tokens after merges, and the tuned layers, close to the base's), otherwise
+against the data's tokens.
 
 Stop targets: 1 at a macro step's last token, as in the paper, and also
 before a token the micro decoder would get wrong (its argmax is not the
@@ -38,6 +43,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from .model import HAMburger
 from . import records
@@ -82,6 +88,18 @@ def init_grafted(model: HAMburger, seed: int) -> None:
         model.stop_head.net[4].bias.fill_(1.0)
 
 
+def soft_targets(row: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The base's most likely tokens at each answer token, [n, TOP] ids and
+    their probabilities renormalised over them, when `segment` kept them
+    (made once per row and kept in it)."""
+    if "top" not in row:
+        return None
+    if "_soft" not in row:
+        top = torch.tensor(row["top"])  # [n, TOP, 2]: token, log-probability
+        row["_soft"] = (top[..., 0].long(), torch.softmax(top[..., 1], -1))
+    return row["_soft"]
+
+
 def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
     """The loss of one segmented answer, and its counts for the metrics."""
     cfg = model.cfg
@@ -117,6 +135,7 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
 
     outs, targets, step_of = [feats[:, -1]], [torch.stack([s[0] for s in segs])], [torch.zeros(len(segs), dtype=torch.long)]
     seg_of = [torch.arange(len(segs))]
+    starts = ends - n_prompt + 1 - torch.tensor(steps)  # answer index of each step's first token
     for k in range(2, cfg.max_steps + 1):
         idx = [j for j in range(len(segs)) if steps[j] == k]
         if not idx:
@@ -128,9 +147,16 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
         step_of.append(torch.arange(1, k).repeat(len(idx)))
         seg_of.append(torch.tensor(idx).repeat_interleave(k - 1))
     out, target, s_of, g_of = torch.cat(outs), torch.cat(targets), torch.cat(step_of), torch.cat(seg_of)
-    logits = model.logits(out)
-    ce = F.cross_entropy(logits, target, reduction="sum")
-    correct = logits.argmax(-1) == target
+    logp = F.log_softmax(model.logits(out), -1)
+    ce = -logp.gather(1, target[:, None]).sum()
+    correct = logp.argmax(-1) == target
+    soft = soft_targets(row)
+    if soft is None:
+        token_loss = ce
+    else:  # distillation: the base's distribution over its most likely tokens
+        top_ids, top_p = soft
+        at = starts[g_of] + s_of
+        token_loss = -(top_p[at] * logp.gather(1, top_ids[at])).sum()
 
     # Stop after out_s when it ends its macro step, or when the next token would be wrong.
     k_of = torch.tensor(steps)[g_of]
@@ -145,9 +171,11 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
     stop_logit = model.stop_head(out)
     bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
     n = len(target)
-    loss = (ce + STOP_WEIGHT * bce) / n
+    loss = (token_loss + STOP_WEIGHT * bce) / n
+    after_merge = (s_of == 0) & (g_of > 0) & (torch.tensor(steps)[(g_of - 1).clamp(min=0)] > 1)
     stats = {"tokens": n, "ce": ce.item(), "bce": bce.item(), "first_correct": correct[s_of == 0].sum().item(),
-             "firsts": int((s_of == 0).sum()), "micro_correct": correct[s_of > 0].sum().item(),
+             "firsts": int((s_of == 0).sum()), "merged_first_correct": correct[after_merge].sum().item(),
+             "merged_firsts": int(after_merge.sum()), "micro_correct": correct[s_of > 0].sum().item(),
              "micros": int((s_of > 0).sum()), "stop_correct": ((stop_logit > 0) == (stop_target > 0.5)).sum().item()}
     return loss, stats
 
@@ -165,6 +193,7 @@ def summarize(stats: list[dict]) -> dict:
     tot = {k: sum(s[k] for s in stats) for k in stats[0]}
     n = max(tot["tokens"], 1)
     return {"ce": tot["ce"] / n, "bce": tot["bce"] / n, "first_acc": tot["first_correct"] / max(tot["firsts"], 1),
+            "merged_first_acc": tot["merged_first_correct"] / max(tot["merged_firsts"], 1),
             "micro_acc": tot["micro_correct"] / max(tot["micros"], 1), "stop_acc": tot["stop_correct"] / n,
             "tokens": tot["tokens"]}
 
@@ -192,6 +221,8 @@ def plot(history: list, path: Path) -> None:
             ax[0].plot(x, [h["bce"] for h in hs], style, label=f"stop BCE ({name})")
             ax[1].plot(x, [h["micro_acc"] for h in hs], style, label=f"micro-step accuracy ({name})")
             ax[1].plot(x, [h["first_acc"] for h in hs], style, label=f"first-token accuracy ({name})")
+            if all("merged_first_acc" in h for h in hs):
+                ax[1].plot(x, [h["merged_first_acc"] for h in hs], style, label=f"first token after a merge ({name})")
     for a in ax:
         a.set_xlabel("answer tokens seen")
         a.legend(fontsize=8)
@@ -201,13 +232,19 @@ def plot(history: list, path: Path) -> None:
     plt.close(fig)
 
 
-def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int) -> None:
-    """Trains until `steps` optimizer steps, resuming from `train/state.pt`."""
+def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
+        init: Path | None = None) -> None:
+    """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
+    A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
+    shipped model: training goes on from it on new data) instead of
+    `init_grafted`'s starting point."""
     out = work / "train"
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
     model = HAMburger.from_checkpoint(base, tuned_layers)
     init_grafted(model, seed)
+    if init is not None:
+        model.load_original(load_file(str(init)), grafted_only=True)
     groups = [{"params": list(model.grafted_parameters()), "scale": 1.0},
               {"params": list(model.tuned_parameters()), "scale": TUNED_LR_SCALE}]
     params = [p for g in groups for p in g["params"]]
@@ -224,6 +261,10 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
         print(f"train: done ({step} steps)", file=sys.stderr)
         return
     seen = history[-1]["seen_tokens"] if history else 0
+    if step == 0 and init is not None and held:  # where the run starts from, on this run's held-out answers
+        with torch.no_grad():
+            history.append({"kind": "val", "step": 0, "seen_tokens": 0,
+                            **summarize([sequence_loss(model, r)[1] for r in held])})
     order = list(range(len(rows)))
     prog = Progress("train", steps, "tokens", every=30, initial=step)
     prog.update(step)

@@ -60,7 +60,8 @@ enum Cmd {
     /// Reads JSON lines `{"prompt": user message, "response": text}` (other
     /// fields are kept) and writes each with `ids` (prompt and answer, the
     /// answer ended by the end-of-turn token), `n_prompt`, and the base's
-    /// `entropy` and `logprob` of every answer token.
+    /// `entropy` and `logprob` of every answer token, and with `--top K` its
+    /// K most likely tokens there (`top`: [[token, log-probability], ...]).
     Score {
         /// The HAMburger GGUF (its tokenizer and chat template).
         #[arg(short = 'm', long)]
@@ -74,6 +75,10 @@ enum Cmd {
         /// Longest sequence scored; longer ones are cut there.
         #[arg(short = 'c', long, default_value_t = 2048, value_parser = tools::cli::at_least_one)]
         ctx_size: usize,
+        /// The base's most likely tokens kept at every answer token (the
+        /// training tool's soft targets); 0 keeps none.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+        top: u16,
     },
 }
 
@@ -88,7 +93,9 @@ fn main() -> ExitCode {
             }
             Ok(())
         }
-        Cmd::Score { model, baseline, threads, ctx_size } => score(&model, &baseline, threads, ctx_size),
+        Cmd::Score { model, baseline, threads, ctx_size, top } => {
+            score(&model, &baseline, threads, ctx_size, top.into())
+        }
     })
 }
 
@@ -155,7 +162,7 @@ fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: 
     Ok(rows)
 }
 
-fn score(model: &Path, baseline: &Path, threads: usize, n_ctx: usize) -> Result<()> {
+fn score(model: &Path, baseline: &Path, threads: usize, n_ctx: usize, top: usize) -> Result<()> {
     let model = Model::open(model, &LoadOptions::default())?;
     let chat = Prompts::new(&model)?;
     let end = model.vocab.eos.context("the model has no end-of-turn token")?;
@@ -181,11 +188,14 @@ fn score(model: &Path, baseline: &Path, threads: usize, n_ctx: usize) -> Result<
             log::warn!("input line {}: the prompt fills the context; skipped", i + 1);
             continue;
         }
-        let s = scorer.score(&ids, n_prompt)?;
+        let s = scorer.score(&ids, n_prompt, top)?;
         v["ids"] = json!(ids);
         v["n_prompt"] = json!(n_prompt);
         v["entropy"] = json!(s.entropy);
         v["logprob"] = json!(s.logprob);
+        if top > 0 {
+            v["top"] = json!(s.top);
+        }
         writeln!(out, "{v}")?;
     }
     Ok(())
