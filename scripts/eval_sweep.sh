@@ -42,7 +42,7 @@ json.dump(rows, open(f"{out}/sweep.json", "w"), indent=1)
 lines = ["| mix | MiB | confidence | tokens/step | KV entries/token | tok/s | base tok/s | speedup | LL (ours) | LL (F16 base) | LL loss | shared prefix |",
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
 for r in rows:
-    lines.append(f"| {r['mix']} | {r['bytes'] / 2**20:.1f} | {r['confidence']} | {r['tokens_per_step']:.2f} | "
+    lines.append(f"| {r['mix']} | {r['bytes'] / 2**20:.1f} | {r['confidence']:.2f} | {r['tokens_per_step']:.2f} | "
                  f"{r['kv_entries_per_token']:.2f} | {r['tokens_per_s']:.1f} | {r['base_tokens_per_s']:.1f} | "
                  f"{r['speedup']:.2f}x | {r['mean_ll']:.3f} | {r['base_mean_ll']:.3f} | {100 * r['ll_loss']:+.1f}% | "
                  f"{r['shared_prefix']:.1f} |")
