@@ -10,9 +10,16 @@ set -euo pipefail
 
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* /usr/lib/aarch64-linux-gnu/libclang*.so* >/dev/null 2>&1; then
-  missing+=(libclang-dev)
-fi
+# Any one libclang will do (ls over all three patterns failed whenever one of
+# them matched nothing, so libclang-dev was reinstalled on every run).
+have_libclang() {
+  local lib
+  for lib in /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* /usr/lib/aarch64-linux-gnu/libclang*.so*; do
+    [ -e "$lib" ] && return 0
+  done
+  return 1
+}
+have_libclang || missing+=(libclang-dev)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
