@@ -101,11 +101,11 @@ impl<'m> Scorer<'m> {
 
 /// The `k` largest log-probabilities of `lp` with their tokens, largest first.
 fn most_likely(lp: &[f64], k: usize) -> Vec<(u32, f32)> {
-    let mut order: Vec<usize> = (0..lp.len()).collect();
-    let k = k.min(order.len());
+    let k = k.min(lp.len());
     if k == 0 {
         return Vec::new();
     }
+    let mut order: Vec<usize> = (0..lp.len()).collect();
     order.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
     order.truncate(k);
     order.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]));

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=Path, help="base checkpoint directory (default: hamburger-testmodel smollm2)")
     p.add_argument("--bin", type=Path, default=ROOT / "target/release", help="the project's binaries")
     p.add_argument("--out", type=Path, help="export: the checkpoint directory to write")
-    p.add_argument("--prompts", type=int, default=1167, help="data: number of prompts (the shipped run answered 1167)")
+    p.add_argument("--prompts", type=int, default=1167, help="data: the first N prompts (run 1 answered 1167; run 2 2600 with --skip 1167)")
     p.add_argument("--skip", type=int, default=0, help="data: answer prompts from this index on (new data after an earlier run)")
     p.add_argument("--max-tokens", type=int, default=192, help="data: most tokens per answer")
     p.add_argument("--slots", type=int, default=4, help="data: concurrent requests (server -np)")

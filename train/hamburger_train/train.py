@@ -107,7 +107,8 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
     n_prompt, steps = row["n_prompt"], row["steps"]
     resp = ids[n_prompt:]
     segs = list(torch.split(resp, steps))
-    ends = torch.tensor(steps).cumsum(0) + n_prompt - 1  # stream position of each step's last token
+    lens = torch.tensor(steps)
+    ends = lens.cumsum(0) + n_prompt - 1  # stream position of each step's last token
 
     # The prompt, once, without gradients: its last features and its keys/values.
     with torch.no_grad():
@@ -135,7 +136,7 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
 
     outs, targets, step_of = [feats[:, -1]], [torch.stack([s[0] for s in segs])], [torch.zeros(len(segs), dtype=torch.long)]
     seg_of = [torch.arange(len(segs))]
-    starts = ends - n_prompt + 1 - torch.tensor(steps)  # answer index of each step's first token
+    starts = ends - n_prompt + 1 - lens  # answer index of each step's first token
     for k in range(2, cfg.max_steps + 1):
         idx = [j for j in range(len(segs)) if steps[j] == k]
         if not idx:
@@ -159,7 +160,7 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
         token_loss = -(top_p[at] * logp.gather(1, top_ids[at])).sum()
 
     # Stop after out_s when it ends its macro step, or when the next token would be wrong.
-    k_of = torch.tensor(steps)[g_of]
+    k_of = lens[g_of]
     last = s_of == k_of - 1
     next_wrong = torch.zeros_like(last)
     key = g_of * cfg.max_steps + s_of
@@ -172,7 +173,7 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
     bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
     n = len(target)
     loss = (token_loss + STOP_WEIGHT * bce) / n
-    after_merge = (s_of == 0) & (g_of > 0) & (torch.tensor(steps)[(g_of - 1).clamp(min=0)] > 1)
+    after_merge = (s_of == 0) & (g_of > 0) & (lens[(g_of - 1).clamp(min=0)] > 1)
     stats = {"tokens": n, "ce": ce.item(), "bce": bce.item(), "first_correct": correct[s_of == 0].sum().item(),
              "firsts": int((s_of == 0).sum()), "merged_first_correct": correct[after_merge].sum().item(),
              "merged_firsts": int(after_merge.sum()), "micro_correct": correct[s_of > 0].sum().item(),
