@@ -30,8 +30,10 @@ enum Cmd {
         /// Seed of the grafted modules.
         #[arg(long, default_value_t = 0, conflicts_with = "grafted")]
         seed: u64,
-        /// Trained grafted modules: a safetensors file of the grafted tensors
-        /// under their original names (`models/smollm2-hamburger/grafted.safetensors`).
+        /// Trained grafted modules: a safetensors file of what training changed
+        /// under the original names (`models/smollm2-hamburger/grafted.safetensors`):
+        /// the grafted tensors, any fine-tuned base tensors, and low-rank
+        /// adapters (`<weight>.lora_A`, `.lora_B`, folded in as W + B A).
         #[arg(long)]
         grafted: Option<PathBuf>,
     },

