@@ -114,7 +114,8 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    // Soft targets (distillation), as `segment` writes them.
+    // Soft targets (distillation), as `segment` writes them; adapters on the
+    // base layers not tuned.
     fixture_work(&work, true);
     let fx = tiny_fixture();
     run_ok(
@@ -124,7 +125,7 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
             .arg(&work)
             .arg("--base")
             .arg(&fx)
-            .args(["--steps", "12", "--batch", "4", "--lr", "2e-3"]),
+            .args(["--steps", "12", "--batch", "4", "--lr", "2e-3", "--lora-rank", "2"]),
     );
     let history: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(work.join("train/history.json")).unwrap()).unwrap();
@@ -139,6 +140,15 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     for f in ["model.safetensors", "grafted.safetensors", "config.json", "tokenizer.json", "hamburger.json"] {
         assert!(out.join(f).exists(), "export lacks {f}");
     }
+    // The adapters ship as factors beside the grafted modules; the full
+    // checkpoint has them folded into the weights (the original layout).
+    let keys = |f: &str| {
+        let bytes = std::fs::read(out.join(f)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.names().into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    assert!(keys("grafted.safetensors").iter().any(|k| k.ends_with(".lora_A")), "no adapters shipped");
+    assert!(!keys("model.safetensors").iter().any(|k| k.contains(".lora_")), "adapters left unfolded");
 
     // A new run started from the export goes on from where this one ended
     // (here on the data's tokens alone: the hard-target path).

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-4, help="train: peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="train: seed")
     p.add_argument("--tune-layers", type=int, default=3, help="train: base layers fine-tuned (the first N; 0: frozen base)")
+    p.add_argument("--lora-rank", type=int, default=0, help="train: rank of low-rank adapters on the base layers not tuned (0: none)")
     p.add_argument("--init", type=Path, help="train: start from this grafted.safetensors (e.g. the shipped model's)")
     p.add_argument("--snapshot", type=int, help="export: the snapshot of this step instead of the latest state")
     p.add_argument("--ids", type=str, help="greedy: prompt token ids, comma-separated")
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage in ("segment", "all"):
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     if a.stage in ("train", "all"):
-        train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers, init=a.init)
+        train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers, init=a.init,
+                  lora_rank=a.lora_rank)
     if a.stage in ("export", "all"):
         if a.out is None:
             p.error("export needs --out")

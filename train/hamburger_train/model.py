@@ -1,5 +1,5 @@
 """HAMburger in PyTorch, for training: a Llama base (frozen, or its first
-layers tuned), the compositional embedder (merger), the micro-step decoder
+layers tuned, optionally with low-rank adapters on the others), the compositional embedder (merger), the micro-step decoder
 and the stop head, with the semantics of `shared/docs/hamburger-model.md` and the original key names.
 
 The runtime (Rust, ggml) is what users run; this module exists so that the
@@ -88,6 +88,14 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""A Llama layer's linear projections (the ones a low-rank adapter can wrap)."""
+
+# Where a projection sits in the original key layout, for its adapter's keys.
+PROJECTION_PREFIX = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+                     "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
 class Layer(nn.Module):
     """One Llama decoder layer (HF layout: rotate-half q/k rows)."""
 
@@ -104,6 +112,31 @@ class Layer(nn.Module):
         self.gate_proj = nn.Linear(d, cfg.ffn, bias=False)
         self.up_proj = nn.Linear(d, cfg.ffn, bias=False)
         self.down_proj = nn.Linear(cfg.ffn, d, bias=False)
+        self.adapters = nn.ParameterDict()
+
+    def add_adapters(self, rank: int) -> None:
+        """Low-rank adapters on every projection: `proj(h) + (h A^T) B^T`, A
+        [rank, in] small random, B [out, rank] zero, so the layer starts
+        unchanged; `merge_adapters` folds them into the weights."""
+        for name in PROJECTIONS:
+            w = getattr(self, name).weight
+            self.adapters[f"{name}_A"] = nn.Parameter(torch.randn(rank, w.shape[1]) / math.sqrt(w.shape[1]))
+            self.adapters[f"{name}_B"] = nn.Parameter(torch.zeros(w.shape[0], rank))
+
+    def merge_adapters(self) -> None:
+        """W += B A for every adapted projection; the adapters are dropped."""
+        with torch.no_grad():
+            for name in PROJECTIONS:
+                if f"{name}_A" in self.adapters:
+                    getattr(self, name).weight += self.adapters[f"{name}_B"] @ self.adapters[f"{name}_A"]
+        self.adapters = nn.ParameterDict()
+
+    def proj(self, name: str, h: torch.Tensor) -> torch.Tensor:
+        """The projection `name` of h, through its adapter when it has one."""
+        y = getattr(self, name)(h)
+        if f"{name}_A" in self.adapters:
+            y = y + (h @ self.adapters[f"{name}_A"].T) @ self.adapters[f"{name}_B"].T
+        return y
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor, mask: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple]:
@@ -113,16 +146,16 @@ class Layer(nn.Module):
         c = self.cfg
         B, T, _ = x.shape
         h = rms_norm(x, self.input_layernorm, c.eps)
-        q = rope(self.q_proj(h).view(B, T, c.n_head, c.head_dim), pos, inv).transpose(1, 2)
-        k = rope(self.k_proj(h).view(B, T, c.n_head_kv, c.head_dim), pos, inv).transpose(1, 2)
-        v = self.v_proj(h).view(B, T, c.n_head_kv, c.head_dim).transpose(1, 2)
+        q = rope(self.proj("q_proj", h).view(B, T, c.n_head, c.head_dim), pos, inv).transpose(1, 2)
+        k = rope(self.proj("k_proj", h).view(B, T, c.n_head_kv, c.head_dim), pos, inv).transpose(1, 2)
+        v = self.proj("v_proj", h).view(B, T, c.n_head_kv, c.head_dim).transpose(1, 2)
         if past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
         rep = c.n_head // c.n_head_kv
         a = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask)
-        x = x + self.o_proj(a.transpose(1, 2).reshape(B, T, -1))
+        x = x + self.proj("o_proj", a.transpose(1, 2).reshape(B, T, -1))
         h = rms_norm(x, self.post_attention_layernorm, c.eps)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), (k, v)
+        return x + self.proj("down_proj", F.silu(self.proj("gate_proj", h)) * self.proj("up_proj", h)), (k, v)
 
 
 class Merger(nn.Module):
@@ -165,13 +198,15 @@ class StopHead(nn.Module):
 
 class HAMburger(nn.Module):
     """A base with trainable grafted modules, and optionally its first
-    `tuned_layers` layers trainable too (`trainable_parameters`); the rest of
-    the base is frozen."""
+    `tuned_layers` layers trainable too (`tuned_parameters`) and low-rank
+    adapters of rank `lora_rank` on the others (`adapter_parameters`); the
+    rest of the base is frozen."""
 
-    def __init__(self, cfg: Config, tuned_layers: int = 0):
+    def __init__(self, cfg: Config, tuned_layers: int = 0, lora_rank: int = 0):
         super().__init__()
         self.cfg = cfg
         self.tuned_layers = tuned_layers
+        self.lora_rank = lora_rank
         self.embed = nn.Embedding(cfg.vocab, cfg.dim)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.Parameter(torch.ones(cfg.dim))
@@ -180,10 +215,15 @@ class HAMburger(nn.Module):
         self.micro = nn.ModuleList(Layer(cfg) for _ in range(cfg.micro_layers))
         self.stop_head = StopHead(cfg.dim)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        if lora_rank > 0:
+            for layer in self.layers[tuned_layers:]:
+                layer.add_adapters(lora_rank)
         self.requires_grad_(False)
         for p in self.grafted_parameters():
             p.requires_grad_(True)
         for p in self.tuned_parameters():
+            p.requires_grad_(True)
+        for p in self.adapter_parameters():
             p.requires_grad_(True)
 
     def grafted_parameters(self):
@@ -196,6 +236,27 @@ class HAMburger(nn.Module):
         """The parameters of the base layers that are fine-tuned (the first `tuned_layers`)."""
         for layer in self.layers[: self.tuned_layers]:
             yield from layer.parameters()
+
+    def adapter_parameters(self):
+        """The base layers' low-rank adapters (none unless `lora_rank`)."""
+        for layer in self.layers:
+            yield from layer.adapters.values()
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """The adapters under the original key of the weight each adapts,
+        `.weight` replaced by `.lora_A` ([rank, in]) and `.lora_B` ([out, rank]):
+        what ships beside the grafted modules (`W + B A` is the tuned weight)."""
+        sd = {}
+        for i, layer in enumerate(self.layers):
+            for key, t in layer.adapters.items():
+                name, ab = key.rsplit("_", 1)
+                sd[f"model.model.layers.{i}.{PROJECTION_PREFIX[name]}.{name}.lora_{ab}"] = t
+        return sd
+
+    def merge_adapters(self) -> None:
+        """Folds every adapter into its weight (what `export` writes)."""
+        for layer in self.layers:
+            layer.merge_adapters()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """lm_head(h)."""
@@ -230,10 +291,10 @@ class HAMburger(nn.Module):
         return x[:, feats.shape[1]:]
 
     @staticmethod
-    def from_checkpoint(ckpt: Path, tuned_layers: int = 0) -> "HAMburger":
+    def from_checkpoint(ckpt: Path, tuned_layers: int = 0, lora_rank: int = 0) -> "HAMburger":
         """Loads a checkpoint directory (`model.safetensors` in the original layout)."""
         cfg = Config.load(ckpt)
-        model = HAMburger(cfg, tuned_layers)
+        model = HAMburger(cfg, tuned_layers, lora_rank)
         sd = load_file(str(ckpt / "model.safetensors"))
         model.load_original(sd)
         return model
@@ -251,8 +312,24 @@ class HAMburger(nn.Module):
             for k, t in own.items():
                 if k in sd:
                     t.copy_(sd[k].float())
+            self.load_adapters(sd)
             if not grafted_only and "model.lm_head.weight" in sd and not torch.equal(sd["model.lm_head.weight"], sd["model.model.embed_tokens.weight"]):
                 self.lm_head = nn.Parameter(sd["model.lm_head.weight"].float(), requires_grad=False)
+
+    def load_adapters(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copies the adapters in `sd` (keys as `adapter_state` names them)
+        into this model, adding those it lacks, frozen (an export, or a
+        `--init` from a run that had them: they are then part of the base)."""
+        for k, t in sd.items():
+            if ".lora_" not in k:
+                continue
+            i, name, ab = int(k.split(".")[3]), k.split(".")[-2], k.rsplit("_", 1)[1]
+            layer = self.layers[i]
+            if f"{name}_{ab}" not in layer.adapters:
+                layer.add_adapters(t.shape[0] if ab == "A" else t.shape[1])
+                layer.adapters.requires_grad_(False)
+            with torch.no_grad():
+                layer.adapters[f"{name}_{ab}"].copy_(t.float())
 
     def original_state(self, grafted_only: bool = False) -> dict[str, torch.Tensor]:
         """This model's tensors under the original checkpoint's key names
@@ -291,8 +368,8 @@ class HAMburger(nn.Module):
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What training changes, under the original key names: the grafted
-        modules and the tuned base layers (what differs from the base)."""
-        sd = self.original_state(grafted_only=True)
+        modules, the tuned base layers and the adapters (what differs from the base)."""
+        sd = self.original_state(grafted_only=True) | self.adapter_state()
         for i, l in enumerate(self.layers[: self.tuned_layers]):
             for k, v in self.original_state().items():
                 if k.startswith(f"model.model.layers.{i}."):

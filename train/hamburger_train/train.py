@@ -22,7 +22,11 @@ per step against agreement with the base.
 The base stays frozen but for its first `tuned_layers` layers (0: frozen),
 which learn at `TUNED_LR_SCALE` times the rate: a frozen base reads merged
 inputs poorly, and the first layers are where a merge can be unpacked;
-what ships is then the PyPI base plus the grafted modules and those layers.
+with `lora_rank` > 0 every other layer gets low-rank adapters too (at
+`ADAPTER_LR_SCALE` times the rate: B starts at zero), so that the layers
+that attend to merged keys and values can adapt to them at a few MB.
+What ships is then the PyPI base plus the grafted modules, those layers and
+the adapters' factors.
 The prompt runs once without gradients (its keys and values are reused), so
 gradients flow only from the answer's inputs.
 
@@ -53,6 +57,7 @@ SAVE_EVERY = 25
 SNAPSHOT_EVERY = 100
 STOP_WEIGHT = 0.5
 TUNED_LR_SCALE = 0.3
+ADAPTER_LR_SCALE = 2.0
 WARMUP = 20
 
 
@@ -73,7 +78,7 @@ def init_grafted(model: HAMburger, seed: int) -> None:
     with torch.no_grad():
         n = len(model.micro)
         for m, b in zip(model.micro, model.layers[-n:]):
-            m.load_state_dict(b.state_dict())
+            m.load_state_dict({k: v for k, v in b.state_dict().items() if not k.startswith("adapters.")})
             m.o_proj.weight.zero_()
             m.down_proj.weight.zero_()
         for lin in (model.merger.q_proj, model.merger.k_proj, model.merger.v_proj):
@@ -203,7 +208,8 @@ def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: i
     """Writes the training state atomically."""
     tmp = path.with_suffix(".part")
     torch.save({"grafted": model.trained_state(), "opt": opt.state_dict(), "step": step,
-                "history": history}, tmp)
+                "history": history, "tuned_layers": model.tuned_layers,
+                "lora_rank": model.lora_rank}, tmp)
     tmp.replace(path)
 
 
@@ -234,7 +240,7 @@ def plot(history: list, path: Path) -> None:
 
 
 def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
-        init: Path | None = None) -> None:
+        init: Path | None = None, lora_rank: int = 0) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
     A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
     shipped model: training goes on from it on new data) instead of
@@ -242,18 +248,21 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     out = work / "train"
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
-    model = HAMburger.from_checkpoint(base, tuned_layers)
+    state_path = out / "state.pt"
+    st = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    if st is not None:  # a run resumes with the settings it started with
+        tuned_layers, lora_rank = st.get("tuned_layers", tuned_layers), st.get("lora_rank", lora_rank)
+    model = HAMburger.from_checkpoint(base, tuned_layers, lora_rank)
     init_grafted(model, seed)
     if init is not None:
         model.load_original(load_file(str(init)), grafted_only=True)
     groups = [{"params": list(model.grafted_parameters()), "scale": 1.0},
-              {"params": list(model.tuned_parameters()), "scale": TUNED_LR_SCALE}]
+              {"params": list(model.tuned_parameters()), "scale": TUNED_LR_SCALE},
+              {"params": [p for p in model.adapter_parameters() if p.requires_grad], "scale": ADAPTER_LR_SCALE}]
     params = [p for g in groups for p in g["params"]]
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    state_path = out / "state.pt"
     step, history = 0, []
-    if state_path.exists():
-        st = torch.load(state_path, weights_only=False)
+    if st is not None:
         model.load_original(st["grafted"], grafted_only=True)
         opt.load_state_dict(st["opt"])
         step, history = st["step"], st["history"]
