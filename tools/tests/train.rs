@@ -171,6 +171,8 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     let first = resumed.iter().find(|h| h["kind"] == "train").unwrap()["ce"].as_f64().unwrap();
     assert!(first < ce[0] * 0.95, "--init did not start from the trained weights: CE {first} vs {}", ce[0]);
 
+    calibration_is_fitted_on_held_out_answers_and_folded_in(dir.path(), &work);
+
     let gguf = dir.path().join("trained.gguf");
     convert(&out, &gguf, "f32");
     for case in golden()["cases"].as_array().unwrap().iter().step_by(6) {
@@ -193,6 +195,43 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
         assert_eq!(got.iter().flatten().copied().collect::<Vec<_>>(), flat_want, "confidence {conf}");
         assert_eq!(got.len(), want.len().min(got.len()), "macro steps differ at confidence {conf}");
     }
+}
+
+/// `calibrate` on a copy of the trained state, with every other fixture
+/// answer held out: it fits the stop logit's scale and shift, and folds them
+/// into the stop head, so that fitting again finds nothing to change.
+fn calibration_is_fitted_on_held_out_answers_and_folded_in(dir: &Path, trained: &Path) {
+    let cal = dir.join("cal");
+    std::fs::create_dir_all(cal.join("train")).unwrap();
+    fixture_work(&cal, true);
+    let rows: Vec<String> = std::fs::read_to_string(cal.join("segments.jsonl"))
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            if i % 2 == 1 {
+                v["split"] = json!("heldout");
+            }
+            format!("{v}\n")
+        })
+        .collect();
+    std::fs::write(cal.join("segments.jsonl"), rows.concat()).unwrap();
+    std::fs::copy(trained.join("train/state.pt"), cal.join("train/state.pt")).unwrap();
+    for _ in 0..2 {
+        run_ok(train_tool().arg("calibrate").arg("--work").arg(&cal).arg("--base").arg(tiny_fixture()));
+    }
+    let history: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(cal.join("train/history.json")).unwrap()).unwrap();
+    let fits: Vec<(f64, f64)> = history
+        .iter()
+        .filter(|h| h["kind"] == "calibration")
+        .map(|h| (h["scale"].as_f64().unwrap(), h["shift"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(fits.len(), 2, "{history:?}");
+    let moved = |(a, b): (f64, f64)| (a - 1.0).abs().max(b.abs());
+    assert!(moved(fits[0]) > 0.01, "the first fit changed nothing: {fits:?}");
+    assert!(moved(fits[1]) < 1e-3, "the fit was not folded into the stop head: {fits:?}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
     hamburger-train data     --work DIR   # prompts from the stdlib, answered by the base (hamburger-server)
     hamburger-train segment  --work DIR   # the base's entropies -> macro steps ("decreasing")
     hamburger-train train    --work DIR   # merger, micro-step decoder and stop head
+    hamburger-train calibrate --work DIR  # the stop head fitted on held-out answers (Platt scaling)
     hamburger-train export   --work DIR --out DIR   # the original checkpoint layout
     hamburger-train all      --work DIR --out DIR   # every stage, each resuming where it stopped
     hamburger-train greedy   --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check)
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hamburger-train", description=__doc__.split("\n\n")[0])
-    p.add_argument("stage", choices=["data", "segment", "train", "export", "all", "greedy"])
+    p.add_argument("stage", choices=["data", "segment", "train", "calibrate", "export", "all", "greedy"])
     p.add_argument("--work", type=Path, help="work directory (resumable state); every stage but greedy")
     p.add_argument("--base", type=Path, help="base checkpoint directory (default: hamburger-testmodel smollm2)")
     p.add_argument("--bin", type=Path, default=ROOT / "target/release", help="the project's binaries")
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("greedy needs --out CHECKPOINT and --ids")
     import torch
     torch.set_num_threads(a.threads)
-    from . import data, segment, train, export
+    from . import calibrate, data, segment, train, export
     base = a.base or (None if a.stage == "greedy" else data.base_checkpoint(a.bin))
     if a.stage in ("data", "all"):
         data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip)
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage in ("train", "all"):
         train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers, init=a.init,
                   lora_rank=a.lora_rank)
+    if a.stage == "calibrate":
+        calibrate.run(a.work, base)
     if a.stage in ("export", "all"):
         if a.out is None:
             p.error("export needs --out")

@@ -105,8 +105,9 @@ def soft_targets(row: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
     return row["_soft"]
 
 
-def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
-    """The loss of one segmented answer, and its counts for the metrics."""
+def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tuple[torch.Tensor, dict]:
+    """The loss of one segmented answer, and its counts for the metrics;
+    `stops`, when given, gets the stop logits and their targets appended."""
     cfg = model.cfg
     ids = torch.tensor(row["ids"])
     n_prompt, steps = row["n_prompt"], row["steps"]
@@ -176,6 +177,8 @@ def sequence_loss(model: HAMburger, row: dict) -> tuple[torch.Tensor, dict]:
     stop_target = (last | next_wrong).float()
     stop_logit = model.stop_head(out)
     bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
+    if stops is not None:
+        stops.append((stop_logit.detach(), stop_target))
     n = len(target)
     loss = (token_loss + STOP_WEIGHT * bce) / n
     after_merge = (s_of == 0) & (g_of > 0) & (lens[(g_of - 1).clamp(min=0)] > 1)
@@ -206,10 +209,14 @@ def summarize(stats: list[dict]) -> dict:
 
 def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: int, history: list) -> None:
     """Writes the training state atomically."""
+    write_state(path, {"grafted": model.trained_state(), "opt": opt.state_dict(), "step": step,
+                       "history": history, "tuned_layers": model.tuned_layers, "lora_rank": model.lora_rank})
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Writes a training state (`save_state`'s dict) atomically: a `.part` renamed into place."""
     tmp = path.with_suffix(".part")
-    torch.save({"grafted": model.trained_state(), "opt": opt.state_dict(), "step": step,
-                "history": history, "tuned_layers": model.tuned_layers,
-                "lora_rank": model.lora_rank}, tmp)
+    torch.save(state, tmp)
     tmp.replace(path)
 
 

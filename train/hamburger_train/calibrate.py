@@ -1,0 +1,88 @@
+"""`calibrate`: Platt scaling of the stop head on answers training never saw.
+
+The stop head's targets say "go on" where a macro step goes on and the micro
+decoder's next token is right (`train.sequence_loss`). Trained on answers the
+micro decoder has begun to memorise, it says "go on" more readily than
+unseen text deserves, and the user's confidence knob then means something
+else for every run. `calibrate` runs the trained model teacher-forced over
+the work directory's held-out answers (the evaluation prompts,
+`train/eval-prompts.jsonl`, left out), fits a scale and a shift of the stop
+logit (`a * logit + b`, by cross-entropy) and folds them into the stop head's
+last layer, so that its "go on" probability is as right as it says on text
+it has not seen: at confidence c, a step goes on where the held-out answers
+went on, with the right token, at least about c of the time.
+
+Written into `train/state.pt` (a `calibration` entry in the history, also in
+`history.json`), which `export` then writes out; running it again refits from the calibrated head
+(a scale near 1 and a shift near 0).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .model import HAMburger
+from .train import load_segments, sequence_loss, write_state
+
+EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "eval-prompts.jsonl"
+
+
+def calibration_rows(work: Path) -> list[dict]:
+    """The work directory's held-out answers but the evaluation prompts."""
+    skip = {json.loads(line)["id"] for line in EVAL_PROMPTS.read_text().splitlines() if line.strip()}
+    return [r for r in load_segments(work, "heldout") if r["id"] not in skip]
+
+
+def fit(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
+    """The scale and shift of the stop logits that minimise their binary cross-entropy."""
+    ab = torch.tensor([1.0, 0.0], requires_grad=True)
+    opt = torch.optim.LBFGS([ab], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(ab[0] * logits + ab[1], targets)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    a, b = ab.detach().tolist()
+    return a, b
+
+
+def run(work: Path, base: Path) -> None:
+    """Calibrates the stop head of `work`'s trained state in place."""
+    path = work / "train" / "state.pt"
+    if not path.exists():
+        raise SystemExit(f"calibrate: {path} does not exist: run train first")
+    st = torch.load(path, weights_only=False)
+    model = HAMburger.from_checkpoint(base, st.get("tuned_layers", 0), st.get("lora_rank", 0))
+    model.load_original(st["grafted"], grafted_only=True)
+    rows = calibration_rows(work)
+    if not rows:
+        raise SystemExit(f"calibrate: {work} has no held-out answers outside the evaluation prompts")
+    stops: list[tuple[torch.Tensor, torch.Tensor]] = []
+    with torch.no_grad():
+        for r in rows:
+            sequence_loss(model, r, stops)
+    logits, targets = torch.cat([s[0] for s in stops]), torch.cat([s[1] for s in stops])
+    before = F.binary_cross_entropy_with_logits(logits, targets).item()
+    a, b = fit(logits, targets)
+    after = F.binary_cross_entropy_with_logits(a * logits + b, targets).item()
+    last = model.stop_head.net[4]
+    with torch.no_grad():
+        last.weight.mul_(a)
+        last.bias.mul_(a).add_(b)
+    history = st["history"]
+    seen = history[-1]["seen_tokens"] if history else 0
+    history.append({"kind": "calibration", "step": st["step"], "seen_tokens": seen, "scale": a, "shift": b,
+                    "answers": len(rows), "decisions": len(targets), "bce_before": before, "bce_after": after})
+    st["grafted"], st["history"] = model.trained_state(), history
+    write_state(path, st)
+    (work / "train" / "history.json").write_text(json.dumps(history))
+    print(f"calibrate: {len(rows)} held-out answers, {len(targets)} stop decisions: logit x {a:.3f} "
+          f"{b:+.3f}, stop BCE {before:.4f} -> {after:.4f}", file=sys.stderr)
