@@ -115,7 +115,7 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     // Soft targets (distillation), as `segment` writes them; adapters on the
-    // base layers not tuned.
+    // base layers not tuned, and the plain-input distillation beside.
     fixture_work(&work, true);
     let fx = tiny_fixture();
     run_ok(
@@ -125,12 +125,14 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
             .arg(&work)
             .arg("--base")
             .arg(&fx)
-            .args(["--steps", "12", "--batch", "4", "--lr", "2e-3", "--lora-rank", "2"]),
+            .args(["--steps", "12", "--batch", "4", "--lr", "2e-3", "--lora-rank", "2", "--plain-weight", "0.5"]),
     );
     let history: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(work.join("train/history.json")).unwrap()).unwrap();
     let ce: Vec<f64> = history.iter().filter(|h| h["kind"] == "train").map(|h| h["ce"].as_f64().unwrap()).collect();
     assert!(ce.len() >= 2 && ce.last().unwrap() < &(ce[0] * 0.95), "token CE did not fall: {ce:?}");
+    let plain: Vec<f64> = history.iter().filter_map(|h| h["plain_ce"].as_f64()).collect();
+    assert!(plain.len() >= 2 && plain.iter().all(|x| x.is_finite() && *x > 0.0), "no plain-input loss: {plain:?}");
     assert!(work.join("train/loss.png").metadata().unwrap().len() > 1000, "no loss curve");
 
     // Resuming a finished run does nothing; export writes the original layout.

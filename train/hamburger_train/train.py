@@ -105,6 +105,32 @@ def soft_targets(row: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
     return row["_soft"]
 
 
+def prompt_pass(model: HAMburger, prompt: torch.Tensor) -> tuple[list[torch.Tensor], list]:
+    """The prompt, once, without gradients: its features and its keys/values."""
+    n = len(prompt)
+    with torch.no_grad():
+        mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        return model.base(model.embed(prompt)[None], torch.arange(n)[None], mask, want_kv=True)
+
+
+def plain_loss(model: HAMburger, row: dict) -> torch.Tensor:
+    """Distillation on plain inputs: the answer fed one token per input, as
+    the base reads it at confidence > 1, and the (tuned) base's next-token
+    distribution held to the base's own (`top`), per answer token. Tuned
+    layers and adapters learn from segmented answers to read merges, and
+    drift on plain text; this holds the one-token path to the base's."""
+    ids, n_prompt = torch.tensor(row["ids"]), row["n_prompt"]
+    top_ids, top_p = soft_targets(row)
+    _, past = prompt_pass(model, ids[:n_prompt])
+    answer = ids[n_prompt:-1]  # each predicts the next answer token
+    T = len(answer)
+    mask = torch.cat([torch.ones(T, n_prompt, dtype=torch.bool), torch.ones(T, T, dtype=torch.bool).tril()], 1)
+    feats, _ = model.base(model.embed(answer)[None], torch.arange(n_prompt, n_prompt + T)[None],
+                          mask[None, None], past=past)
+    logp = F.log_softmax(model.logits(feats[-1][0]), -1)
+    return -(top_p[1:] * logp.gather(1, top_ids[1:])).sum() / max(T, 1)
+
+
 def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tuple[torch.Tensor, dict]:
     """The loss of one segmented answer, and its counts for the metrics;
     `stops`, when given, gets the stop logits and their targets appended."""
@@ -116,12 +142,7 @@ def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tup
     lens = torch.tensor(steps)
     ends = lens.cumsum(0) + n_prompt - 1  # stream position of each step's last token
 
-    # The prompt, once, without gradients: its last features and its keys/values.
-    with torch.no_grad():
-        x = model.embed(ids[:n_prompt])[None]
-        pos = torch.arange(n_prompt)[None]
-        mask = torch.ones(n_prompt, n_prompt, dtype=torch.bool).tril()[None, None]
-        pfeats, past = model.base(x, pos, mask, want_kv=True)
+    pfeats, past = prompt_pass(model, ids[:n_prompt])
     # One input per macro step but the last: merged when it has k > 1 tokens.
     emb = [None] * (len(segs) - 1)
     for k in range(1, cfg.max_steps + 1):
@@ -189,6 +210,15 @@ def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tup
     return loss, stats
 
 
+def validate(model: HAMburger, held: list[dict], plain_weight: float) -> dict:
+    """`summarize` of the held-out answers, and with `plain_weight` > 0 their
+    mean `plain_loss` (`plain_ce`)."""
+    s = summarize([sequence_loss(model, r)[1] for r in held])
+    if plain_weight > 0 and all(soft_targets(r) is not None for r in held):
+        s["plain_ce"] = sum(plain_loss(model, r).item() for r in held) / len(held)
+    return s
+
+
 def lr_at(step: int, steps: int, peak: float) -> float:
     """Linear warm-up, then cosine decay to a tenth."""
     if step < WARMUP:
@@ -247,11 +277,12 @@ def plot(history: list, path: Path) -> None:
 
 
 def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
-        init: Path | None = None, lora_rank: int = 0) -> None:
+        init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
     A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
     shipped model: training goes on from it on new data) instead of
-    `init_grafted`'s starting point."""
+    `init_grafted`'s starting point. With `plain_weight` > 0 every step also
+    distils one of its answers on plain inputs (`plain_loss`), at that weight."""
     out = work / "train"
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
@@ -280,12 +311,12 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     seen = history[-1]["seen_tokens"] if history else 0
     if step == 0 and init is not None and held:  # where the run starts from, on this run's held-out answers
         with torch.no_grad():
-            history.append({"kind": "val", "step": 0, "seen_tokens": 0,
-                            **summarize([sequence_loss(model, r)[1] for r in held])})
+            history.append({"kind": "val", "step": 0, "seen_tokens": 0, **validate(model, held, plain_weight)})
     order = list(range(len(rows)))
     prog = Progress("train", steps, "tokens", every=30, initial=step)
     prog.update(step)
     window: list[dict] = []
+    plains: list[float] = []
     while step < steps:
         epoch, i0 = divmod(step * batch, len(rows))
         random.Random(seed + epoch).shuffle(order)
@@ -299,19 +330,25 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
             window.append(stats)
             seen += stats["tokens"]
             prog.update(step, stats["tokens"])
+        if plain_weight > 0 and soft_targets(picks[0]) is not None:
+            pl = plain_loss(model, picks[0])
+            (plain_weight * pl / batch).backward()
+            plains.append(pl.item())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         if step % 5 == 0 or step == steps:
             s = summarize(window)
+            if plains:
+                s["plain_ce"] = sum(plains) / len(plains)
             history.append({"kind": "train", "step": step, "seen_tokens": seen, **s})
-            window = []
+            window, plains = [], []
             prog.update(step, extra=f"ce {s['ce']:.3f} stop {s['bce']:.3f} micro acc {s['micro_acc']:.3f} "
                         f"first acc {s['first_acc']:.3f}", force=True)
         if step % SAVE_EVERY == 0 or step == steps:
             if held:
                 with torch.no_grad():
-                    s = summarize([sequence_loss(model, r)[1] for r in held])
+                    s = validate(model, held, plain_weight)
                 history.append({"kind": "val", "step": step, "seen_tokens": seen, **s})
             save_state(state_path, model, opt, step, history)
             if step % SNAPSHOT_EVERY == 0:
