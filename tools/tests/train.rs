@@ -118,15 +118,8 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     // base layers not tuned, and the plain-input distillation beside.
     fixture_work(&work, true);
     let fx = tiny_fixture();
-    run_ok(
-        train_tool()
-            .arg("train")
-            .arg("--work")
-            .arg(&work)
-            .arg("--base")
-            .arg(&fx)
-            .args(["--steps", "12", "--batch", "4", "--lr", "2e-3", "--lora-rank", "2", "--plain-weight", "0.5"]),
-    );
+    let schedule = ["--steps", "12", "--batch", "4", "--lr", "2e-3", "--lora-rank", "2", "--plain-weight", "0.5"];
+    run_ok(train_tool().arg("train").arg("--work").arg(&work).arg("--base").arg(&fx).args(schedule));
     let history: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(work.join("train/history.json")).unwrap()).unwrap();
     let ce: Vec<f64> = history.iter().filter(|h| h["kind"] == "train").map(|h| h["ce"].as_f64().unwrap()).collect();
