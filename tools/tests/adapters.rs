@@ -76,18 +76,22 @@ fn adapters_are_folded_into_the_base_weights_and_misfits_are_refused() {
     let other = "model.model.layers.10.self_attn.k_proj.weight";
     assert_eq!(weight(&ck_plain, other), weight(&ck_adapted, other));
 
-    // Half an adapter, and factors that do not fit the weight: refused, naming the tensor.
+    // Half an adapter, factors that do not fit the weight, and an adapter of
+    // a weight the model lacks: refused, naming the tensor.
     let mut half = tensors.clone();
     half.remove(&format!("{key}.lora_B"));
     let mut misfit = tensors.clone();
     misfit.insert(format!("{key}.lora_B"), (vec![out, rank + 1], vec![0.0; out * (rank + 1)]));
-    for (name, bad) in [("half", half), ("misfit", misfit)] {
+    let mut stray = tensors.clone();
+    let layer99 = "model.model.layers.99.self_attn.q_proj";
+    stray.insert(format!("{layer99}.lora_A"), (vec![rank, inp], a.clone()));
+    for (name, bad, named) in [("half", half, key), ("misfit", misfit, key), ("stray", stray, layer99)] {
         let path = dir.path().join(format!("{name}.safetensors"));
         write_all(&path, &bad);
         let err =
             from_gguf::write(&gguf_base, &dir.path().join(format!("ck-{name}")), from_gguf::Grafted::Trained(&path))
                 .unwrap_err()
                 .to_string();
-        assert!(err.contains(&format!("{name}.safetensors")) && err.contains(key), "{name}: {err}");
+        assert!(err.contains(&format!("{name}.safetensors")) && err.contains(named), "{name}: {err}");
     }
 }

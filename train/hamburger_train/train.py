@@ -113,6 +113,13 @@ def prompt_pass(model: HAMburger, prompt: torch.Tensor) -> tuple[list[torch.Tens
         return model.base(model.embed(prompt)[None], torch.arange(n)[None], mask, want_kv=True)
 
 
+def after_prompt_mask(T: int, n_prompt: int) -> torch.Tensor:
+    """[1, 1, T, n_prompt + T]: T inputs after a prompt's cached keys and
+    values attend to all of it and causally to each other."""
+    own = torch.ones(T, T, dtype=torch.bool).tril()
+    return torch.cat([torch.ones(T, n_prompt, dtype=torch.bool), own], 1)[None, None]
+
+
 def plain_loss(model: HAMburger, row: dict) -> torch.Tensor:
     """Distillation on plain inputs: the answer fed one token per input, as
     the base reads it at confidence > 1, and the (tuned) base's next-token
@@ -124,9 +131,8 @@ def plain_loss(model: HAMburger, row: dict) -> torch.Tensor:
     _, past = prompt_pass(model, ids[:n_prompt])
     answer = ids[n_prompt:-1]  # each predicts the next answer token
     T = len(answer)
-    mask = torch.cat([torch.ones(T, n_prompt, dtype=torch.bool), torch.ones(T, T, dtype=torch.bool).tril()], 1)
     feats, _ = model.base(model.embed(answer)[None], torch.arange(n_prompt, n_prompt + T)[None],
-                          mask[None, None], past=past)
+                          after_prompt_mask(T, n_prompt), past=past)
     logp = F.log_softmax(model.logits(feats[-1][0]), -1)
     return -(top_p[1:] * logp.gather(1, top_ids[1:])).sum() / max(T, 1)
 
@@ -156,8 +162,7 @@ def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tup
     T = len(emb)
     x = torch.stack(emb)[None]
     pos = ends[:-1][None]
-    mask = torch.cat([torch.ones(T, n_prompt, dtype=torch.bool), torch.ones(T, T, dtype=torch.bool).tril()], 1)[None, None]
-    mfeats, _ = model.base(x, pos, mask, past=past)
+    mfeats, _ = model.base(x, pos, after_prompt_mask(T, n_prompt), past=past)
     # feats[j]: the features that predict macro step j, [n_steps, F, D].
     feats = torch.cat([torch.stack([f[0, -1:] for f in pfeats], 1), torch.stack([f[0] for f in mfeats], 1)], 0)
 
@@ -214,7 +219,7 @@ def validate(model: HAMburger, held: list[dict], plain_weight: float) -> dict:
     """`summarize` of the held-out answers, and with `plain_weight` > 0 their
     mean `plain_loss` (`plain_ce`)."""
     s = summarize([sequence_loss(model, r)[1] for r in held])
-    if plain_weight > 0 and all(soft_targets(r) is not None for r in held):
+    if plain_weight > 0:
         s["plain_ce"] = sum(plain_loss(model, r).item() for r in held) / len(held)
     return s
 
@@ -286,6 +291,9 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     out = work / "train"
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
+    if plain_weight > 0 and any("top" not in r for r in rows + held):
+        raise SystemExit(f"train: --plain-weight distils from the base's top tokens, and {work}/segments.jsonl "
+                         "lacks them (scored before segment kept them)")
     state_path = out / "state.pt"
     st = torch.load(state_path, weights_only=False) if state_path.exists() else None
     if st is not None:  # a run resumes with the settings it started with
@@ -330,7 +338,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
             window.append(stats)
             seen += stats["tokens"]
             prog.update(step, stats["tokens"])
-        if plain_weight > 0 and soft_targets(picks[0]) is not None:
+        if plain_weight > 0:
             pl = plain_loss(model, picks[0])
             (plain_weight * pl / batch).backward()
             plains.append(pl.item())

@@ -61,7 +61,9 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
         Grafted::Random(_) => None,
     };
     // Every trained tensor checked before anything is written: all grafted
-    // ones must be there; base ones (fine-tuned layers) may be.
+    // ones must be there; base ones (fine-tuned layers) may be; every
+    // adapter must adapt a weight of this model (a misnamed one would
+    // otherwise be dropped without a word).
     if let Some(t) = &trained {
         for (name, ne) in &shapes {
             let key = key_of(*name);
@@ -69,6 +71,11 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
                 check_trained(t, &key, ne)?;
             }
             check_adapter(t, &key, ne)?;
+        }
+        let adapted: Vec<String> =
+            shapes.iter().filter_map(|(name, _)| adapter_keys(&key_of(*name))).flat_map(|(a, b)| [a, b]).collect();
+        if let Some(stray) = t.tensors.keys().find(|k| k.contains(".lora_") && !adapted.contains(k)) {
+            return Err(bad(&t.path, format!("adapter {stray} adapts no weight of this model")));
         }
     }
     let mut ck = CheckpointWriter::new(dir, SrcDtype::F32);
