@@ -167,6 +167,7 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     assert!(first < ce[0] * 0.95, "--init did not start from the trained weights: CE {first} vs {}", ce[0]);
 
     calibration_is_fitted_on_held_out_answers_and_folded_in(dir.path(), &work);
+    diagnosis_gates_micro_tokens_by_the_stop_head(&dir.path().join("cal"));
 
     let gguf = dir.path().join("trained.gguf");
     convert(&out, &gguf, "f32");
@@ -227,6 +228,39 @@ fn calibration_is_fitted_on_held_out_answers_and_folded_in(dir: &Path, trained: 
     let moved = |(a, b): (f64, f64)| (a - 1.0).abs().max(b.abs());
     assert!(moved(fits[0]) > 0.01, "the first fit changed nothing: {fits:?}");
     assert!(moved(fits[1]) < 1e-3, "the fit was not folded into the stop head: {fits:?}");
+}
+
+/// `diagnose` on the calibrated work directory: at confidence 0 the stop
+/// head lets every micro token of the data's macro steps through (so their
+/// accuracy is the micro decoder's, teacher-forced), above 1 none; a perfect
+/// stop head takes only right ones, at no cost to the base.
+fn diagnosis_gates_micro_tokens_by_the_stop_head(work: &Path) {
+    let out = run_ok(train_tool().arg("diagnose").arg("--work").arg(work).arg("--base").arg(tiny_fixture()).args([
+        "--confidence",
+        "0,1.01",
+        "--json",
+    ]));
+    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let (mut steps, mut micros) = (0usize, 0usize);
+    for line in std::fs::read_to_string(work.join("segments.jsonl")).unwrap().lines() {
+        let row: Value = serde_json::from_str(line).unwrap();
+        let lens: Vec<usize> = serde_json::from_value(row["steps"].clone()).unwrap();
+        if row["split"] == "heldout" && lens.len() >= 2 {
+            steps += lens.len();
+            micros += lens.iter().map(|k| k - 1).sum::<usize>();
+        }
+    }
+    let (all, none, perfect) = (&report["gate"][0], &report["gate"][1], &report["oracle"]);
+    let f = |v: &Value| v.as_f64().unwrap();
+    assert_eq!(report["answers"], json!(9), "{report}");
+    assert!((f(&all["extra_per_step"]) - micros as f64 / steps as f64).abs() < 1e-9, "{report}");
+    assert!((f(&all["micro_acc"]) - f(&report["teacher_forced"]["micro_acc"])).abs() < 1e-9, "{report}");
+    assert_eq!(f(&none["extra_per_step"]), 0.0, "{report}");
+    assert_eq!(f(&perfect["micro_acc"]), 1.0, "{report}");
+    // A step ends at its first wrong micro token: fewer than all the right ones.
+    let right = f(&all["extra_per_step"]) * f(&all["micro_acc"]);
+    assert!(f(&perfect["extra_per_step"]) > 0.0 && f(&perfect["extra_per_step"]) < right - 1e-9, "{report}");
+    assert!(f(&perfect["micro_regret"]).abs() < 1e-6 && f(&all["micro_regret"]) > 0.0, "{report}");
 }
 
 #[test]

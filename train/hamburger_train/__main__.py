@@ -4,6 +4,7 @@
     hamburger-train segment  --work DIR   # the base's entropies -> macro steps ("decreasing")
     hamburger-train train    --work DIR   # merger, micro-step decoder and stop head
     hamburger-train calibrate --work DIR  # the stop head fitted on held-out answers (Platt scaling)
+    hamburger-train diagnose --work DIR   # teacher-forced: what each kind of token and confidence costs the base
     hamburger-train export   --work DIR --out DIR   # the original checkpoint layout
     hamburger-train all      --work DIR --out DIR   # every stage, each resuming where it stopped
     hamburger-train greedy   --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check)
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hamburger-train", description=__doc__.split("\n\n")[0])
-    p.add_argument("stage", choices=["data", "segment", "train", "calibrate", "export", "all", "greedy"])
+    p.add_argument("stage", choices=["data", "segment", "train", "calibrate", "diagnose", "export", "all", "greedy"])
     p.add_argument("--work", type=Path, help="work directory (resumable state); every stage but greedy")
     p.add_argument("--base", type=Path, help="base checkpoint directory (default: hamburger-testmodel smollm2)")
     p.add_argument("--bin", type=Path, default=ROOT / "target/release", help="the project's binaries")
@@ -46,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshot", type=int, help="export: the snapshot of this step instead of the latest state")
     p.add_argument("--ids", type=str, help="greedy: prompt token ids, comma-separated")
     p.add_argument("-n", type=int, default=32, help="greedy: new tokens")
-    p.add_argument("--confidence", type=float, default=0.8, help="greedy: stop-head confidence")
+    p.add_argument("--confidence", type=str, help="greedy: stop-head confidence (default 0.8); diagnose: "
+                   "confidences, comma-separated (default 0.5,0.6,0.7,0.8,0.9)")
+    p.add_argument("--grafted", type=Path, help="diagnose: this grafted.safetensors instead of the work directory's training state")
+    p.add_argument("--json", action="store_true", help="diagnose: print JSON instead of tables")
     a = p.parse_args(argv)
 
     if a.stage != "greedy" and a.work is None:
@@ -55,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("greedy needs --out CHECKPOINT and --ids")
     import torch
     torch.set_num_threads(a.threads)
-    from . import calibrate, data, segment, train, export
+    from . import calibrate, data, diagnose, segment, train, export
+    try:
+        confidences = [float(x) for x in (a.confidence or ("0.8" if a.stage == "greedy" else "0.5,0.6,0.7,0.8,0.9")).split(",")]
+    except ValueError:
+        p.error(f"--confidence: not a number or a comma-separated list of numbers: {a.confidence!r}")
+    if a.stage == "greedy" and len(confidences) != 1:
+        p.error("greedy takes one --confidence")
     base = a.base or (None if a.stage == "greedy" else data.base_checkpoint(a.bin))
     if a.stage in ("data", "all"):
         data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip)
@@ -66,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
                   lora_rank=a.lora_rank, plain_weight=a.plain_weight)
     if a.stage == "calibrate":
         calibrate.run(a.work, base)
+    if a.stage == "diagnose":
+        diagnose.run(a.work, base, a.grafted, confidences, a.json)
     if a.stage in ("export", "all"):
         if a.out is None:
             p.error("export needs --out")
         export.run(a.work, base, a.out, a.snapshot)
     if a.stage == "greedy":
-        export.print_greedy(a.out, [int(x) for x in a.ids.split(",")], a.n, a.confidence)
+        export.print_greedy(a.out, [int(x) for x in a.ids.split(",")], a.n, confidences[0])
     return 0
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import HAMburger
-from .train import load_segments, sequence_loss, write_state
+from .train import Positions, load_segments, sequence_loss, write_state
 
 EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "eval-prompts.jsonl"
 
@@ -65,11 +65,11 @@ def run(work: Path, base: Path) -> None:
     rows = calibration_rows(work)
     if not rows:
         raise SystemExit(f"calibrate: {work} has no held-out answers outside the evaluation prompts")
-    stops: list[tuple[torch.Tensor, torch.Tensor]] = []
+    record: list[Positions] = []
     with torch.no_grad():
         for r in rows:
-            sequence_loss(model, r, stops)
-    logits, targets = torch.cat([s[0] for s in stops]), torch.cat([s[1] for s in stops])
+            sequence_loss(model, r, record)
+    logits, targets = torch.cat([p.stop_logit for p in record]), torch.cat([p.stop_target for p in record])
     before = F.binary_cross_entropy_with_logits(logits, targets).item()
     a, b = fit(logits, targets)
     after = F.binary_cross_entropy_with_logits(a * logits + b, targets).item()

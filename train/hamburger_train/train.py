@@ -44,6 +44,7 @@ import math
 import random
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -93,16 +94,56 @@ def init_grafted(model: HAMburger, seed: int) -> None:
         model.stop_head.net[4].bias.fill_(1.0)
 
 
-def soft_targets(row: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+def base_top(row: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The base's most likely tokens at each answer token, [n, TOP] ids and
-    their probabilities renormalised over them, when `segment` kept them
-    (made once per row and kept in it)."""
+    log-probabilities, most likely first, when `segment` kept them (made
+    once per row and kept in it)."""
     if "top" not in row:
         return None
-    if "_soft" not in row:
+    if "_top" not in row:
         top = torch.tensor(row["top"])  # [n, TOP, 2]: token, log-probability
-        row["_soft"] = (top[..., 0].long(), torch.softmax(top[..., 1], -1))
+        row["_top"] = (top[..., 0].long(), top[..., 1])
+    return row["_top"]
+
+
+def soft_targets(row: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`base_top`'s tokens and their probabilities renormalised over them."""
+    top = base_top(row)
+    if top is None:
+        return None
+    if "_soft" not in row:
+        row["_soft"] = (top[0], torch.softmax(top[1], -1))
     return row["_soft"]
+
+
+class Positions(NamedTuple):
+    """One answer's predicted tokens, teacher-forced: the stop logit after
+    each and its target, its place (micro step `s_of` of macro step `g_of`,
+    whose lengths are `lens`), whether its argmax is the base's greedy
+    token, its `base_regret`, and whether it is the first token after a merge."""
+    stop_logit: torch.Tensor
+    stop_target: torch.Tensor
+    s_of: torch.Tensor
+    g_of: torch.Tensor
+    lens: torch.Tensor
+    correct: torch.Tensor
+    regret: torch.Tensor
+    after_merge: torch.Tensor
+
+
+def base_regret(row: dict, at: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
+    """What choosing `choice` instead of the base's greedy token at answer
+    index `at` costs in the base's log-likelihood (nats), which is what the
+    evaluation's quality column measures; 0 without the base's top tokens.
+    A choice outside the kept top tokens costs at least the gap to the last
+    of them, which is what it is counted as (a lower bound)."""
+    top = base_top(row)
+    if top is None:
+        return torch.zeros(len(at))
+    ids, lp = top[0][at], top[1][at]
+    hit = ids == choice[:, None]
+    chosen = torch.where(hit.any(1), (lp * hit).sum(1), lp[:, -1])
+    return lp[:, 0] - chosen
 
 
 def prompt_pass(model: HAMburger, prompt: torch.Tensor) -> tuple[list[torch.Tensor], list]:
@@ -137,9 +178,10 @@ def plain_loss(model: HAMburger, row: dict) -> torch.Tensor:
     return -(top_p[1:] * logp.gather(1, top_ids[1:])).sum() / max(T, 1)
 
 
-def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tuple[torch.Tensor, dict]:
+def sequence_loss(model: HAMburger, row: dict, record: list | None = None) -> tuple[torch.Tensor, dict]:
     """The loss of one segmented answer, and its counts for the metrics;
-    `stops`, when given, gets the stop logits and their targets appended."""
+    `record`, when given, gets the answer's per-position tensors appended
+    (`Positions`: what calibration and `diagnose` read)."""
     cfg = model.cfg
     ids = torch.tensor(row["ids"])
     n_prompt, steps = row["n_prompt"], row["steps"]
@@ -184,12 +226,13 @@ def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tup
     ce = -logp.gather(1, target[:, None]).sum()
     correct = logp.argmax(-1) == target
     soft = soft_targets(row)
+    at = starts[g_of] + s_of  # answer index of each predicted token
     if soft is None:
         token_loss = ce
     else:  # distillation: the base's distribution over its most likely tokens
         top_ids, top_p = soft
-        at = starts[g_of] + s_of
         token_loss = -(top_p[at] * logp.gather(1, top_ids[at])).sum()
+    regret = base_regret(row, at, logp.argmax(-1))
 
     # Stop after out_s when it ends its macro step, or when the next token would be wrong.
     k_of = lens[g_of]
@@ -203,15 +246,18 @@ def sequence_loss(model: HAMburger, row: dict, stops: list | None = None) -> tup
     stop_target = (last | next_wrong).float()
     stop_logit = model.stop_head(out)
     bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
-    if stops is not None:
-        stops.append((stop_logit.detach(), stop_target))
+    after_merge = (s_of == 0) & (g_of > 0) & (lens[(g_of - 1).clamp(min=0)] > 1)
+    if record is not None:
+        record.append(Positions(stop_logit.detach(), stop_target, s_of, g_of, lens, correct, regret, after_merge))
     n = len(target)
     loss = (token_loss + STOP_WEIGHT * bce) / n
-    after_merge = (s_of == 0) & (g_of > 0) & (lens[(g_of - 1).clamp(min=0)] > 1)
+    plain_first = (s_of == 0) & ~after_merge
     stats = {"tokens": n, "ce": ce.item(), "bce": bce.item(), "first_correct": correct[s_of == 0].sum().item(),
              "firsts": int((s_of == 0).sum()), "merged_first_correct": correct[after_merge].sum().item(),
              "merged_firsts": int(after_merge.sum()), "micro_correct": correct[s_of > 0].sum().item(),
-             "micros": int((s_of > 0).sum()), "stop_correct": ((stop_logit > 0) == (stop_target > 0.5)).sum().item()}
+             "micros": int((s_of > 0).sum()), "stop_correct": ((stop_logit > 0) == (stop_target > 0.5)).sum().item(),
+             "plain_first_regret": regret[plain_first].sum().item(), "merged_first_regret": regret[after_merge].sum().item(),
+             "micro_regret": regret[s_of > 0].sum().item()}
     return loss, stats
 
 
@@ -236,7 +282,12 @@ def summarize(stats: list[dict]) -> dict:
     """Means over a list of per-sequence counts."""
     tot = {k: sum(s[k] for s in stats) for k in stats[0]}
     n = max(tot["tokens"], 1)
+    plain_firsts = max(tot["firsts"] - tot["merged_firsts"], 1)
     return {"ce": tot["ce"] / n, "bce": tot["bce"] / n, "first_acc": tot["first_correct"] / max(tot["firsts"], 1),
+            "plain_first_acc": (tot["first_correct"] - tot["merged_first_correct"]) / plain_firsts,
+            "plain_first_regret": tot["plain_first_regret"] / plain_firsts,
+            "merged_first_regret": tot["merged_first_regret"] / max(tot["merged_firsts"], 1),
+            "micro_regret": tot["micro_regret"] / max(tot["micros"], 1),
             "merged_first_acc": tot["merged_first_correct"] / max(tot["merged_firsts"], 1),
             "micro_acc": tot["micro_correct"] / max(tot["micros"], 1), "stop_acc": tot["stop_correct"] / n,
             "tokens": tot["tokens"]}
