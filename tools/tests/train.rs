@@ -231,9 +231,10 @@ fn calibration_is_fitted_on_held_out_answers_and_folded_in(dir: &Path, trained: 
 }
 
 /// `diagnose` on the calibrated work directory: at confidence 0 the stop
-/// head lets every micro token of the data's macro steps through (so their
-/// accuracy is the micro decoder's, teacher-forced), above 1 none; a perfect
-/// stop head takes only right ones, at no cost to the base.
+/// head lets every micro token of each macro step's window (the up to 3
+/// tokens after its first) through, so their accuracy is the micro
+/// decoder's, teacher-forced; above 1 none; a perfect stop head takes only
+/// right ones, at no cost to the base.
 fn diagnosis_gates_micro_tokens_by_the_stop_head(work: &Path) {
     let out = run_ok(train_tool().arg("diagnose").arg("--work").arg(work).arg("--base").arg(tiny_fixture()).args([
         "--confidence",
@@ -246,8 +247,13 @@ fn diagnosis_gates_micro_tokens_by_the_stop_head(work: &Path) {
         let row: Value = serde_json::from_str(line).unwrap();
         let lens: Vec<usize> = serde_json::from_value(row["steps"].clone()).unwrap();
         if row["split"] == "heldout" && lens.len() >= 2 {
+            let total: usize = lens.iter().sum();
+            let mut start = 0;
+            for k in &lens {
+                micros += (total - start).min(4) - 1;
+                start += k;
+            }
             steps += lens.len();
-            micros += lens.iter().map(|k| k - 1).sum::<usize>();
         }
     }
     let (all, none, perfect) = (&report["gate"][0], &report["gate"][1], &report["oracle"]);
@@ -261,6 +267,49 @@ fn diagnosis_gates_micro_tokens_by_the_stop_head(work: &Path) {
     let right = f(&all["extra_per_step"]) * f(&all["micro_acc"]);
     assert!(f(&perfect["extra_per_step"]) > 0.0 && f(&perfect["extra_per_step"]) < right - 1e-9, "{report}");
     assert!(f(&perfect["micro_regret"]).abs() < 1e-6 && f(&all["micro_regret"]) > 0.0, "{report}");
+}
+
+/// The tokens a step's window holds: its first and the up to 3 after it,
+/// whatever the data's cut (`--micro-windows`), summed over the fixture's answers.
+fn window_tokens(work: &Path) -> f64 {
+    let mut n = 0;
+    for line in std::fs::read_to_string(work.join("segments.jsonl")).unwrap().lines() {
+        let row: Value = serde_json::from_str(line).unwrap();
+        let lens: Vec<usize> = serde_json::from_value(row["steps"].clone()).unwrap();
+        if lens.len() >= 2 {
+            let total: usize = lens.iter().sum();
+            let mut start = 0;
+            for k in &lens {
+                n += (total - start).min(4);
+                start += k;
+            }
+        }
+    }
+    n as f64
+}
+
+#[test]
+fn micro_windows_teach_every_token_after_a_steps_first_and_a_resumed_run_keeps_them() {
+    let dir = tempfile::tempdir().unwrap();
+    fixture_work(dir.path(), true);
+    let rows = std::fs::read_to_string(dir.path().join("segments.jsonl")).unwrap().lines().count().to_string();
+    let train = |steps: &str, windows: bool| {
+        let mut c = train_tool();
+        c.arg("train").arg("--work").arg(dir.path()).arg("--base").arg(tiny_fixture());
+        c.args(["--steps", steps, "--batch", &rows, "--lr", "1e-3", "--tune-layers", "0"]);
+        if windows {
+            c.arg("--micro-windows");
+        }
+        run_ok(&mut c);
+    };
+    // One step of every answer, then a second one resumed without the flag.
+    train("1", true);
+    train("2", false);
+    let history: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("train/history.json")).unwrap()).unwrap();
+    let tokens: Vec<f64> =
+        history.iter().filter(|h| h["kind"] == "train").map(|h| h["tokens"].as_f64().unwrap()).collect();
+    assert_eq!(tokens, vec![window_tokens(dir.path()); 2], "{history:?}");
 }
 
 #[test]

@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-layers", type=int, default=3, help="train: base layers fine-tuned (the first N; 0: frozen base)")
     p.add_argument("--lora-rank", type=int, default=0, help="train: rank of low-rank adapters on the base layers not tuned (0: none)")
     p.add_argument("--plain-weight", type=float, default=0.0, help="train: weight of the plain-input distillation (one answer per step fed token by token; 0: none)")
+    p.add_argument("--micro-windows", action="store_true", help="train: the micro decoder and stop head learn the "
+                   "up to 3 tokens after every step's first, not only the step's own (the stop head then ends steps)")
     p.add_argument("--init", type=Path, help="train: start from this grafted.safetensors (e.g. the shipped model's)")
     p.add_argument("--snapshot", type=int, help="export: the snapshot of this step instead of the latest state")
     p.add_argument("--ids", type=str, help="greedy: prompt token ids, comma-separated")
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     if a.stage in ("train", "all"):
         train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers, init=a.init,
-                  lora_rank=a.lora_rank, plain_weight=a.plain_weight)
+                  lora_rank=a.lora_rank, plain_weight=a.plain_weight, windows=a.micro_windows)
     if a.stage == "calibrate":
         calibrate.run(a.work, base)
     if a.stage == "diagnose":

@@ -68,7 +68,7 @@ def run(work: Path, base: Path) -> None:
     record: list[Positions] = []
     with torch.no_grad():
         for r in rows:
-            sequence_loss(model, r, record)
+            sequence_loss(model, r, record, windows=st.get("windows", False))
     logits, targets = torch.cat([p.stop_logit for p in record]), torch.cat([p.stop_target for p in record])
     before = F.binary_cross_entropy_with_logits(logits, targets).item()
     a, b = fit(logits, targets)

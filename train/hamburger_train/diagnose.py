@@ -9,8 +9,10 @@ directory (no held-out object was ever trained on) and reports:
 * per kind of predicted token (the first token after a one-token step, the
   first after a merge, a micro step's), how often its argmax is the base's
   greedy token, and what it costs the base when chosen (`base_regret`, nats);
-* per confidence, the micro tokens the stop head would let through on the
-  data's macro steps (`gate`): how many per macro step, how often right,
+* per confidence, the micro tokens the stop head would let through in the
+  window of up to `max_steps` tokens that starts at each of the data's
+  macro steps (`gate`; at inference only the stop head ends a step, not
+  the data's cut): how many per macro step, how often right,
   and what they cost; and the same for a perfect stop head (`oracle`: it
   goes on exactly while the micro decoder is right), which is the most the
   micro decoder allows.
@@ -33,7 +35,7 @@ from .train import Positions, load_segments, sequence_loss, summarize
 
 
 def gate(record: list[Positions], confidence: float | None) -> dict:
-    """The micro tokens taken on the data's macro steps when a step goes on
+    """The micro tokens taken in each macro step's window when a step goes on
     while the stop head's "go on" probability is at least `confidence`
     (None: while the micro decoder is right, a perfect stop head): per
     macro step, how many, the share right, and their mean `base_regret`,
@@ -43,10 +45,10 @@ def gate(record: list[Positions], confidence: float | None) -> dict:
     for p in record:
         go_on = torch.sigmoid(-p.stop_logit) >= confidence if confidence is not None else None
         where = {(int(g), int(s)): i for i, (g, s) in enumerate(zip(p.g_of, p.s_of))}
-        tokens += int(p.lens.sum())
-        for g in range(len(p.lens)):
+        tokens += p.answer_tokens
+        for g in range(len(p.spans)):
             steps += 1
-            for s in range(int(p.lens[g]) - 1):
+            for s in range(int(p.spans[g]) - 1):
                 nxt = where[(g, s + 1)]
                 if not (p.correct[nxt] if go_on is None else go_on[where[(g, s)]]):
                     break
@@ -82,7 +84,7 @@ def run(work: Path, base: Path, grafted: Path | None, confidences: list[float], 
     model = load_model(work, base, grafted)
     record: list[Positions] = []
     with torch.no_grad():
-        stats = [sequence_loss(model, r, record)[1] for r in rows]
+        stats = [sequence_loss(model, r, record, windows=True)[1] for r in rows]
     report = {"answers": len(rows), "teacher_forced": summarize(stats),
               "gate": [{"confidence": c, **gate(record, c)} for c in confidences],
               "oracle": gate(record, None)}
@@ -95,7 +97,7 @@ def run(work: Path, base: Path, grafted: Path | None, confidences: list[float], 
     print(f"| first, after a one-token step | {tf['plain_first_acc']:.3f} | {tf['plain_first_regret']:.3f} |")
     print(f"| first, after a merge | {tf['merged_first_acc']:.3f} | {tf['merged_first_regret']:.3f} |")
     print(f"| micro step | {tf['micro_acc']:.3f} | {tf['micro_regret']:.3f} |\n")
-    print("| stop head | micro tokens per data step | right | regret per micro token | per answer token |")
+    print("| stop head | micro tokens per step | right | regret per micro token | per answer token |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for g in report["gate"] + [{"confidence": "perfect", **report["oracle"]}]:
         print(f"| {g['confidence']} | {g['extra_per_step']:.3f} | {g['micro_acc']:.3f} | {g['micro_regret']:.3f} "

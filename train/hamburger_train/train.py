@@ -119,16 +119,18 @@ def soft_targets(row: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
 class Positions(NamedTuple):
     """One answer's predicted tokens, teacher-forced: the stop logit after
     each and its target, its place (micro step `s_of` of macro step `g_of`,
-    whose lengths are `lens`), whether its argmax is the base's greedy
-    token, its `base_regret`, and whether it is the first token after a merge."""
+    whose micro spans are `spans`: see `sequence_loss`), whether its argmax
+    is the base's greedy token, its `base_regret`, and whether it is the
+    first token after a merge; and how many tokens the answer has."""
     stop_logit: torch.Tensor
     stop_target: torch.Tensor
     s_of: torch.Tensor
     g_of: torch.Tensor
-    lens: torch.Tensor
+    spans: torch.Tensor
     correct: torch.Tensor
     regret: torch.Tensor
     after_merge: torch.Tensor
+    answer_tokens: int
 
 
 def base_regret(row: dict, at: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
@@ -178,10 +180,18 @@ def plain_loss(model: HAMburger, row: dict) -> torch.Tensor:
     return -(top_p[1:] * logp.gather(1, top_ids[1:])).sum() / max(T, 1)
 
 
-def sequence_loss(model: HAMburger, row: dict, record: list | None = None) -> tuple[torch.Tensor, dict]:
+def sequence_loss(model: HAMburger, row: dict, record: list | None = None,
+                  windows: bool = False) -> tuple[torch.Tensor, dict]:
     """The loss of one segmented answer, and its counts for the metrics;
     `record`, when given, gets the answer's per-position tensors appended
-    (`Positions`: what calibration and `diagnose` read)."""
+    (`Positions`: what calibration and `diagnose` read).
+
+    The micro decoder learns each macro step's later tokens, or with
+    `windows` the up to `max_steps` - 1 tokens after each step's first,
+    wherever the data's step ends (`span`): at inference the stop head alone
+    decides how far a step goes, and a window teaches the micro decoder and
+    the stop head every token it could be asked for, at the cost of the
+    micro decoder only (the base reads the data's macro steps either way)."""
     cfg = model.cfg
     ids = torch.tensor(row["ids"])
     n_prompt, steps = row["n_prompt"], row["steps"]
@@ -211,11 +221,12 @@ def sequence_loss(model: HAMburger, row: dict, record: list | None = None) -> tu
     outs, targets, step_of = [feats[:, -1]], [torch.stack([s[0] for s in segs])], [torch.zeros(len(segs), dtype=torch.long)]
     seg_of = [torch.arange(len(segs))]
     starts = ends - n_prompt + 1 - lens  # answer index of each step's first token
+    span = [min(cfg.max_steps, len(resp) - int(a)) for a in starts] if windows else steps
     for k in range(2, cfg.max_steps + 1):
-        idx = [j for j in range(len(segs)) if steps[j] == k]
+        idx = [j for j in range(len(segs)) if span[j] == k]
         if not idx:
             continue
-        toks = torch.stack([segs[j] for j in idx])
+        toks = torch.stack([resp[starts[j]:starts[j] + k] for j in idx])
         o = model.micro_decode(feats[idx], toks[:, :-1])  # out_1..out_{k-1}
         outs.append(o.reshape(-1, cfg.dim))
         targets.append(toks[:, 1:].reshape(-1))
@@ -234,8 +245,9 @@ def sequence_loss(model: HAMburger, row: dict, record: list | None = None) -> tu
         token_loss = -(top_p[at] * logp.gather(1, top_ids[at])).sum()
     regret = base_regret(row, at, logp.argmax(-1))
 
-    # Stop after out_s when it ends its macro step, or when the next token would be wrong.
-    k_of = lens[g_of]
+    # Stop after out_s when it ends its span, or when the next token would be wrong.
+    spans = torch.tensor(span)
+    k_of = spans[g_of]
     last = s_of == k_of - 1
     next_wrong = torch.zeros_like(last)
     key = g_of * cfg.max_steps + s_of
@@ -248,7 +260,7 @@ def sequence_loss(model: HAMburger, row: dict, record: list | None = None) -> tu
     bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
     after_merge = (s_of == 0) & (g_of > 0) & (lens[(g_of - 1).clamp(min=0)] > 1)
     if record is not None:
-        record.append(Positions(stop_logit.detach(), stop_target, s_of, g_of, lens, correct, regret, after_merge))
+        record.append(Positions(stop_logit.detach(), stop_target, s_of, g_of, spans, correct, regret, after_merge, len(resp)))
     n = len(target)
     loss = (token_loss + STOP_WEIGHT * bce) / n
     plain_first = (s_of == 0) & ~after_merge
@@ -261,10 +273,10 @@ def sequence_loss(model: HAMburger, row: dict, record: list | None = None) -> tu
     return loss, stats
 
 
-def validate(model: HAMburger, held: list[dict], plain_weight: float) -> dict:
+def validate(model: HAMburger, held: list[dict], plain_weight: float, windows: bool) -> dict:
     """`summarize` of the held-out answers, and with `plain_weight` > 0 their
     mean `plain_loss` (`plain_ce`)."""
-    s = summarize([sequence_loss(model, r)[1] for r in held])
+    s = summarize([sequence_loss(model, r, windows=windows)[1] for r in held])
     if plain_weight > 0:
         s["plain_ce"] = sum(plain_loss(model, r).item() for r in held) / len(held)
     return s
@@ -293,10 +305,11 @@ def summarize(stats: list[dict]) -> dict:
             "tokens": tot["tokens"]}
 
 
-def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: int, history: list) -> None:
-    """Writes the training state atomically."""
-    write_state(path, {"grafted": model.trained_state(), "opt": opt.state_dict(), "step": step,
-                       "history": history, "tuned_layers": model.tuned_layers, "lora_rank": model.lora_rank})
+def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: int, history: list,
+               windows: bool) -> None:
+    """Writes the training state atomically, with the settings a resumed run keeps."""
+    write_state(path, {"grafted": model.trained_state(), "opt": opt.state_dict(), "step": step, "history": history,
+                       "tuned_layers": model.tuned_layers, "lora_rank": model.lora_rank, "windows": windows})
 
 
 def write_state(path: Path, state: dict) -> None:
@@ -333,12 +346,14 @@ def plot(history: list, path: Path) -> None:
 
 
 def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
-        init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0) -> None:
+        init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0, windows: bool = False) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
     A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
     shipped model: training goes on from it on new data) instead of
     `init_grafted`'s starting point. With `plain_weight` > 0 every step also
-    distils one of its answers on plain inputs (`plain_loss`), at that weight."""
+    distils one of its answers on plain inputs (`plain_loss`), at that weight.
+    With `windows` the micro decoder and the stop head learn every step's
+    window (`sequence_loss`)."""
     out = work / "train"
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
@@ -349,6 +364,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     st = torch.load(state_path, weights_only=False) if state_path.exists() else None
     if st is not None:  # a run resumes with the settings it started with
         tuned_layers, lora_rank = st.get("tuned_layers", tuned_layers), st.get("lora_rank", lora_rank)
+        windows = st.get("windows", False)
     model = HAMburger.from_checkpoint(base, tuned_layers, lora_rank)
     init_grafted(model, seed)
     if init is not None:
@@ -370,7 +386,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     seen = history[-1]["seen_tokens"] if history else 0
     if step == 0 and init is not None and held:  # where the run starts from, on this run's held-out answers
         with torch.no_grad():
-            history.append({"kind": "val", "step": 0, "seen_tokens": 0, **validate(model, held, plain_weight)})
+            history.append({"kind": "val", "step": 0, "seen_tokens": 0, **validate(model, held, plain_weight, windows)})
     order = list(range(len(rows)))
     prog = Progress("train", steps, "tokens", every=30, initial=step)
     prog.update(step)
@@ -384,7 +400,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
             g["lr"] = lr_at(step, steps, lr) * g["scale"]
         opt.zero_grad()
         for r in picks:
-            loss, stats = sequence_loss(model, r)
+            loss, stats = sequence_loss(model, r, windows=windows)
             (loss / batch).backward()
             window.append(stats)
             seen += stats["tokens"]
@@ -407,9 +423,9 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
         if step % SAVE_EVERY == 0 or step == steps:
             if held:
                 with torch.no_grad():
-                    s = validate(model, held, plain_weight)
+                    s = validate(model, held, plain_weight, windows)
                 history.append({"kind": "val", "step": step, "seen_tokens": seen, **s})
-            save_state(state_path, model, opt, step, history)
+            save_state(state_path, model, opt, step, history, windows)
             if step % SNAPSHOT_EVERY == 0:
                 (out / "snapshots").mkdir(exist_ok=True)
                 torch.save({"grafted": model.trained_state(), "step": step,
