@@ -313,6 +313,31 @@ fn micro_windows_teach_every_token_after_a_steps_first_and_a_resumed_run_keeps_t
 }
 
 #[test]
+fn diagnose_refuses_a_grafted_file_that_is_not_safetensors_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    fixture_work(dir.path(), true);
+    let segments = dir.path().join("segments.jsonl");
+    let held = std::fs::read_to_string(&segments).unwrap().replace(r#""split":"train""#, r#""split":"heldout""#);
+    std::fs::write(&segments, held).unwrap();
+    let bad = dir.path().join("grafted.safetensors");
+    std::fs::write(&bad, b"not a safetensors file at all").unwrap();
+    let out = train_tool()
+        .arg("diagnose")
+        .arg("--work")
+        .arg(dir.path())
+        .arg("--base")
+        .arg(tiny_fixture())
+        .arg("--grafted")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted a broken file: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains("diagnose:") && err.contains(&*bad.to_string_lossy()), "{err}");
+}
+
+#[test]
 fn the_shipped_smollm2_hamburger_converts_loads_and_takes_multi_token_steps() {
     let grafted = repo().join("models/smollm2-hamburger/grafted.safetensors");
     let gguf_base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();

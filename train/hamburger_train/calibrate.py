@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .model import HAMburger
-from .train import Positions, load_segments, sequence_loss, write_state
+from .train import Positions, load_segments, load_trained, sequence_loss, write_state
 
 EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "eval-prompts.jsonl"
 
@@ -56,12 +55,7 @@ def fit(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
 
 def run(work: Path, base: Path) -> None:
     """Calibrates the stop head of `work`'s trained state in place."""
-    path = work / "train" / "state.pt"
-    if not path.exists():
-        raise SystemExit(f"calibrate: {path} does not exist: run train first")
-    st = torch.load(path, weights_only=False)
-    model = HAMburger.from_checkpoint(base, st.get("tuned_layers", 0), st.get("lora_rank", 0))
-    model.load_original(st["grafted"], grafted_only=True)
+    st, model = load_trained(work, base, "calibrate")
     rows = calibration_rows(work)
     if not rows:
         raise SystemExit(f"calibrate: {work} has no held-out answers outside the evaluation prompts")
@@ -82,7 +76,7 @@ def run(work: Path, base: Path) -> None:
     history.append({"kind": "calibration", "step": st["step"], "seen_tokens": seen, "scale": a, "shift": b,
                     "answers": len(rows), "decisions": len(targets), "bce_before": before, "bce_after": after})
     st["grafted"], st["history"] = model.trained_state(), history
-    write_state(path, st)
+    write_state(work / "train" / "state.pt", st)
     (work / "train" / "history.json").write_text(json.dumps(history))
     print(f"calibrate: {len(rows)} held-out answers, {len(targets)} stop decisions: logit x {a:.3f} "
           f"{b:+.3f}, stop BCE {before:.4f} -> {after:.4f}", file=sys.stderr)

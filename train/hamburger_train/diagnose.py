@@ -28,10 +28,11 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .model import HAMburger
-from .train import Positions, load_segments, sequence_loss, summarize
+from .train import Positions, load_segments, load_trained, sequence_loss, summarize
 
 
 def gate(record: list[Positions], confidence: float | None) -> dict:
@@ -65,19 +66,18 @@ def load_model(work: Path, base: Path, grafted: Path | None) -> HAMburger:
     directory's training state, on the base."""
     if grafted is not None:
         model = HAMburger.from_checkpoint(base)
-        model.load_original(load_file(str(grafted)), grafted_only=True)
+        try:
+            model.load_original(load_file(str(grafted)), grafted_only=True)
+        except (OSError, KeyError, RuntimeError, SafetensorError) as e:
+            raise SystemExit(f"diagnose: {grafted}: {e}") from None
         return model
-    path = work / "train" / "state.pt"
-    if not path.exists():
-        raise SystemExit(f"diagnose: {path} does not exist: run train first, or name --grafted")
-    st = torch.load(path, weights_only=False)
-    model = HAMburger.from_checkpoint(base, st.get("tuned_layers", 0), st.get("lora_rank", 0))
-    model.load_original(st["grafted"], grafted_only=True)
-    return model
+    return load_trained(work, base, "diagnose")[1]
 
 
 def run(work: Path, base: Path, grafted: Path | None, confidences: list[float], as_json: bool) -> None:
     """Prints the diagnosis of `work`'s held-out answers (markdown, or JSON)."""
+    if not (work / "segments.jsonl").exists():
+        raise SystemExit(f"diagnose: {work}/segments.jsonl does not exist: run data and segment first")
     rows = load_segments(work, "heldout")
     if not rows:
         raise SystemExit(f"diagnose: {work}/segments.jsonl has no held-out answers")

@@ -312,6 +312,19 @@ def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: i
                        "tuned_layers": model.tuned_layers, "lora_rank": model.lora_rank, "windows": windows})
 
 
+def load_trained(work: Path, base: Path, stage: str) -> tuple[dict, HAMburger]:
+    """`work`'s training state (`save_state`'s dict) and its model on the
+    base, for the stages that read a finished run (`stage` names the one
+    that asks, in the error when there is none)."""
+    path = work / "train" / "state.pt"
+    if not path.exists():
+        raise SystemExit(f"{stage}: {path} does not exist: run train first")
+    st = torch.load(path, weights_only=False)
+    model = HAMburger.from_checkpoint(base, st.get("tuned_layers", 0), st.get("lora_rank", 0))
+    model.load_original(st["grafted"], grafted_only=True)
+    return st, model
+
+
 def write_state(path: Path, state: dict) -> None:
     """Writes a training state (`save_state`'s dict) atomically: a `.part` renamed into place."""
     tmp = path.with_suffix(".part")
