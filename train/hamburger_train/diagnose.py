@@ -24,7 +24,6 @@ log-likelihood, about 0.025 nats per token on SmolLM2's answers.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -102,4 +101,3 @@ def run(work: Path, base: Path, grafted: Path | None, confidences: list[float], 
     for g in report["gate"] + [{"confidence": "perfect", **report["oracle"]}]:
         print(f"| {g['confidence']} | {g['extra_per_step']:.3f} | {g['micro_acc']:.3f} | {g['micro_regret']:.3f} "
               f"| {g['regret_per_token']:.4f} |")
-    sys.stdout.flush()
