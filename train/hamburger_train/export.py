@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from .model import HAMburger
+from .train import load_trained
 
 SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "hamburger.json")
 
@@ -39,10 +40,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 def run(work: Path, base: Path, out: Path, snapshot: int | None = None) -> None:
     """Writes the trained model of `work` (its latest state, or the snapshot
     of step `snapshot`) to `out`."""
-    path = work / "train" / ("state.pt" if snapshot is None else f"snapshots/step-{snapshot}.pt")
-    state = torch.load(path, weights_only=False)
-    model = HAMburger.from_checkpoint(base)
-    model.load_original(state["grafted"], grafted_only=True)
+    state, model = load_trained(work, base, "export", snapshot)
     model.merge_adapters()
     out.mkdir(parents=True, exist_ok=True)
     for f in SIDE_FILES:

@@ -120,8 +120,8 @@ class Positions(NamedTuple):
     """One answer's predicted tokens, teacher-forced: the stop logit after
     each and its target, its place (micro step `s_of` of macro step `g_of`,
     whose micro spans are `spans`: see `sequence_loss`), whether its argmax
-    is the base's greedy token, its `base_regret`, and whether it is the
-    first token after a merge; and how many tokens the answer has."""
+    is the base's greedy token and its `base_regret`; and how many tokens
+    the answer has."""
     stop_logit: torch.Tensor
     stop_target: torch.Tensor
     s_of: torch.Tensor
@@ -129,7 +129,6 @@ class Positions(NamedTuple):
     spans: torch.Tensor
     correct: torch.Tensor
     regret: torch.Tensor
-    after_merge: torch.Tensor
     answer_tokens: int
 
 
@@ -258,11 +257,11 @@ def sequence_loss(model: HAMburger, row: dict, record: list | None = None,
     stop_target = (last | next_wrong).float()
     stop_logit = model.stop_head(out)
     bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
-    after_merge = (s_of == 0) & (g_of > 0) & (lens[(g_of - 1).clamp(min=0)] > 1)
     if record is not None:
-        record.append(Positions(stop_logit.detach(), stop_target, s_of, g_of, spans, correct, regret, after_merge, len(resp)))
+        record.append(Positions(stop_logit.detach(), stop_target, s_of, g_of, spans, correct, regret, len(resp)))
     n = len(target)
     loss = (token_loss + STOP_WEIGHT * bce) / n
+    after_merge = (s_of == 0) & (g_of > 0) & (lens[(g_of - 1).clamp(min=0)] > 1)
     plain_first = (s_of == 0) & ~after_merge
     stats = {"tokens": n, "ce": ce.item(), "bce": bce.item(), "first_correct": correct[s_of == 0].sum().item(),
              "firsts": int((s_of == 0).sum()), "merged_first_correct": correct[after_merge].sum().item(),
@@ -312,11 +311,11 @@ def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: i
                        "tuned_layers": model.tuned_layers, "lora_rank": model.lora_rank, "windows": windows})
 
 
-def load_trained(work: Path, base: Path, stage: str) -> tuple[dict, HAMburger]:
-    """`work`'s training state (`save_state`'s dict) and its model on the
-    base, for the stages that read a finished run (`stage` names the one
-    that asks, in the error when there is none)."""
-    path = work / "train" / "state.pt"
+def load_trained(work: Path, base: Path, stage: str, snapshot: int | None = None) -> tuple[dict, HAMburger]:
+    """`work`'s training state (`save_state`'s dict, or the snapshot of step
+    `snapshot`) and its model on the base, for the stages that read a run
+    (`stage` names the one that asks, in the error when there is none)."""
+    path = work / "train" / ("state.pt" if snapshot is None else f"snapshots/step-{snapshot}.pt")
     if not path.exists():
         raise SystemExit(f"{stage}: {path} does not exist: run train first")
     st = torch.load(path, weights_only=False)
