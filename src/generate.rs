@@ -1,4 +1,4 @@
-//! The decode loop of shared/docs/hamburger-model.md for one or more
+//! The decode loop of docs/model.md for one or more
 //! sequences in lockstep. Each macro step runs ONE base forward over every
 //! sequence's pending inputs (prompt chunks, and the merged tokens of its
 //! last step as one input), then the micro steps of all sequences whose

@@ -1,7 +1,7 @@
 //! The HAMburger runtime: loads a HAMburger GGUF and decodes with macro steps
 //! (one base forward, one KV entry) that emit up to `max_steps` tokens through
 //! the micro-step decoder. See `docs/architecture.md` and
-//! `shared/docs/hamburger-model.md`.
+//! `docs/model.md` (the model's specification).
 //!
 //! Modules follow llama.cpp's split: [`arch`] (names), [`hparams`],
 //! [`placement`] and [`weights`] (loader), [`model`], [`kv_cache`],

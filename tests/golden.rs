@@ -1,4 +1,4 @@
-//! Every golden case of the shared tiny fixture (computed by the ORIGINAL
+//! Every golden case of the tiny fixture (computed by the ORIGINAL
 //! implementation) reproduced by the ggml runtime in f32: tokens and macro-step
 //! boundaries exact for the first `max_new_tokens`, top-5 logits within 1e-3,
 //! stop probabilities within 1e-4.

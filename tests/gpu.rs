@@ -5,8 +5,8 @@
 //! `cargo test --release --features cuda --test gpu -- --ignored`.
 //!
 //! The SmolLM2 tests read the GGUF from the test cache (`$HAMBURGER_CACHE`);
-//! on a machine without network, `../shared/gpu/pack.sh --smollm2` carries
-//! it there. F32 on the GPU is not F32 throughout: ggml-cuda runs products of
+//! on a machine without network, copy that cache from one that has run
+//! them. F32 on the GPU is not F32 throughout: ggml-cuda runs products of
 //! more than 3 columns (prefill) in TF32, so the golden logits get
 //! tolerances from TF32's arithmetic emulated on the CPU
 //! ([`testing::golden::tf32_emulation`]); that emulation also keeps all five

@@ -1,5 +1,5 @@
 //! Writes the seed corpora of every target into `fuzz/corpus/<target>/`, from
-//! the shared tiny fixture and small hand-made files:
+//! the tiny fixture and small hand-made files:
 //! `cargo +nightly run --manifest-path fuzz/Cargo.toml --bin fuzz-seeds`.
 
 use std::io::{Read, Write};

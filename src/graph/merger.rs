@@ -1,5 +1,5 @@
 //! The compositional embedder: the k tokens one macro step emitted become ONE
-//! input embedding (shared/docs/hamburger-model.md, "Compositional embedder"),
+//! input embedding (docs/model.md, "The merger"),
 //! for m such steps at once.
 
 use std::rc::Rc;

@@ -1,4 +1,4 @@
-//! The golden cases of the shared tiny fixture (greedy outputs of the
+//! The golden cases of the tiny fixture (greedy outputs of the
 //! ORIGINAL implementation), and their end-to-end check on a loaded model.
 
 use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};

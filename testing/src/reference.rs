@@ -1,6 +1,6 @@
 //! A plain-Rust f32 implementation of HAMburger on a checkpoint in the
 //! ORIGINAL layout (Hugging Face rotate-half rope, unpermuted q/k, torch
-//! shapes), written straight from `shared/docs/hamburger-model.md`. Of the
+//! shapes), written straight from `docs/model.md`. Of the
 //! runtime it uses only the hyper-parameter struct (filled by the converter's
 //! config reader) and `argmax`; none of its math (no ggml, no graph, no
 //! layout change), which makes it an independent oracle for tests: the

@@ -1,5 +1,5 @@
 //! The reference implementation reproduces the original implementation's
-//! golden outputs on the shared tiny fixture: it is a valid oracle.
+//! golden outputs on the tiny fixture: it is a valid oracle.
 
 use testing::reference::Reference;
 use testing::testmodel::tiny_fixture;

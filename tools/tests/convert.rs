@@ -1,4 +1,4 @@
-//! The converter on real files: the shared tiny fixture from .ckpt and from
+//! The converter on real files: the tiny fixture from .ckpt and from
 //! safetensors, SmolLM2-HAMburger's base-only export in libllama against the
 //! reference implementation, and every kind of bad input.
 

@@ -55,7 +55,7 @@ def run(work: Path, base: Path, out: Path, snapshot: int | None = None) -> None:
 
 @torch.no_grad()
 def greedy(model: HAMburger, prompt: list[int], n: int, confidence: float) -> list[list[int]]:
-    """Greedy HAMburger decoding (shared/docs/hamburger-model.md): the macro
+    """Greedy HAMburger decoding (docs/model.md): the macro
     steps' tokens, up to `n` tokens or the step that emits an end token."""
     cfg = model.cfg
     emb = model.embed(torch.tensor(prompt))

@@ -1,7 +1,7 @@
 """HAMburger in PyTorch, for training: a Llama base (frozen, or its first
 layers tuned, optionally with low-rank adapters on the others), the
 compositional embedder (merger), the micro-step decoder and the stop head,
-with the semantics of `shared/docs/hamburger-model.md` and the original key
+with the semantics of `docs/model.md` and the original key
 names.
 
 The runtime (Rust, ggml) is what users run; this module exists so that the

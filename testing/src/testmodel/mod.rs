@@ -207,13 +207,11 @@ pub fn write_config(
     )
 }
 
-/// The shared tiny fixture (`../shared/fixtures/tiny-hamburger` beside the
-/// repository, or `$HAMBURGER_SHARED/fixtures/tiny-hamburger`).
+/// The tiny fixture (`tests/fixtures/tiny-hamburger` in this repository): a
+/// random HAMburger in the release's layout with golden greedy outputs of the
+/// original implementation (its `README.md` says what each file is).
 pub fn tiny_fixture() -> PathBuf {
-    let shared = std::env::var_os("HAMBURGER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    shared.join("fixtures/tiny-hamburger")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-hamburger")
 }
 
 /// The SmolLM2-HAMburger checkpoint directory (seed 0), built on first use in the cache.
