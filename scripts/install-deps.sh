@@ -11,11 +11,15 @@ set -euo pipefail
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 # Any one libclang will do (ls over all three patterns failed whenever one of
-# them matched nothing, so libclang-dev was reinstalled on every run).
+# them matched nothing, so libclang-dev was reinstalled on every run). Only
+# libclang itself: libclang-cpp (which some images ship alone) is not what
+# bindgen loads, and counting it left fresh machines without libclang.
 have_libclang() {
-  local lib
-  for lib in /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* /usr/lib/aarch64-linux-gnu/libclang*.so*; do
-    [ -e "$lib" ] && return 0
+  local dir lib
+  for dir in /usr/lib/llvm-*/lib /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu; do
+    for lib in "$dir"/libclang.so* "$dir"/libclang-[0-9]*.so*; do
+      [ -e "$lib" ] && return 0
+    done
   done
   return 1
 }
