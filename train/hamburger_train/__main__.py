@@ -16,6 +16,7 @@ command interrupted at any moment continues when run again.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -85,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error("export needs --out")
         export.run(a.work, base, a.out, a.snapshot)
     if a.stage == "greedy":
-        export.print_greedy(a.out, [int(x) for x in a.ids.split(",")], a.n, confidences[0])
+        from .model import HAMburger, greedy
+        model = HAMburger.from_checkpoint(a.out)
+        print(json.dumps({"macro_steps": greedy(model, [int(x) for x in a.ids.split(",")], a.n, confidences[0])}))
     return 0
 
 
