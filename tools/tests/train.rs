@@ -337,6 +337,23 @@ fn diagnose_refuses_a_grafted_file_that_is_not_safetensors_naming_it() {
     assert!(err.contains("diagnose:") && err.contains(&*bad.to_string_lossy()), "{err}");
 }
 
+/// Each subcommand takes its own flags: `export` refuses `train`'s `--steps`
+/// in one line naming it, before it reads anything; `all` runs every stage,
+/// `calibrate` among them, and says so.
+#[test]
+fn a_stage_refuses_another_stages_flag_and_all_runs_every_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut export = train_tool();
+    export.arg("export").arg("--work").arg(dir.path()).arg("--out").arg(dir.path()).args(["--steps", "5"]);
+    let out = export.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "export accepted --steps: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains("--steps"), "{err}");
+    let help = run_ok(train_tool().args(["all", "--help"])).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("(data, segment, train, calibrate, diagnose, export)"), "{help}");
+}
+
 #[test]
 fn the_shipped_smollm2_hamburger_converts_loads_and_takes_multi_token_steps() {
     let grafted = repo().join("models/smollm2-hamburger/grafted.safetensors");

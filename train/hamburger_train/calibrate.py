@@ -1,7 +1,7 @@
 """`calibrate`: Platt scaling of the stop head on answers training never saw.
 
 The stop head's targets say "go on" where a macro step goes on and the micro
-decoder's next token is right (`train.sequence_loss`). Trained on answers the
+decoder's next token is right (`losses.sequence_loss`). Trained on answers the
 micro decoder has begun to memorise, it says "go on" more readily than
 unseen text deserves, and the user's confidence knob then means something
 else for every run. `calibrate` runs the trained model teacher-forced over
@@ -14,7 +14,8 @@ went on, with the right token, at least about c of the time.
 
 Written into `train/state.pt` (a `calibration` entry in the history, also in
 `history.json`), which `export` then writes out; running it again refits from the calibrated head
-(a scale near 1 and a shift near 0).
+(a scale near 1 and a shift near 0), except within `all`, which calibrates a
+state once after its last training step.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .train import Positions, load_segments, load_trained, sequence_loss, write_state
+from .losses import sequence_loss
+from .metrics import Positions
+from .state import Answer, load_segments, load_trained, state_path, write_history, write_state
 
 EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "eval-prompts.jsonl"
 
 
-def calibration_rows(work: Path) -> list[dict]:
+def calibration_rows(work: Path) -> list[Answer]:
     """The work directory's held-out answers but the evaluation prompts."""
     skip = {json.loads(line)["id"] for line in EVAL_PROMPTS.read_text().splitlines() if line.strip()}
-    return [r for r in load_segments(work, "heldout") if r["id"] not in skip]
+    return [a for a in load_segments(work, "heldout") if a.id not in skip]
 
 
 def fit(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
@@ -43,6 +46,7 @@ def fit(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
     opt = torch.optim.LBFGS([ab], max_iter=200, line_search_fn="strong_wolfe")
 
     def closure():
+        """The fit's loss and its gradient, as LBFGS asks for them."""
         opt.zero_grad()
         loss = F.binary_cross_entropy_with_logits(ab[0] * logits + ab[1], targets)
         loss.backward()
@@ -53,16 +57,26 @@ def fit(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
     return a, b
 
 
-def run(work: Path, base: Path) -> None:
-    """Calibrates the stop head of `work`'s trained state in place."""
+def calibrated(st: dict) -> bool:
+    """Whether a training state's stop head was calibrated after its last training step."""
+    return any(h["kind"] == "calibration" and h["step"] == st["step"] for h in st["history"])
+
+
+def run(work: Path, base: Path, refit: bool = True) -> None:
+    """Calibrates the stop head of `work`'s trained state in place; without
+    `refit`, only when it was not calibrated since its last training step
+    (what `all` does, so that running it again changes nothing)."""
     st, model = load_trained(work, base, "calibrate")
+    if not refit and calibrated(st):
+        print(f"calibrate: done (step {st['step']})", file=sys.stderr)
+        return
     rows = calibration_rows(work)
     if not rows:
         raise SystemExit(f"calibrate: {work} has no held-out answers outside the evaluation prompts")
     record: list[Positions] = []
     with torch.no_grad():
-        for r in rows:
-            sequence_loss(model, r, record, windows=st.get("windows", False))
+        for answer in rows:
+            sequence_loss(model, answer, record, windows=st.get("windows", False))
     logits, targets = torch.cat([p.stop_logit for p in record]), torch.cat([p.stop_target for p in record])
     before = F.binary_cross_entropy_with_logits(logits, targets).item()
     a, b = fit(logits, targets)
@@ -76,7 +90,7 @@ def run(work: Path, base: Path) -> None:
     history.append({"kind": "calibration", "step": st["step"], "seen_tokens": seen, "scale": a, "shift": b,
                     "answers": len(rows), "decisions": len(targets), "bce_before": before, "bce_after": after})
     st["grafted"], st["history"] = model.trained_state(), history
-    write_state(work / "train" / "state.pt", st)
-    (work / "train" / "history.json").write_text(json.dumps(history))
+    write_state(state_path(work), st)
+    write_history(work, history)
     print(f"calibrate: {len(rows)} held-out answers, {len(targets)} stop decisions: logit x {a:.3f} "
           f"{b:+.3f}, stop BCE {before:.4f} -> {after:.4f}", file=sys.stderr)

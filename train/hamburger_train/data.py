@@ -116,6 +116,7 @@ def build_prompts(out: Path, limit: int) -> list[dict]:
 
 
 def free_port() -> int:
+    """A free TCP port on loopback, for the teacher server."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -141,6 +142,7 @@ def start_server(bin_dir: Path, gguf: Path, slots: int, threads: int) -> tuple[s
 
 
 def complete(url: str, prompt: str, max_tokens: int) -> dict:
+    """The server's greedy chat completion of `prompt` (the OpenAI-style response)."""
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                        "temperature": 0}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})

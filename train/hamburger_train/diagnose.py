@@ -8,7 +8,7 @@ directory (no held-out object was ever trained on) and reports:
 
 * per kind of predicted token (the first token after a one-token step, the
   first after a merge, a micro step's), how often its argmax is the base's
-  greedy token, and what it costs the base when chosen (`base_regret`, nats);
+  greedy token, and what it costs the base when chosen (`losses.base_regret`, nats);
 * per confidence, the micro tokens the stop head would let through in the
   window of up to `max_steps` tokens that starts at each of the data's
   macro steps (`gate`; at inference only the stop head ends a step, not
@@ -24,17 +24,32 @@ log-likelihood, about 0.025 nats per token on SmolLM2's answers.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from .losses import sequence_loss
+from .metrics import Metrics, Positions
 from .model import HAMburger
-from .train import Positions, load_segments, load_trained, sequence_loss, summarize
+from .state import load_segments, load_trained
 
 
-def gate(record: list[Positions], confidence: float | None) -> dict:
+@dataclass
+class Gate:
+    """What a stop head lets through (`gate`): micro tokens taken per macro
+    step, the share of them right, their mean regret (nats), and that
+    regret per answer token."""
+
+    extra_per_step: float
+    micro_acc: float
+    micro_regret: float
+    regret_per_token: float
+
+
+def gate(record: list[Positions], confidence: float | None) -> Gate:
     """The micro tokens taken in each macro step's window when a step goes on
     while the stop head's "go on" probability is at least `confidence`
     (None: while the micro decoder is right, a perfect stop head): per
@@ -55,9 +70,8 @@ def gate(record: list[Positions], confidence: float | None) -> dict:
                 taken += 1
                 right += int(p.correct[nxt])
                 regret += float(p.regret[nxt])
-    return {"extra_per_step": taken / max(steps, 1), "micro_acc": right / max(taken, 1),
-            "micro_regret": regret / max(taken, 1),
-            "regret_per_token": regret / max(tokens, 1)}
+    return Gate(extra_per_step=taken / max(steps, 1), micro_acc=right / max(taken, 1),
+                micro_regret=regret / max(taken, 1), regret_per_token=regret / max(tokens, 1))
 
 
 def load_model(work: Path, base: Path, grafted: Path | None) -> HAMburger:
@@ -83,21 +97,18 @@ def run(work: Path, base: Path, grafted: Path | None, confidences: list[float], 
     model = load_model(work, base, grafted)
     record: list[Positions] = []
     with torch.no_grad():
-        stats = [sequence_loss(model, r, record, windows=True)[1] for r in rows]
-    report = {"answers": len(rows), "teacher_forced": summarize(stats),
-              "gate": [{"confidence": c, **gate(record, c)} for c in confidences],
-              "oracle": gate(record, None)}
+        tf = Metrics.of([sequence_loss(model, a, record, windows=True)[1] for a in rows])
+    gates, oracle = [(c, gate(record, c)) for c in confidences], gate(record, None)
     if as_json:
-        print(json.dumps(report))
+        print(json.dumps({"answers": len(rows), "teacher_forced": tf.to_json(),
+                          "gate": [{"confidence": c, **asdict(g)} for c, g in gates], "oracle": asdict(oracle)}))
         return
-    tf = report["teacher_forced"]
-    print(f"{len(rows)} held-out answers, {tf['tokens']} predicted tokens, teacher-forced\n")
+    print(f"{len(rows)} held-out answers, {tf.tokens} predicted tokens, teacher-forced\n")
     print("| token | right | regret (nats) |\n| --- | ---: | ---: |")
-    print(f"| first, after a one-token step | {tf['plain_first_acc']:.3f} | {tf['plain_first_regret']:.3f} |")
-    print(f"| first, after a merge | {tf['merged_first_acc']:.3f} | {tf['merged_first_regret']:.3f} |")
-    print(f"| micro step | {tf['micro_acc']:.3f} | {tf['micro_regret']:.3f} |\n")
+    print(f"| first, after a one-token step | {tf.plain_first_acc:.3f} | {tf.plain_first_regret:.3f} |")
+    print(f"| first, after a merge | {tf.merged_first_acc:.3f} | {tf.merged_first_regret:.3f} |")
+    print(f"| micro step | {tf.micro_acc:.3f} | {tf.micro_regret:.3f} |\n")
     print("| stop head | micro tokens per step | right | regret per micro token | per answer token |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for g in report["gate"] + [{"confidence": "perfect", **report["oracle"]}]:
-        print(f"| {g['confidence']} | {g['extra_per_step']:.3f} | {g['micro_acc']:.3f} | {g['micro_regret']:.3f} "
-              f"| {g['regret_per_token']:.4f} |")
+    for c, g in gates + [("perfect", oracle)]:
+        print(f"| {c} | {g.extra_per_step:.3f} | {g.micro_acc:.3f} | {g.micro_regret:.3f} | {g.regret_per_token:.4f} |")

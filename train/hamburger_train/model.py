@@ -195,6 +195,7 @@ class StopHead(nn.Module):
         self.net = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d), nn.SiLU(), nn.Linear(d, 1))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The stop logits of features h [..., D], [...]."""
         return self.net(h).squeeze(-1)
 
 
@@ -337,6 +338,7 @@ class HAMburger(nn.Module):
         """This model's tensors under the original checkpoint's key names
         (`grafted_only`: the grafted modules' alone)."""
         def layer(prefix: str, l: Layer) -> dict[str, torch.Tensor]:
+            """One Llama layer's tensors under `prefix`."""
             out = {f"{prefix}.input_layernorm.weight": l.input_layernorm,
                    f"{prefix}.post_attention_layernorm.weight": l.post_attention_layernorm}
             for n in ("q", "k", "v", "o"):
@@ -377,3 +379,38 @@ class HAMburger(nn.Module):
                 if k.startswith(f"model.model.layers.{i}."):
                     sd[k] = v
         return sd
+
+
+@torch.no_grad()
+def greedy(model: HAMburger, prompt: list[int], n: int, confidence: float) -> list[list[int]]:
+    """Greedy HAMburger decoding with the runtime's semantics (docs/model.md):
+    the macro steps' tokens, up to `n` tokens or the step that emits an end
+    token; a step goes on while the stop head's "go on" probability is at
+    least `confidence`. The tool's one decode loop (`hamburger-train greedy`
+    checks a checkpoint with it token for token against `hamburger-cli`)."""
+    cfg = model.cfg
+    emb = model.embed(torch.tensor(prompt))
+    pos = list(range(len(prompt)))
+    steps: list[list[int]] = []
+    n_out = 0
+    while n_out < n:
+        T = emb.shape[0]
+        mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+        feats, _ = model.base(emb[None], torch.tensor(pos)[None], mask)
+        f = torch.stack([x[0, -1] for x in feats])[None]  # [1, F, D]
+        out, toks = f[0, -1], []
+        while True:
+            toks.append(int(model.logits(out).argmax()))
+            p_stop = torch.sigmoid(model.stop_head(out)).item()
+            if (1 - p_stop) < confidence or len(toks) == cfg.max_steps:
+                break
+            out = model.micro_decode(f, torch.tensor(toks)[None])[0, -1]
+        steps.append(toks)
+        n_out += len(toks)
+        if any(t in cfg.eos for t in toks):
+            break
+        e = model.embed(torch.tensor(toks))
+        merged = e[0] if len(toks) == 1 else model.merger(e[None], torch.tensor([len(toks)]))[0]
+        emb = torch.cat([emb, merged[None]])
+        pos.append(len(prompt) + n_out - 1)
+    return steps
