@@ -38,6 +38,14 @@ pub enum ConvertError {
         /// What is wrong.
         msg: String,
     },
+    /// The base model's files (config, tokenizer) are not in the folder read.
+    #[error("{}: no {} here: a HAMburger checkpoint does not hold its base's configuration and tokenizer; put the base model's files beside the checkpoint or name their folder as the base directory", dir.display(), missing.join(", "))]
+    MissingBaseFiles {
+        /// The folder that was read.
+        dir: PathBuf,
+        /// The files it lacks.
+        missing: Vec<&'static str>,
+    },
     /// A required tensor is absent.
     #[error("{path}: missing tensor {name}")]
     MissingTensor {

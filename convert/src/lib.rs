@@ -88,6 +88,10 @@ fn base_dir(opts: &ConvertOptions) -> PathBuf {
     })
 }
 
+/// The base model's files a conversion cannot do without (its
+/// `tokenizer_config.json`, with the chat template, is read when present).
+const BASE_FILES: [&str; 2] = ["config.json", "tokenizer.json"];
+
 /// Converts a checkpoint to GGUF.
 ///
 /// # Errors
@@ -97,6 +101,10 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let ck = Checkpoint::open(&opts.checkpoint)?;
     ggml::gguf::refuse_overwriting_inputs(&opts.outfile, ck.files())?;
     let dir = base_dir(opts);
+    let missing: Vec<&'static str> = BASE_FILES.into_iter().filter(|f| !dir.join(f).is_file()).collect();
+    if !missing.is_empty() {
+        return Err(ConvertError::MissingBaseFiles { dir, missing });
+    }
     let config_path = dir.join("config.json");
     let config: HfConfig = hf::read_json(&config_path)?;
     config.check(&config_path)?;

@@ -76,10 +76,27 @@ pub fn report(program: &str, result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{program}: error: {e:#}");
+            eprintln!("{program}: error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes in one line, each cause once: library errors
+/// often print their source in their own message too ("file: No such file"),
+/// and repeating it ("...: No such file: No such file") reads as two errors.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 /// Where a model runs: the flags every tool that loads one shares (flattened

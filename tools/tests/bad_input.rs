@@ -302,3 +302,15 @@ fn a_chat_template_that_exhausts_memory_fails_in_its_child() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("template") && err.contains("MiB of memory"), "{err}");
 }
+
+/// A model path that is missing or a directory: one line that says so once.
+#[test]
+fn missing_or_directory_model_is_named_once() {
+    let err = testing::process::assert_one_line_error(
+        testing::process::limited(env!("CARGO_BIN_EXE_hamburger-cli")).args(["-m", "no-such.gguf", "-p", "hi"]),
+        &["no-such.gguf", "No such file"],
+    );
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    assert_clean_error(&["-m", dir.path().to_str().unwrap(), "-p", "hi"], &["is a directory"]);
+}

@@ -262,10 +262,27 @@ fn config_that_does_not_match_the_weights_is_rejected() {
 fn missing_config_and_bad_flags_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(tiny_fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
-    assert_rejected(&dir.path().join("model.safetensors"), &["config.json"]);
+    assert_rejected(&dir.path().join("model.safetensors"), &["config.json", "tokenizer.json", "--base-dir"]);
     let (ok, err) =
         run(&[tiny_fixture().join("model.safetensors").to_str().unwrap(), "-o", "x.gguf", "--outtype", "q3_k"]);
     assert!(!ok && err.contains("q3_k"), "{err}");
+}
+
+/// What users mistype most: a missing checkpoint, a missing output folder.
+/// Each is one line that says it once, naming what the user named.
+#[test]
+fn missing_paths_are_named_once() {
+    let err = testing::process::assert_one_line_error(
+        convert_bin().args(["no-such.ckpt", "-o", "x.gguf", "--no-progress"]),
+        &["no-such.ckpt", "No such file"],
+    );
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    let ck = tiny_fixture().join("hamburger.ckpt");
+    let err = testing::process::assert_one_line_error(
+        convert_bin().arg(&ck).args(["-o", "/no-such-dir/a.gguf", "--no-progress"]),
+        &["/no-such-dir/a.gguf", "the folder /no-such-dir does not exist"],
+    );
+    assert!(!err.contains(".part"), "{err}");
 }
 
 #[test]

@@ -270,7 +270,11 @@ impl Gguf {
     pub fn open(path: &Path) -> Result<Gguf> {
         crate::init_logging();
         let bad = |reason: String| Error::GgufRead { path: path.to_path_buf(), reason };
-        let file_len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() {
+            return Err(bad("it is a directory; give the .gguf file inside it".into()));
+        }
+        let file_len = meta.len();
         File::open(path).map_err(|e| Error::io(path, e))?;
         let cpath = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| bad("path contains NUL".into()))?;
         let params = sys::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };

@@ -136,7 +136,7 @@ impl GgufBuilder {
             .prefix(".hamburger-")
             .suffix(".gguf.part")
             .tempfile_in(dir)
-            .map_err(|e| Error::io(dir, e))?;
+            .map_err(|e| Error::io(path, cannot_create_in(dir, &e)))?;
         let partial = PartialFile::new(tmp.path());
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(&meta).map_err(|e| Error::io(path, e))?;
@@ -150,6 +150,17 @@ impl GgufBuilder {
             alignment,
         })
     }
+}
+
+/// Why no file could be created in `dir`, without the temporary file's
+/// name (the user named the output, not the `.part` file beside it).
+fn cannot_create_in(dir: &Path, e: &std::io::Error) -> std::io::Error {
+    let why = match e.kind() {
+        std::io::ErrorKind::NotFound => format!("the folder {} does not exist", dir.display()),
+        std::io::ErrorKind::PermissionDenied => format!("no permission to write in {}", dir.display()),
+        kind => format!("cannot create a file in {}: {kind}", dir.display()),
+    };
+    std::io::Error::new(e.kind(), why)
 }
 
 fn cstring(s: &str) -> Result<CString> {

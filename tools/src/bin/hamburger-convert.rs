@@ -75,7 +75,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         vocab_pre: args.vocab_pre,
         progress: !args.no_progress,
     };
-    let r = convert::convert(&opts)?;
+    let r = convert::convert(&opts).map_err(|e| match e {
+        convert::ConvertError::MissingBaseFiles { .. } => anyhow::anyhow!("{e} (--base-dir DIR)"),
+        e => e.into(),
+    })?;
     for f in &r.fallbacks {
         log::warn!("{f}");
     }
