@@ -12,8 +12,8 @@ use crate::graph::base::Wants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::sampling::Sampler;
-use crate::step::{Generation, MacroStep, StepRule};
-use crate::{Error, Model, Result, SessionParams};
+use crate::step::{Generation, MacroStep, StepParams, StepRule};
+use crate::{Error, Model, Result};
 
 /// The settings of the decode loop (a sequence may bring its own [`StepRule`]).
 #[derive(Debug, Clone)]
@@ -31,15 +31,19 @@ pub struct DecodeConfig {
 }
 
 impl DecodeConfig {
-    /// The loop settings of `params` for `model`.
-    pub fn new(model: &Model, params: &SessionParams) -> DecodeConfig {
-        DecodeConfig {
-            rule: StepRule::new(model.hp.max_steps, params.max_steps, params.confidence, params.forced_steps),
-            n_batch: params.n_batch,
-            ignore_eog: params.ignore_eog,
-            keep_logits: params.keep_logits,
+    /// The loop for `model` with `step`'s rule and `n_batch` inputs per
+    /// forward, stopping at end-of-generation tokens and keeping no logits.
+    ///
+    /// # Errors
+    /// When `step` does not fit the model ([`StepParams::validate`]).
+    pub fn new(model: &Model, step: &StepParams, n_batch: usize) -> Result<DecodeConfig> {
+        Ok(DecodeConfig {
+            rule: step.rule(model.hp.max_steps)?,
+            n_batch,
+            ignore_eog: false,
+            keep_logits: false,
             eog: model.vocab.eog.clone(),
-        }
+        })
     }
 
     fn is_eog(&self, token: u32) -> bool {

@@ -3,7 +3,7 @@
 //! boundaries exact for the first `max_new_tokens`, top-5 logits within 1e-3,
 //! stop probabilities within 1e-4.
 
-use hamburger::{LoadOptions, Model, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, SessionParams};
 use testing::testmodel::{converted, tiny_fixture};
 
 fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
@@ -14,11 +14,14 @@ fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
 #[test]
 fn golden_cases_in_f32_plain_attention() {
     let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F32,
-        flash_attn: false,
+        engine: EngineParams {
+            n_ctx: 256,
+            kv_type: ggml::Type::F32,
+            flash_attn: false,
+            n_threads: 2,
+            ..Default::default()
+        },
         keep_logits: true,
-        n_threads: 2,
         ..Default::default()
     };
     check_all_cases(p, 1e-3, 1e-4);
@@ -27,11 +30,14 @@ fn golden_cases_in_f32_plain_attention() {
 #[test]
 fn golden_cases_in_f32_flash_attention() {
     let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F32,
-        flash_attn: true,
+        engine: EngineParams {
+            n_ctx: 256,
+            kv_type: ggml::Type::F32,
+            flash_attn: true,
+            n_threads: 2,
+            ..Default::default()
+        },
         keep_logits: true,
-        n_threads: 2,
         ..Default::default()
     };
     check_all_cases(p, 1e-3, 1e-4);
