@@ -70,7 +70,6 @@ fn micro_cache_serves_every_micro_position() {
         step: StepParams { forced_steps: Some(4), ..Default::default() },
         keep_logits: true,
         ignore_eog: true,
-        ..Default::default()
     };
     let mut s = Session::new(&model, p).unwrap();
     let gen = s.generate(&prompt, 12, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();
