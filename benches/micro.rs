@@ -6,7 +6,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use hamburger::graph::merger::StandaloneMerger;
-use hamburger::{LoadOptions, Model, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams};
 use testing::testmodel::{converted, smollm2_checkpoint};
 
 fn model() -> Model {
@@ -23,7 +23,10 @@ fn benches(c: &mut Criterion) {
         let tokens: Vec<u32> = (0..k as u32).map(|i| 100 + 7 * i).collect();
         c.bench_function(&format!("merger k={k}"), |b| b.iter(|| merger.run(&tokens).unwrap()));
     }
-    let p = SessionParams { n_ctx: 256, n_threads: threads, ..Default::default() };
+    let p = SessionParams {
+        engine: EngineParams { n_ctx: 256, n_threads: threads, ..Default::default() },
+        ..Default::default()
+    };
     let mut session = Session::new(&model, p).unwrap();
     session.feed(&[1, 504, 3575, 282, 4649, 314], false).unwrap();
     c.bench_function("micro step s=0 (features + t0)", |b| b.iter(|| session.micro_step(0, 7042, false).unwrap()));

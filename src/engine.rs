@@ -10,6 +10,8 @@ use std::rc::Rc;
 use ggml::{Backend, Buffer, Context, Tensor, Type};
 
 use crate::batch::Batch;
+use crate::budget::EngineParams;
+use crate::error::{Param, ParamError};
 use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, Wants};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape};
 use crate::graph::{StepGraph, StepOut};
@@ -21,23 +23,6 @@ use crate::{Error, Result};
 const KV_PAD: usize = 256;
 /// Built graphs kept per kind (base, micro).
 const GRAPHS_KEPT: usize = 16;
-
-/// The settings of an engine.
-#[derive(Debug, Clone)]
-pub struct EngineParams {
-    /// Base KV cells, shared by all sequences.
-    pub n_ctx: usize,
-    /// Sequences (ids `0..n_seq`).
-    pub n_seq: usize,
-    /// The most tokens one forward takes (prompt chunks); sizes the attention buffers.
-    pub n_batch: usize,
-    /// CPU threads.
-    pub n_threads: usize,
-    /// KV cache element type.
-    pub kv_type: Type,
-    /// Fused flash attention.
-    pub flash_attn: bool,
-}
 
 /// Built graphs by shape, most recently used first.
 struct GraphCache<K, G> {
@@ -83,20 +68,14 @@ impl<'m> Engine<'m> {
     /// On invalid settings or failed allocations.
     pub fn new(model: &'m Model, p: &EngineParams) -> Result<Engine<'m>> {
         let hp = &model.hp;
-        if p.n_ctx == 0 || p.n_seq == 0 || p.n_threads == 0 || p.n_batch == 0 {
-            return Err(Error::Invalid(
-                "the context (-c), batch (-b), thread (-t) and sequence counts must be positive".into(),
-            ));
-        }
-        crate::budget::check(model, p)?;
+        p.check(model)?;
         let plan = &model.plan;
         let v_trans = !p.flash_attn;
         let base_bufts: Vec<_> = (0..hp.n_layer).map(|il| plan.cache_layer(il)).collect();
         let kv = KvCache::new(&base_bufts, p.n_ctx, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans).map_err(|e| {
-            Error::Invalid(format!(
-                "cannot allocate a KV cache of {} entries ({e}): use a smaller context (-c)",
-                p.n_ctx
-            ))
+            let message =
+                format!("cannot allocate a KV cache of {} entries ({e}): use a smaller {}", p.n_ctx, Param::NCtx);
+            ParamError::new(&[Param::NCtx], message)
         })?;
         let micro_bufts = vec![plan.tail(); hp.n_micro_layer];
         let micro_cells = micro::cells_per_seq(hp) * p.n_seq;
@@ -189,10 +168,12 @@ impl<'m> Engine<'m> {
         self.check_tokens(batch.tokens())?;
         let n = batch.inputs().len();
         let cells = self.kv.find_free(n).ok_or_else(|| {
-            Error::Invalid(format!(
-                "the KV cache is full: {n} more entries do not fit in {} (use a larger context, -c)",
-                self.kv.n_cells()
-            ))
+            let message = format!(
+                "the KV cache is full: {n} more entries do not fit in {} (use a larger {})",
+                self.kv.n_cells(),
+                Param::NCtx
+            );
+            ParamError::new(&[Param::NCtx], message)
         })?;
         let (pos, next_pos) = base::positions(batch, &self.next_pos);
         for ((i, &c), &p) in batch.inputs().iter().zip(&cells).zip(&pos) {

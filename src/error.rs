@@ -78,19 +78,92 @@ pub enum Error {
     /// The chat template failed to parse or render.
     #[error("chat template: {0}")]
     Template(String),
-    /// The prompt and the tokens to generate do not fit the context.
-    #[error("the prompt ({prompt} tokens) plus {n_predict} tokens to generate exceed the context of {n_ctx} (use -c to enlarge it or -n to generate less)")]
-    ContextOverflow {
-        /// Prompt tokens (including history already in the cache).
-        prompt: usize,
-        /// Tokens asked for.
-        n_predict: usize,
-        /// Context size.
-        n_ctx: usize,
-    },
+    /// A setting outside what the runtime accepts (it names the parameters at fault).
+    #[error(transparent)]
+    Param(#[from] ParamError),
     /// An invalid option value.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// A setting the runtime calls a parameter: what its messages name, as
+/// `n_ctx` or `top_p`, never as one front-end's flag or request field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// KV cells of an engine ([`crate::EngineParams::n_ctx`]).
+    NCtx,
+    /// Sequences of an engine.
+    NSeq,
+    /// Inputs per base forward.
+    NBatch,
+    /// CPU threads.
+    NThreads,
+    /// Tokens to generate.
+    NPredict,
+    /// The stop rule's confidence ([`crate::StepParams::confidence`]).
+    Confidence,
+    /// The cap of tokens per macro step.
+    MaxSteps,
+    /// The forced tokens per macro step.
+    ForcedSteps,
+    /// Sampling temperature ([`crate::SamplerParams::temp`]).
+    Temp,
+    /// Nucleus sampling.
+    TopP,
+    /// Min-p sampling.
+    MinP,
+    /// The repeat penalty.
+    RepeatPenalty,
+}
+
+impl Param {
+    /// The parameter's name in messages: the field's name in the settings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Param::NCtx => "n_ctx",
+            Param::NSeq => "n_seq",
+            Param::NBatch => "n_batch",
+            Param::NThreads => "n_threads",
+            Param::NPredict => "n_predict",
+            Param::Confidence => "confidence",
+            Param::MaxSteps => "max_steps",
+            Param::ForcedSteps => "forced_steps",
+            Param::Temp => "temp",
+            Param::TopP => "top_p",
+            Param::MinP => "min_p",
+            Param::RepeatPenalty => "repeat_penalty",
+        }
+    }
+}
+
+impl std::fmt::Display for Param {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Settings the runtime refuses: a message that names each parameter at
+/// fault by [`Param::name`], and those parameters, so that a front-end can
+/// say them its own way ([`ParamError::naming`]: `-c` in the CLI,
+/// `max_tokens` in a server request).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ParamError {
+    /// The parameters at fault, the first the main one.
+    pub params: Vec<Param>,
+    message: String,
+}
+
+impl ParamError {
+    /// `message` about `params`, each named in it by its [`Param::name`].
+    pub fn new(params: &[Param], message: String) -> ParamError {
+        ParamError { params: params.to_vec(), message }
+    }
+
+    /// The message with each parameter named by `name` instead (a flag, a request field).
+    pub fn naming(&self, name: impl Fn(Param) -> String) -> String {
+        self.params.iter().fold(self.message.clone(), |m, &p| m.replace(p.name(), &name(p)))
+    }
 }
 
 /// Result alias of the runtime.

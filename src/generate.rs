@@ -12,8 +12,8 @@ use crate::graph::base::Wants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::sampling::Sampler;
-use crate::step::{Generation, MacroStep, StepRule};
-use crate::{Error, Model, Result, SessionParams};
+use crate::step::{Generation, MacroStep, StepParams, StepRule};
+use crate::{Error, Model, Result};
 
 /// The settings of the decode loop (a sequence may bring its own [`StepRule`]).
 #[derive(Debug, Clone)]
@@ -31,15 +31,19 @@ pub struct DecodeConfig {
 }
 
 impl DecodeConfig {
-    /// The loop settings of `params` for `model`.
-    pub fn new(model: &Model, params: &SessionParams) -> DecodeConfig {
-        DecodeConfig {
-            rule: StepRule::new(model.hp.max_steps, params.max_steps, params.confidence, params.forced_steps),
-            n_batch: params.n_batch,
-            ignore_eog: params.ignore_eog,
-            keep_logits: params.keep_logits,
+    /// The loop for `model` with `step`'s rule and `n_batch` inputs per
+    /// forward, stopping at end-of-generation tokens and keeping no logits.
+    ///
+    /// # Errors
+    /// When `step` does not fit the model ([`StepParams::validate`]).
+    pub fn new(model: &Model, step: &StepParams, n_batch: usize) -> Result<DecodeConfig> {
+        Ok(DecodeConfig {
+            rule: step.rule(model.hp.max_steps)?,
+            n_batch,
+            ignore_eog: false,
+            keep_logits: false,
             eog: model.vocab.eog.clone(),
-        }
+        })
     }
 
     fn is_eog(&self, token: u32) -> bool {
@@ -152,6 +156,13 @@ impl<'a> SeqGen<'a> {
 
     fn is_eog(&self, cfg: &DecodeConfig, token: u32) -> bool {
         !self.ignore_eog && cfg.is_eog(token)
+    }
+
+    /// Whether this sequence's macro step ends after its `n`th token
+    /// `token`, of stop probability `p_stop`: by its stop rule, at an
+    /// end-of-generation token, or at its budget.
+    fn step_ends(&self, cfg: &DecodeConfig, n: usize, p_stop: f32, token: u32) -> bool {
+        self.rule(cfg).stops(n, p_stop) || self.is_eog(cfg, token) || n >= self.remaining()
     }
 
     fn remaining(&self) -> usize {
@@ -286,7 +297,7 @@ fn micro_steps(
                 step.logits.push(out.logits.take().unwrap_or_default());
             }
             let n = step.tokens.len();
-            if !(sg.rule(cfg).stops(n, out.p_stop) || sg.is_eog(cfg, token) || n >= sg.remaining()) {
+            if !sg.step_ends(cfg, n, out.p_stop, token) {
                 next.push((a, sg.seq, token));
             }
         }
@@ -301,4 +312,38 @@ fn micro_steps(
         seqs[i].end_step(step, cfg, engine);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplerParams;
+
+    const EOG: u32 = 2;
+
+    fn cfg(ignore_eog: bool) -> DecodeConfig {
+        let rule = StepParams { confidence: 0.3, ..Default::default() }.rule(4).unwrap();
+        DecodeConfig { rule, n_batch: 8, ignore_eog, keep_logits: false, eog: vec![EOG] }
+    }
+
+    fn seq<'a>(n_predict: usize) -> SeqGen<'a> {
+        SeqGen::new(0, &[1], n_predict, Sampler::new(SamplerParams::greedy()))
+    }
+
+    #[test]
+    fn a_step_ends_at_end_of_generation_unless_it_is_ignored() {
+        let (c, sg) = (cfg(false), seq(10));
+        // p_stop 0: the stop rule goes on; only the token decides.
+        assert!(!sg.step_ends(&c, 1, 0.0, 5));
+        assert!(sg.step_ends(&c, 1, 0.0, EOG));
+        assert!(!sg.step_ends(&cfg(true), 1, 0.0, EOG), "the loop ignores end of generation");
+        assert!(!seq(10).ignoring_eog().step_ends(&c, 1, 0.0, EOG), "so does a sequence that asks to");
+        // The stop rule and the budget end steps too.
+        assert!(sg.step_ends(&c, 1, 0.9, 5));
+        assert!(sg.step_ends(&c, 4, 0.0, 5));
+        assert!(seq(2).step_ends(&c, 2, 0.0, 5));
+        // A sequence's own rule wins over the loop's.
+        let own = StepParams { max_steps: 1, ..Default::default() }.rule(4).unwrap();
+        assert!(seq(10).with_rule(own).step_ends(&c, 1, 0.0, 5));
+    }
 }

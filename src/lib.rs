@@ -4,7 +4,8 @@
 //! `docs/model.md` (the model's specification).
 //!
 //! Modules follow llama.cpp's split: [`arch`] (names), [`hparams`],
-//! [`placement`] and [`weights`] (loader), [`model`], [`kv_cache`],
+//! [`placement`] and [`weights`] (loader), [`model`], [`budget`] (an engine's settings
+//! and what they allocate), [`kv_cache`],
 //! [`graph`] (builders), [`engine`] (caches and graphs of many sequences),
 //! [`batch`], [`generate`] (the macro/micro loop), [`session`] (one
 //! sequence), [`sampling`], and the text side ([`tokenizer`], [`chat`]).
@@ -29,8 +30,9 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use batch::Batch;
-pub use engine::{Engine, EngineParams};
-pub use error::{Error, Result};
+pub use budget::EngineParams;
+pub use engine::Engine;
+pub use error::{Error, Param, ParamError, Result};
 pub use generate::{DecodeConfig, SeqGen};
 pub use graph::base::Wants;
 pub use graph::StepOut;
@@ -38,4 +40,4 @@ pub use model::Model;
 pub use placement::{DeviceChoice, LoadOptions};
 pub use sampling::{Sampler, SamplerParams};
 pub use session::{Session, SessionParams};
-pub use step::{Generation, MacroStep, StepRule, Timings};
+pub use step::{Generation, MacroStep, StepParams, StepRule, Timings};

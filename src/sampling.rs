@@ -3,6 +3,8 @@
 
 use rand::{Rng, SeedableRng};
 
+use crate::error::{Param, ParamError};
+
 /// Sampling settings (llama-cli's flags and defaults).
 #[derive(Debug, Clone, Copy)]
 pub struct SamplerParams {
@@ -10,7 +12,8 @@ pub struct SamplerParams {
     pub temp: f32,
     /// Keep the k most likely tokens (0: all).
     pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches p (1: all).
+    /// Keep the smallest set of tokens whose probability reaches p (0: the
+    /// most likely only; 1: all), in 0..=1 as llama.cpp takes it.
     pub top_p: f32,
     /// Drop tokens less likely than `min_p` times the most likely (0: none).
     pub min_p: f32,
@@ -40,6 +43,25 @@ impl SamplerParams {
     /// Greedy decoding, the tests' default.
     pub fn greedy() -> Self {
         SamplerParams { temp: 0.0, ..Default::default() }
+    }
+
+    /// Checks every setting's range, the one rule of every front-end.
+    ///
+    /// # Errors
+    /// Naming the first parameter out of range: `temp` negative, `top_p` or
+    /// `min_p` outside 0..=1, `repeat_penalty` not above 0, or any of them
+    /// not a finite number.
+    pub fn validate(&self) -> Result<(), ParamError> {
+        let checks = [
+            (Param::Temp, self.temp, self.temp >= 0.0, "a finite number >= 0"),
+            (Param::TopP, self.top_p, (0.0..=1.0).contains(&self.top_p), "a number from 0 to 1"),
+            (Param::MinP, self.min_p, (0.0..=1.0).contains(&self.min_p), "a number from 0 to 1"),
+            (Param::RepeatPenalty, self.repeat_penalty, self.repeat_penalty > 0.0, "a finite number above 0"),
+        ];
+        match checks.into_iter().find(|&(_, x, ok, _)| !(x.is_finite() && ok)) {
+            Some((param, x, _, want)) => Err(ParamError::new(&[param], format!("{param} {x}: expected {want}"))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -155,5 +177,31 @@ mod tests {
             (0..10).map(|_| s.sample(&logits, &[])).collect()
         };
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn validation_names_the_parameter_and_takes_top_p_0_to_1() {
+        let d = SamplerParams::default();
+        for ok in [d, SamplerParams { top_p: 0.0, min_p: 1.0, temp: 0.0, ..d }, SamplerParams { top_p: 1.0, ..d }] {
+            assert_eq!(ok.validate(), Ok(()), "{ok:?}");
+        }
+        for (bad, param, text) in [
+            (SamplerParams { temp: -1.0, ..d }, Param::Temp, "temp -1: expected a finite number >= 0"),
+            (SamplerParams { temp: f32::INFINITY, ..d }, Param::Temp, "temp inf: expected a finite number >= 0"),
+            (SamplerParams { top_p: 1.5, ..d }, Param::TopP, "top_p 1.5: expected a number from 0 to 1"),
+            (SamplerParams { min_p: -0.1, ..d }, Param::MinP, "min_p -0.1: expected a number from 0 to 1"),
+            (
+                SamplerParams { repeat_penalty: 0.0, ..d },
+                Param::RepeatPenalty,
+                "repeat_penalty 0: expected a finite number above 0",
+            ),
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert_eq!((e.to_string(), e.params), (text.to_string(), vec![param]));
+        }
+        // top_p 0 keeps the most likely token alone, as llama.cpp does.
+        let p = SamplerParams { temp: 5.0, top_k: 0, top_p: 0.0, min_p: 0.0, ..d };
+        let mut s = Sampler::new(p);
+        assert!((0..20).all(|_| s.sample(&[0.0, 3.0, 1.0, 2.9], &[]) == 1));
     }
 }

@@ -3,72 +3,42 @@
 //! `feed_merged` and `micro_step` expose single base forwards and micro steps
 //! (teacher forcing in sweeps, tests, benchmarks).
 
-use ggml::Type;
-
-use crate::engine::{Engine, EngineParams};
+use crate::budget::EngineParams;
+use crate::engine::Engine;
+use crate::error::{Param, ParamError};
 use crate::generate::{self, DecodeConfig, SeqGen};
 use crate::graph::base::Wants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplerParams};
-use crate::step::Generation;
+use crate::step::{Generation, StepParams};
 use crate::{Batch, Error, Result};
 
-/// Settings of a session (llama-cli's context flags plus HAMburger's knobs).
-#[derive(Debug, Clone)]
+/// Settings of a session: its engine's, its stop rule's, and what a
+/// generation keeps. Sampling settings come with each generation's [`Sampler`].
+#[derive(Debug, Clone, Default)]
 pub struct SessionParams {
-    /// KV cache entries (base inputs); a prompt plus the tokens to generate must fit.
-    pub n_ctx: usize,
-    /// Prompt tokens per base forward.
-    pub n_batch: usize,
-    /// CPU threads.
-    pub n_threads: usize,
-    /// KV cache element type.
-    pub kv_type: Type,
-    /// Fused flash attention.
-    pub flash_attn: bool,
-    /// Stop a macro step when `1 - p_stop < confidence` (> 1: one token per step).
-    pub confidence: f32,
-    /// Most tokens per macro step (0 or more than the model's: the model's).
-    pub max_steps: usize,
-    /// Make every macro step emit exactly this many tokens, ignoring the stop
-    /// head (benchmarks of untrained grafted modules).
-    pub forced_steps: Option<usize>,
+    /// The engine: context, batch, threads, cache type, flash attention
+    /// (`n_seq` must be 1: a session holds one sequence).
+    pub engine: EngineParams,
+    /// When a macro step ends.
+    pub step: StepParams,
     /// Keep generating past end-of-generation tokens (benchmarks).
     pub ignore_eog: bool,
     /// Keep every micro step's logits in the result (tests).
     pub keep_logits: bool,
 }
 
-impl Default for SessionParams {
-    fn default() -> Self {
-        SessionParams {
-            n_ctx: 4096,
-            n_batch: 512,
-            n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
-            kv_type: Type::F16,
-            flash_attn: true,
-            confidence: 0.8,
-            max_steps: 0,
-            forced_steps: None,
-            ignore_eog: false,
-            keep_logits: false,
-        }
-    }
-}
-
 impl SessionParams {
-    /// The engine settings of these parameters for `n_seq` sequences sharing `n_ctx` cells.
-    pub fn engine_params(&self, n_seq: usize) -> EngineParams {
-        EngineParams {
-            n_ctx: self.n_ctx,
-            n_seq,
-            n_batch: self.n_batch,
-            n_threads: self.n_threads,
-            kv_type: self.kv_type,
-            flash_attn: self.flash_attn,
-        }
+    /// The decode loop these settings ask for with `model` (also for an
+    /// engine of several sequences decoded alike).
+    ///
+    /// # Errors
+    /// When the stop rule does not fit the model ([`StepParams::validate`]).
+    pub fn decode_config(&self, model: &Model) -> Result<DecodeConfig> {
+        let cfg = DecodeConfig::new(model, &self.step, self.engine.n_batch)?;
+        Ok(DecodeConfig { ignore_eog: self.ignore_eog, keep_logits: self.keep_logits, ..cfg })
     }
 }
 
@@ -92,9 +62,13 @@ impl<'m> Session<'m> {
     /// # Errors
     /// On invalid settings or failed allocations.
     pub fn new(model: &'m Model, params: SessionParams) -> Result<Session<'m>> {
+        if params.engine.n_seq != 1 {
+            let message = format!("{} {}: a session holds 1 sequence", Param::NSeq, params.engine.n_seq);
+            return Err(ParamError::new(&[Param::NSeq], message).into());
+        }
         Ok(Session {
-            engine: Engine::new(model, &params.engine_params(1))?,
-            cfg: DecodeConfig::new(model, &params),
+            cfg: params.decode_config(model)?,
+            engine: Engine::new(model, &params.engine)?,
             params,
             pending: Vec::new(),
             history: Vec::new(),
@@ -132,7 +106,11 @@ impl<'m> Session<'m> {
         let in_context = self.n_slots() + usize::from(!self.pending.is_empty()) + new_inputs;
         let n_ctx = self.engine.kv().n_cells();
         if in_context + n_predict > n_ctx {
-            return Err(Error::ContextOverflow { prompt: in_context, n_predict, n_ctx });
+            let (np, nc) = (Param::NPredict, Param::NCtx);
+            let message = format!(
+                "the prompt ({in_context} tokens) plus {n_predict} tokens to generate ({np}) exceed the context of {n_ctx} ({nc})"
+            );
+            return Err(ParamError::new(&[np, nc], message).into());
         }
         Ok(())
     }
@@ -149,7 +127,7 @@ impl<'m> Session<'m> {
         let mut batch = Batch::new();
         batch.push_merged(SEQ, &std::mem::take(&mut self.pending));
         self.history.extend_from_slice(tokens);
-        for chunk in tokens.chunks(self.params.n_batch) {
+        for chunk in tokens.chunks(self.params.engine.n_batch) {
             batch.push_tokens(SEQ, chunk);
             out = Some(self.forward(&std::mem::take(&mut batch), want_logits)?);
         }

@@ -1,7 +1,85 @@
 //! What one macro step is: HAMburger's stop rule (how many tokens a step
-//! emits) and the records a generation returns.
+//! emits), the settings it is resolved from, and the records a generation returns.
 
-/// The rule that ends a macro step, resolved once from the settings and the model.
+use crate::error::{Param, ParamError};
+
+/// The settings of the stop rule, as a user gives them; resolved once
+/// against the model into a [`StepRule`] ([`StepParams::rule`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepParams {
+    /// Stop a macro step when `1 - p_stop < confidence` (above 1: one token per step).
+    pub confidence: f32,
+    /// Most tokens per macro step (0: the model's).
+    pub max_steps: usize,
+    /// Make every macro step emit exactly this many tokens, ignoring the stop
+    /// head (benchmarks of untrained grafted modules).
+    pub forced_steps: Option<usize>,
+}
+
+impl Default for StepParams {
+    fn default() -> Self {
+        StepParams { confidence: 0.8, max_steps: 0, forced_steps: None }
+    }
+}
+
+impl StepParams {
+    /// Checks the settings for a model of `model_max` tokens per macro step.
+    ///
+    /// # Errors
+    /// Naming the parameter: a confidence that is negative or not finite, a
+    /// step cap beyond the model's, forced steps of 0 or beyond the cap.
+    pub fn validate(&self, model_max: usize) -> Result<(), ParamError> {
+        let c = self.confidence;
+        if !(c.is_finite() && c >= 0.0) {
+            return Err(ParamError::new(
+                &[Param::Confidence],
+                format!("{} {c}: expected a finite number >= 0", Param::Confidence),
+            ));
+        }
+        if self.max_steps > model_max {
+            return Err(ParamError::new(
+                &[Param::MaxSteps],
+                format!("{} {} exceeds the model's {model_max} tokens per macro step", Param::MaxSteps, self.max_steps),
+            ));
+        }
+        match self.forced_steps {
+            Some(0) => Err(ParamError::new(
+                &[Param::ForcedSteps],
+                format!("{} 0: expected at least 1 token per macro step", Param::ForcedSteps),
+            )),
+            Some(k) if k > self.cap(model_max) && self.max_steps == 0 => Err(ParamError::new(
+                &[Param::ForcedSteps],
+                format!("{} {k} exceeds the model's {model_max} tokens per macro step", Param::ForcedSteps),
+            )),
+            Some(k) if k > self.cap(model_max) => Err(ParamError::new(
+                &[Param::ForcedSteps, Param::MaxSteps],
+                format!("{} {k} exceeds {} {}", Param::ForcedSteps, Param::MaxSteps, self.max_steps),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The rule these settings give a model of `model_max` tokens per macro step.
+    ///
+    /// # Errors
+    /// As [`StepParams::validate`].
+    pub fn rule(&self, model_max: usize) -> Result<StepRule, ParamError> {
+        self.validate(model_max)?;
+        let max_steps = self.forced_steps.unwrap_or(self.cap(model_max));
+        Ok(StepRule { max_steps, confidence: self.confidence, forced: self.forced_steps.is_some() })
+    }
+
+    /// The most tokens per macro step: the cap, else the model's.
+    fn cap(&self, model_max: usize) -> usize {
+        if self.max_steps == 0 {
+            model_max
+        } else {
+            self.max_steps
+        }
+    }
+}
+
+/// The rule that ends a macro step, resolved once from [`StepParams`] and the model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepRule {
     /// Most tokens per macro step.
@@ -13,13 +91,6 @@ pub struct StepRule {
 }
 
 impl StepRule {
-    /// The rule for a model of `model_max` steps: `max_steps` caps it (0: the
-    /// model's), `forced_steps` forces the length (clamped to 1..=that cap).
-    pub fn new(model_max: usize, max_steps: usize, confidence: f32, forced_steps: Option<usize>) -> StepRule {
-        let m = if max_steps == 0 { model_max } else { max_steps.min(model_max) };
-        StepRule { max_steps: forced_steps.map_or(m, |f| f.clamp(1, m)), confidence, forced: forced_steps.is_some() }
-    }
-
     /// Whether step lengths depend on the stop head (not when forced, when
     /// every step is one token, or when the confidence stops every step anyway).
     pub fn needs_stop_head(&self) -> bool {
@@ -94,4 +165,75 @@ pub struct Generation {
     pub macro_steps: Vec<MacroStep>,
     /// Statistics.
     pub timings: Timings,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MODEL_MAX: usize = 4;
+
+    fn rule(confidence: f32, max_steps: usize, forced_steps: Option<usize>) -> StepRule {
+        StepParams { confidence, max_steps, forced_steps }.rule(MODEL_MAX).unwrap()
+    }
+
+    #[test]
+    fn a_step_ends_when_the_stop_head_is_confident() {
+        let r = rule(0.3, 0, None);
+        assert_eq!(r.max_steps, MODEL_MAX, "0 caps at the model's steps");
+        // 1 - 0.8 = 0.2 < 0.3: stop; 1 - 0.6 = 0.4: go on.
+        assert!(r.stops(1, 0.8));
+        assert!(!r.stops(1, 0.6));
+        assert!(!r.stops(3, 0.0));
+        assert!(r.stops(4, 0.0), "the cap ends a step whatever the stop head says");
+        assert!(r.needs_stop_head() && r.may_continue());
+    }
+
+    #[test]
+    fn above_one_every_step_is_one_token() {
+        let r = rule(1.01, 0, None);
+        assert!(r.stops(1, 0.0));
+        assert!(!r.may_continue() && !r.needs_stop_head());
+        // Exactly 1 still asks the stop head (1 - p_stop < 1 unless p_stop is 0).
+        let r = rule(1.0, 0, None);
+        assert!(r.may_continue() && !r.stops(1, 0.0) && r.stops(1, 0.1));
+    }
+
+    #[test]
+    fn max_steps_caps_and_forced_steps_fix_the_length() {
+        let r = rule(0.0, 2, None);
+        assert_eq!(r.max_steps, 2);
+        assert!(!r.stops(1, 0.0) && r.stops(2, 0.0));
+        let r = rule(1.01, 0, Some(3));
+        assert!(r.forced && r.max_steps == 3 && r.may_continue() && !r.needs_stop_head());
+        assert!(!r.stops(2, 1.0), "a forced step ignores the stop head");
+        assert!(r.stops(3, 0.0));
+        assert!(!rule(0.8, 1, None).may_continue(), "one token per step needs no micro step");
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let err = |p: StepParams| p.validate(MODEL_MAX).unwrap_err();
+        let e = err(StepParams { confidence: -0.5, ..Default::default() });
+        assert_eq!(
+            (e.params.as_slice(), e.to_string().as_str()),
+            ([Param::Confidence].as_slice(), "confidence -0.5: expected a finite number >= 0")
+        );
+        assert_eq!(err(StepParams { confidence: f32::NAN, ..Default::default() }).params, [Param::Confidence]);
+        let e = err(StepParams { max_steps: 5, ..Default::default() });
+        assert_eq!(e.to_string(), "max_steps 5 exceeds the model's 4 tokens per macro step");
+        let e = err(StepParams { forced_steps: Some(0), ..Default::default() });
+        assert_eq!(e.params, [Param::ForcedSteps]);
+        let e = err(StepParams { forced_steps: Some(5), ..Default::default() });
+        assert_eq!(e.to_string(), "forced_steps 5 exceeds the model's 4 tokens per macro step");
+        let e = err(StepParams { max_steps: 2, forced_steps: Some(3), ..Default::default() });
+        assert_eq!(e.params, [Param::ForcedSteps, Param::MaxSteps]);
+        assert_eq!(e.naming(|p| format!("--{}", p.name().replace('_', "-"))), "--forced-steps 3 exceeds --max-steps 2");
+        for ok in [
+            StepParams { confidence: 0.0, max_steps: 4, forced_steps: Some(4) },
+            StepParams { confidence: 7.0, max_steps: 0, forced_steps: Some(1) },
+        ] {
+            assert_eq!(ok.validate(MODEL_MAX), Ok(()), "{ok:?}");
+        }
+    }
 }

@@ -5,8 +5,11 @@
 //! gives: the same tokens in the same macro steps, and the same stop
 //! probabilities and logits up to float rounding (F32 weights and cache).
 
-use hamburger::generate::{self, DecodeConfig, SeqGen};
-use hamburger::{Batch, Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, Wants};
+use hamburger::generate::{self, SeqGen};
+use hamburger::{
+    Batch, Engine, EngineParams, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams,
+    StepParams, Wants,
+};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// The prompts and confidence of the golden cases at `confidence`.
@@ -34,8 +37,8 @@ fn solo(model: &Model, params: &SessionParams, prompt: &[u32], n: usize) -> Gene
 
 /// Decodes `prompts` together in one engine; returns each generation and the base forwards run.
 fn together(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usize) -> (Vec<Generation>, usize) {
-    let mut engine = Engine::new(model, &params.engine_params(prompts.len())).unwrap();
-    let cfg = DecodeConfig::new(model, params);
+    let mut engine = Engine::new(model, &EngineParams { n_seq: prompts.len(), ..params.engine.clone() }).unwrap();
+    let cfg = params.decode_config(model).unwrap();
     let greedy = || Sampler::new(SamplerParams::greedy());
     let mut seqs: Vec<SeqGen> = prompts.iter().enumerate().map(|(i, p)| SeqGen::new(i, p, n, greedy())).collect();
     generate::run(&mut engine, &cfg, &mut seqs).unwrap();
@@ -61,12 +64,9 @@ fn assert_same(got: &Generation, want: &Generation, what: &str) {
 fn check(flash_attn: bool, confidence: f64, group: usize) {
     let model = tiny_f32();
     let params = SessionParams {
-        n_ctx: 512,
-        kv_type: ggml::Type::F32,
-        flash_attn,
-        confidence: confidence as f32,
+        engine: EngineParams { n_ctx: 512, kv_type: ggml::Type::F32, flash_attn, n_threads: 2, ..Default::default() },
+        step: StepParams { confidence: confidence as f32, ..Default::default() },
         keep_logits: true,
-        n_threads: 2,
         ..Default::default()
     };
     const N: usize = 24;
@@ -96,8 +96,7 @@ fn six_prompts_in_one_batch_with_flash_attention() {
 
 /// Greedy one-token macro steps driven on the engine, storing the features or not.
 fn one_token_steps(model: &Model, prompt: &[u32], n: usize, features: bool) -> Vec<u32> {
-    let params = SessionParams { n_ctx: 64, ..Default::default() };
-    let mut engine = Engine::new(model, &params.engine_params(1)).unwrap();
+    let mut engine = Engine::new(model, &EngineParams { n_ctx: 64, ..Default::default() }).unwrap();
     let want = Wants { stop_head: false, logits: false, features };
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
@@ -116,7 +115,7 @@ fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
     let model = tiny_f32();
     let prompt = &golden_prompts(0.3)[0];
     assert_eq!(one_token_steps(&model, prompt, 8, false), one_token_steps(&model, prompt, 8, true));
-    let mut engine = Engine::new(&model, &SessionParams::default().engine_params(1)).unwrap();
+    let mut engine = Engine::new(&model, &EngineParams::default()).unwrap();
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
     let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: false }).unwrap()[0].1.argmax;

@@ -3,7 +3,7 @@
 //! boundaries exact for the first `max_new_tokens`, top-5 logits within 1e-3,
 //! stop probabilities within 1e-4.
 
-use hamburger::{LoadOptions, Model, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, SessionParams};
 use testing::testmodel::{converted, tiny_fixture};
 
 fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
@@ -11,30 +11,20 @@ fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
     testing::golden::check_golden(&Model::open(&gguf, &LoadOptions::default()).unwrap(), params, logit_tol, stop_tol);
 }
 
+/// The golden cases' settings: an F32 cache, every micro step's logits kept.
+fn f32_session(flash_attn: bool) -> SessionParams {
+    let engine = EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn, n_threads: 2, ..Default::default() };
+    SessionParams { engine, keep_logits: true, ..Default::default() }
+}
+
 #[test]
 fn golden_cases_in_f32_plain_attention() {
-    let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F32,
-        flash_attn: false,
-        keep_logits: true,
-        n_threads: 2,
-        ..Default::default()
-    };
-    check_all_cases(p, 1e-3, 1e-4);
+    check_all_cases(f32_session(false), 1e-3, 1e-4);
 }
 
 #[test]
 fn golden_cases_in_f32_flash_attention() {
-    let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F32,
-        flash_attn: true,
-        keep_logits: true,
-        n_threads: 2,
-        ..Default::default()
-    };
-    check_all_cases(p, 1e-3, 1e-4);
+    check_all_cases(f32_session(true), 1e-3, 1e-4);
 }
 
 /// TF32's arithmetic on the CPU (`testing::golden::tf32_emulation`): the

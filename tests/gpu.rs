@@ -14,7 +14,9 @@
 //! partial-offload test asks for exact tokens.
 
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{DeviceChoice, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{
+    DeviceChoice, EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams,
+};
 use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
 /// Why the tests are ignored, and how to run them.
@@ -64,9 +66,7 @@ fn golden_cases_on_the_gpu() {
     let (logit, stop) = testing::golden::tf32_emulation();
     let model = on_gpu(&gguf, 999);
     let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F32,
-        flash_attn: false,
+        engine: EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, ..Default::default() },
         keep_logits: true,
         ..Default::default()
     };
@@ -79,10 +79,8 @@ fn partial_offload_decodes_like_the_cpu_in_f32() {
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
     let cpu = Model::open(&gguf, &LoadOptions::default()).unwrap();
     let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F32,
-        flash_attn: false,
-        confidence: 0.3,
+        engine: EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, ..Default::default() },
+        step: StepParams { confidence: 0.3, ..Default::default() },
         ..Default::default()
     };
     let prompts = smollm2_prompts(&cpu);
@@ -99,7 +97,11 @@ fn q8_0_on_the_gpu_agrees_with_the_cpu() {
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::Q8_0, false).unwrap();
     let cpu = Model::open(&gguf, &LoadOptions::default()).unwrap();
     let model = on_gpu(&gguf, 999);
-    let p = SessionParams { n_ctx: 256, confidence: 1.01, ..Default::default() };
+    let p = SessionParams {
+        engine: EngineParams { n_ctx: 256, ..Default::default() },
+        step: StepParams { confidence: 1.01, ..Default::default() },
+        ..Default::default()
+    };
     let prompts = smollm2_prompts(&cpu);
     let (a, b) = (greedy_tokens(&cpu, &p, &prompts, 32), greedy_tokens(&model, &p, &prompts, 32));
     let same: usize = a.iter().zip(&b).map(|(x, y)| x.iter().zip(y).take_while(|(u, v)| u == v).count()).sum();

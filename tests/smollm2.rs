@@ -5,7 +5,7 @@
 
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
 use testing::reference::Reference;
 use testing::testmodel::{converted, smollm2_checkpoint};
 
@@ -28,8 +28,11 @@ fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {
     let base = LlamaModel::load(&converted(&ck, "smollm2", ty, true).unwrap(), 0).unwrap();
     let lp = LlamaContextParams { n_ctx: 256, flash_attn: Some(flash), kv_type, n_threads: 2, ..Default::default() };
     let mut llama = LlamaContext::new(&base, lp).unwrap();
-    let sp =
-        SessionParams { n_ctx: 256, confidence: 1.01, kv_type, flash_attn: flash, n_threads: 2, ..Default::default() };
+    let sp = SessionParams {
+        engine: EngineParams { n_ctx: 256, kv_type, flash_attn: flash, n_threads: 2, ..Default::default() },
+        step: StepParams { confidence: 1.01, ..Default::default() },
+        ..Default::default()
+    };
     let mut session = Session::new(&ours, sp).unwrap();
     let tok = Tokenizer::from_model(&ours).unwrap();
     for p in PROMPTS {
@@ -59,11 +62,14 @@ fn lower_confidence_emits_several_tokens_per_kv_entry() {
     let model =
         Model::open(&converted(&ck, "smollm2", ggml::Type::F32, false).unwrap(), &LoadOptions::default()).unwrap();
     let sp = SessionParams {
-        n_ctx: 256,
-        confidence: 0.3,
-        kv_type: ggml::Type::F32,
-        flash_attn: false,
-        n_threads: 2,
+        engine: EngineParams {
+            n_ctx: 256,
+            kv_type: ggml::Type::F32,
+            flash_attn: false,
+            n_threads: 2,
+            ..Default::default()
+        },
+        step: StepParams { confidence: 0.3, ..Default::default() },
         ..Default::default()
     };
     let mut session = Session::new(&model, sp).unwrap();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hamburger::{LoadOptions, Model, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// CPU time (user + system) this process has used, in clock ticks.
@@ -28,7 +28,11 @@ fn paused_workers_sleep_until_the_next_graph() {
     let ck = tiny_fixture().join("hamburger.ckpt");
     let gguf = converted(&ck, "tiny", ggml::Type::F32, false).unwrap();
     let model = Model::open(&gguf, &LoadOptions::default()).unwrap();
-    let mut s = Session::new(&model, SessionParams { n_threads: 2, n_ctx: 64, ..Default::default() }).unwrap();
+    let mut s = Session::new(
+        &model,
+        SessionParams { engine: EngineParams { n_threads: 2, n_ctx: 64, ..Default::default() }, ..Default::default() },
+    )
+    .unwrap();
     let prompt = [1u32, 5, 9, 13];
     s.feed(&prompt, false).unwrap();
     let spinning = idle_cost(Duration::from_millis(200));

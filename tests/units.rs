@@ -4,7 +4,7 @@
 
 use ggml::Type;
 use hamburger::graph::merger;
-use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
 use testing::reference::{argmax, Reference};
 use testing::testmodel::{converted, tiny_fixture};
 
@@ -45,11 +45,8 @@ fn merged_input_sits_at_the_position_of_its_last_token() {
     let prompt = [54u32, 442, 437, 223, 368];
     let step = [162u32, 12, 200];
     let p = SessionParams {
-        n_ctx: 64,
-        kv_type: Type::F32,
-        flash_attn: false,
+        engine: EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() },
         keep_logits: true,
-        n_threads: 2,
         ..Default::default()
     };
     let mut s = Session::new(&model, p).unwrap();
@@ -69,14 +66,10 @@ fn micro_cache_serves_every_micro_position() {
     let (model, reference) = tiny();
     let prompt = [54u32, 442, 437, 223, 368, 402, 85];
     let p = SessionParams {
-        n_ctx: 64,
-        kv_type: Type::F32,
-        flash_attn: false,
+        engine: EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() },
+        step: StepParams { forced_steps: Some(4), ..Default::default() },
         keep_logits: true,
-        forced_steps: Some(4),
         ignore_eog: true,
-        n_threads: 2,
-        ..Default::default()
     };
     let mut s = Session::new(&model, p).unwrap();
     let gen = s.generate(&prompt, 12, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();

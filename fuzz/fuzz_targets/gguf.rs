@@ -6,7 +6,7 @@
 
 use hamburger::chat::{ChatTemplate, Message};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let options = LoadOptions { repack: false, ..Default::default() };
     let Ok(model) = Model::open(&path, &options) else { return };
-    let params = SessionParams { n_ctx: 32, n_batch: 8, n_threads: 1, ..Default::default() };
+    let params = SessionParams {
+        engine: EngineParams { n_ctx: 32, n_batch: 8, n_threads: 1, ..Default::default() },
+        ..Default::default()
+    };
     if let Ok(mut s) = Session::new(&model, params) {
         let _ = s.generate(&[0, 0], 2, &mut Sampler::new(SamplerParams::greedy()), |_| true);
     }

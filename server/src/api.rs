@@ -3,7 +3,7 @@
 //! own knobs are extension fields: `confidence` and `max_steps`.
 
 use hamburger::chat::Message;
-use hamburger::{SamplerParams, Timings};
+use hamburger::{Param, ParamError, SamplerParams, StepParams, Timings};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -75,7 +75,7 @@ pub struct Common {
     pub n: Option<u64>,
     /// HAMburger: stop a macro step when `1 - p_stop < confidence`.
     pub confidence: Option<f64>,
-    /// HAMburger: most tokens per macro step.
+    /// HAMburger: most tokens per macro step (0: the model's).
     pub max_steps: Option<u64>,
     /// Generate past end-of-generation tokens (llama-server's extension, for benchmarks).
     pub ignore_eos: Option<bool>,
@@ -153,13 +153,25 @@ pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
 
-fn in_range(param: &str, v: Option<f64>, ok: impl Fn(f64) -> bool, want: &str) -> Result<Option<f32>, ApiError> {
-    match v {
-        Some(x) if !(x.is_finite() && ok(x)) => {
-            Err(ApiError::field(param, format!("'{param}' must be {want}, got {x}")))
-        }
-        v => Ok(v.map(|x| x as f32)),
+/// The request field that sets the library's parameter `p` (the settings
+/// a request cannot change named as the library does).
+fn field(p: Param) -> &'static str {
+    match p {
+        Param::NPredict => "max_tokens",
+        Param::Temp => "temperature",
+        p => p.name(),
     }
+}
+
+/// A 400 about the request fields of the parameters `e` refuses.
+fn refused(e: &ParamError) -> ApiError {
+    let main = e.params.first().map_or("body", |&p| field(p));
+    ApiError::field(main, e.naming(|p| format!("'{}'", field(p))))
+}
+
+/// A float field as the runtime takes it.
+fn as_f32(v: Option<f64>) -> Option<f32> {
+    v.map(|x| x as f32)
 }
 
 /// The chat messages as the template wants them.
@@ -228,22 +240,27 @@ impl Common {
             None => room,
         };
         let d = SamplerParams::default();
-        let temp = in_range("temperature", self.temperature, |x| (0.0..=100.0).contains(&x), "between 0 and 100")?;
-        let top_p = in_range("top_p", self.top_p, |x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
-        let min_p = in_range("min_p", self.min_p, |x| (0.0..=1.0).contains(&x), "in [0, 1]")?;
-        let confidence = in_range("confidence", self.confidence, |x| x >= 0.0, "a number >= 0")?;
-        let max_steps = match self.max_steps {
-            Some(s) if s == 0 || s as usize > info.max_steps => {
-                return Err(ApiError::field("max_steps", format!("'max_steps' must be in 1..={}", info.max_steps)))
-            }
-            s => s.map(|s| s as usize),
-        };
         let top_k = match self.top_k {
             Some(k) if k > info.n_vocab as u64 => {
                 return Err(ApiError::field("top_k", format!("'top_k' must be at most {}", info.n_vocab)))
             }
             k => k.map_or(d.top_k, |k| k as usize),
         };
+        let sampler = SamplerParams {
+            temp: as_f32(self.temperature).unwrap_or(d.temp),
+            top_p: as_f32(self.top_p).unwrap_or(d.top_p),
+            min_p: as_f32(self.min_p).unwrap_or(d.min_p),
+            top_k,
+            seed: self.seed.unwrap_or(d.seed),
+            ..d
+        };
+        sampler.validate().map_err(|e| refused(&e))?;
+        let step = StepParams {
+            confidence: as_f32(self.confidence).unwrap_or(info.step.confidence),
+            max_steps: self.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
+            ..info.step
+        };
+        let rule = step.rule(info.max_steps).map_err(|e| refused(&e))?;
         let stop = match &self.stop {
             None => Vec::new(),
             Some(OneOrMany::One(s)) => vec![s.clone()],
@@ -254,16 +271,8 @@ impl Common {
         }
         Ok(JobParams {
             n_predict: max_tokens as usize,
-            sampler: SamplerParams {
-                temp: temp.unwrap_or(d.temp),
-                top_p: top_p.unwrap_or(d.top_p),
-                min_p: min_p.unwrap_or(d.min_p),
-                top_k,
-                seed: self.seed.unwrap_or(d.seed),
-                ..d
-            },
-            confidence,
-            max_steps,
+            sampler,
+            rule,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),

@@ -19,7 +19,7 @@ use hamburger::chat::ChatTemplate;
 use hamburger::generate::{self, DecodeConfig, SeqGen};
 use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::{TextStream, Tokenizer};
-use hamburger::{Engine, LoadOptions, Model, Sampler, SamplerParams, SessionParams, StepRule, Timings};
+use hamburger::{Engine, EngineParams, LoadOptions, Model, Sampler, SamplerParams, StepParams, StepRule, Timings};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::{self, Metrics};
@@ -31,10 +31,10 @@ pub struct SchedulerConfig {
     pub model: PathBuf,
     /// Device, offload and repacking.
     pub load: LoadOptions,
-    /// Engine and decode settings; `n_ctx` is the KV cells of all slots together.
-    pub session: SessionParams,
-    /// Sequences decoded together (`-np`).
-    pub n_slots: usize,
+    /// The engine: one sequence per slot (`n_seq`), `n_ctx` the KV cells of all slots together.
+    pub engine: EngineParams,
+    /// The stop rule of requests that do not set theirs.
+    pub step: StepParams,
     /// Requests that may wait for a slot; more are refused.
     pub queue: usize,
     /// Render the model's chat template in child processes (see `hamburger::chat::Isolation`).
@@ -51,6 +51,8 @@ pub struct ModelInfo {
     pub n_vocab: usize,
     /// The most tokens a macro step can emit.
     pub max_steps: usize,
+    /// The server's stop rule, whose `confidence` and `max_steps` a request may override.
+    pub step: StepParams,
     /// The embedded tokenizer.
     pub tokenizer: Tokenizer,
     /// The chat template, if the model has one.
@@ -66,10 +68,8 @@ pub struct JobParams {
     pub n_predict: usize,
     /// Sampling.
     pub sampler: SamplerParams,
-    /// The request's `confidence`, if given.
-    pub confidence: Option<f32>,
-    /// The request's `max_steps`, if given.
-    pub max_steps: Option<usize>,
+    /// When its macro steps end: the server's rule with the request's `confidence` and `max_steps`.
+    pub rule: StepRule,
     /// Texts that end the generation (not included in it).
     pub stop: Vec<String>,
     /// Generate past end-of-generation tokens.
@@ -112,6 +112,23 @@ pub enum Event {
     },
     /// The generation failed.
     Failed(String),
+}
+
+/// Why the engine thread did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The model file could not be opened (the error names it).
+    #[error(transparent)]
+    Open(hamburger::Error),
+    /// The settings do not fit the model or the machine, or its tokenizer or template fails.
+    #[error("{}", .0.display())]
+    Model(PathBuf, #[source] hamburger::Error),
+    /// The thread could not be created.
+    #[error("cannot start the engine thread")]
+    Thread(#[source] std::io::Error),
+    /// The thread ended before it said whether the model loaded.
+    #[error("the engine thread stopped while loading the model")]
+    Stopped,
 }
 
 /// Why a job was not queued.
@@ -169,8 +186,9 @@ impl Scheduler {
     /// Starts the engine thread and loads the model on it.
     ///
     /// # Errors
-    /// When the model cannot be opened or the engine allocated (the message names the file).
-    pub fn start(cfg: SchedulerConfig) -> Result<Scheduler, String> {
+    /// When the model cannot be opened, the settings do not fit it, or the
+    /// engine cannot be allocated.
+    pub fn start(cfg: SchedulerConfig) -> Result<Scheduler, StartError> {
         let (jobs, rx) = mpsc::sync_channel(cfg.queue);
         let (ready_tx, ready_rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::default());
@@ -178,13 +196,13 @@ impl Scheduler {
         let thread = std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || engine_thread(&cfg, &rx, &ready_tx, &m))
-            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+            .map_err(StartError::Thread)?;
         match ready_rx.recv() {
             Ok(Ok(info)) => {
                 Ok(Scheduler { submitter: Submitter { jobs, metrics: metrics.clone() }, info, metrics, thread })
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err("the engine thread stopped while loading the model".into()),
+            Err(_) => Err(StartError::Stopped),
         }
     }
 
@@ -216,14 +234,16 @@ struct Slot<'t> {
 fn engine_thread(
     cfg: &SchedulerConfig,
     rx: &Receiver<Job>,
-    ready: &mpsc::Sender<Result<Arc<ModelInfo>, String>>,
+    ready: &mpsc::Sender<Result<Arc<ModelInfo>, StartError>>,
     m: &Metrics,
 ) {
     let model = match Model::open(&cfg.model, &cfg.load) {
         Ok(model) => model,
-        Err(e) => return drop(ready.send(Err(e.to_string()))),
+        Err(e) => return drop(ready.send(Err(StartError::Open(e)))),
     };
-    let setup = || -> hamburger::Result<(Arc<ModelInfo>, Engine)> {
+    let setup = || -> hamburger::Result<(Arc<ModelInfo>, Engine, DecodeConfig)> {
+        let decode = DecodeConfig::new(&model, &cfg.step, cfg.engine.n_batch)?;
+        let engine = Engine::new(&model, &cfg.engine)?;
         let tokenizer = Tokenizer::from_model(&model)?;
         let chat_template = ChatTemplate::of_model(&model, &tokenizer)?.map(|t| match &cfg.template_isolation {
             Some(isolation) => t.isolated(isolation.clone()),
@@ -232,26 +252,25 @@ fn engine_thread(
         let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let info = ModelInfo {
             name: if model.name.is_empty() { stem } else { model.name.clone() },
-            n_ctx_slot: cfg.session.n_ctx / cfg.n_slots,
+            n_ctx_slot: cfg.engine.n_ctx / cfg.engine.n_seq,
             n_vocab: model.hp.n_vocab,
             max_steps: model.hp.max_steps,
+            step: cfg.step,
             tokenizer,
             chat_template,
             eog: model.vocab.eog.clone(),
         };
-        let engine = Engine::new(&model, &cfg.session.engine_params(cfg.n_slots))?;
-        Ok((Arc::new(info), engine))
+        Ok((Arc::new(info), engine, decode))
     };
-    let (info, mut engine) = match setup() {
+    let (info, mut engine, decode) = match setup() {
         Ok(x) => x,
-        Err(e) => return drop(ready.send(Err(format!("{}: {e}", cfg.model.display())))),
+        Err(e) => return drop(ready.send(Err(StartError::Model(cfg.model.clone(), e)))),
     };
     let _ = ready.send(Ok(info.clone()));
     metrics::set(&m.kv_cells_total, engine.kv().n_cells() as u64);
-    let decode = DecodeConfig::new(&model, &cfg.session);
     let mut gens: Vec<SeqGen<'static>> = Vec::new();
     let mut slots: Vec<Slot> = Vec::new();
-    let mut free: Vec<SeqId> = (0..cfg.n_slots).rev().collect();
+    let mut free: Vec<SeqId> = (0..cfg.engine.n_seq).rev().collect();
     let mut open = true;
     while open || !gens.is_empty() {
         // Admit: block for a job only when nothing is running.
@@ -273,14 +292,7 @@ fn engine_thread(
             let seq = free.pop().expect("a free slot");
             engine.clear_seq(seq);
             let p = &job.params;
-            let model_steps = model.hp.max_steps;
-            let rule = StepRule::new(
-                model_steps,
-                p.max_steps.unwrap_or(cfg.session.max_steps),
-                p.confidence.unwrap_or(cfg.session.confidence),
-                cfg.session.forced_steps,
-            );
-            let mut sg = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(rule);
+            let mut sg = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(p.rule);
             if p.ignore_eos {
                 sg = sg.ignoring_eog();
             }

@@ -141,7 +141,7 @@ fn bad_requests_get_openai_shaped_errors() {
         400,
         "temperature",
     );
-    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}"#, 400, "top_p");
+    assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}"#, 400, "top_p");
     assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}"#, 400, "max_tokens");
     assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "confidence": -1}"#, 400, "confidence");
     assert_error(&s, chat, r#"{"messages": [{"role": "user", "content": "hi"}], "max_steps": 99}"#, 400, "max_steps");

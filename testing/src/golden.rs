@@ -1,7 +1,7 @@
 //! The golden cases of the tiny fixture (greedy outputs of the
 //! ORIGINAL implementation), and their end-to-end check on a loaded model.
 
-use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
 use serde_json::Value;
 
 use crate::testmodel::{converted, tiny_fixture};
@@ -88,7 +88,7 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
     assert_eq!(cases.len(), 18);
     let (mut logit, mut stop) = (Worst::default(), Worst::default());
     for (ci, case) in cases.iter().enumerate() {
-        let p = SessionParams { confidence: case.confidence, ..params.clone() };
+        let p = SessionParams { step: StepParams { confidence: case.confidence, ..params.step }, ..params.clone() };
         let mut session = Session::new(model, p).unwrap();
         let gen = session
             .generate(&case.prompt_ids, case.max_new_tokens, &mut Sampler::new(SamplerParams::greedy()), |_| true)
@@ -131,11 +131,14 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
 pub fn tf32_emulation() -> (Worst, Worst) {
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F16, false).unwrap();
     let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F16,
-        flash_attn: false,
+        engine: EngineParams {
+            n_ctx: 256,
+            kv_type: ggml::Type::F16,
+            flash_attn: false,
+            n_threads: 2,
+            ..Default::default()
+        },
         keep_logits: true,
-        n_threads: 2,
         ..Default::default()
     };
     check_golden(&Model::open(&gguf, &LoadOptions::default()).unwrap(), p, f32::INFINITY, f32::INFINITY)

@@ -12,8 +12,8 @@ use std::time::Instant;
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use rand::{Rng, SeedableRng};
 
-use hamburger::generate::{self, DecodeConfig, SeqGen};
-use hamburger::{Engine, Model, Result, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::generate::{self, SeqGen};
+use hamburger::{Engine, EngineParams, Model, Result, Sampler, SamplerParams, Session, SessionParams};
 
 /// One test's samples.
 #[derive(Debug, Clone)]
@@ -107,7 +107,8 @@ pub fn interleaved(reps: usize, runners: &mut [Runner]) -> Result<Vec<Vec<u64>>>
 /// # Errors
 /// When the session cannot be created.
 pub fn hamburger_pp<'m>(model: &'m Model, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
-    let mut session = Session::new(model, SessionParams { n_ctx: params.n_ctx.max(n + 1), ..params.clone() })?;
+    let engine = EngineParams { n_ctx: params.engine.n_ctx.max(n + 1), ..params.engine.clone() };
+    let mut session = Session::new(model, SessionParams { engine, ..params.clone() })?;
     let tokens = random_tokens(n, model.hp.n_vocab, 1);
     let meta = Measurement {
         n_prompt: n,
@@ -128,14 +129,14 @@ pub fn hamburger_pp<'m>(model: &'m Model, params: &SessionParams, n: usize) -> R
 }
 
 /// Generation: `n` tokens after a one-token prompt, greedy, end-of-generation
-/// tokens ignored. `params.forced_steps` fixes the tokens per macro step; the
+/// tokens ignored. `params.step.forced_steps` fixes the tokens per macro step; the
 /// returned measurement's tokens per step and KV bytes are filled by the runs.
 ///
 /// # Errors
 /// When the session cannot be created.
 pub fn hamburger_tg<'m>(model: &'m Model, params: &SessionParams, n: usize) -> Result<(Runner<'m>, TgStats)> {
-    let p = SessionParams { n_ctx: params.n_ctx.max(n + 2), ignore_eog: true, ..params.clone() };
-    let mut session = Session::new(model, p)?;
+    let engine = EngineParams { n_ctx: params.engine.n_ctx.max(n + 2), ..params.engine.clone() };
+    let mut session = Session::new(model, SessionParams { engine, ignore_eog: true, ..params.clone() })?;
     let first = [model.vocab.bos.unwrap_or(0)];
     let stats = std::rc::Rc::new(std::cell::Cell::new((0.0, 0.0)));
     let out = stats.clone();
@@ -157,16 +158,15 @@ pub fn hamburger_tg<'m>(model: &'m Model, params: &SessionParams, n: usize) -> R
 /// sequences' together.
 ///
 /// # Errors
-/// When the engine cannot be created.
+/// When the engine cannot be created or the stop rule does not fit the model.
 pub fn hamburger_tg_parallel<'m>(
     model: &'m Model,
     params: &SessionParams,
     n: usize,
     n_seq: usize,
 ) -> Result<Runner<'m>> {
-    let p = SessionParams { n_ctx: n_seq * (n + 2), ignore_eog: true, ..params.clone() };
-    let mut engine = Engine::new(model, &p.engine_params(n_seq))?;
-    let cfg = DecodeConfig::new(model, &p);
+    let mut engine = Engine::new(model, &EngineParams { n_ctx: n_seq * (n + 2), n_seq, ..params.engine.clone() })?;
+    let cfg = SessionParams { ignore_eog: true, ..params.clone() }.decode_config(model)?;
     let first = [model.vocab.bos.unwrap_or(0)];
     Ok(Box::new(move || {
         let greedy = || Sampler::new(SamplerParams::greedy());
@@ -188,7 +188,7 @@ pub fn hamburger_tg_parallel<'m>(
 /// When libllama cannot create the context.
 pub fn llama_tg_parallel<'m>(
     model: &'m LlamaModel,
-    params: &SessionParams,
+    params: &EngineParams,
     n: usize,
     n_seq: usize,
 ) -> Result<Runner<'m>> {
@@ -231,7 +231,7 @@ pub fn measure_tg(model: &Model, params: &SessionParams, n: usize, reps: usize) 
     Ok(Measurement { samples_ns, tokens_per_step, kv_bytes_per_token, ..Measurement::generation(n) })
 }
 
-fn llama_params(params: &SessionParams, n_ctx: usize) -> LlamaContextParams {
+fn llama_params(params: &EngineParams, n_ctx: usize) -> LlamaContextParams {
     LlamaContextParams {
         n_ctx: n_ctx as u32,
         n_batch: params.n_batch as u32,
@@ -247,7 +247,7 @@ fn llama_params(params: &SessionParams, n_ctx: usize) -> LlamaContextParams {
 ///
 /// # Errors
 /// When libllama cannot create the context.
-pub fn llama_pp<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
+pub fn llama_pp<'m>(model: &'m LlamaModel, params: &EngineParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
     llama_runner(model, params, random_tokens(n, model.n_vocab(), 1), params.n_batch, Measurement::prompt(n))
 }
 
@@ -256,14 +256,14 @@ pub fn llama_pp<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> 
 ///
 /// # Errors
 /// When libllama cannot create the context.
-pub fn llama_tg<'m>(model: &'m LlamaModel, params: &SessionParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
+pub fn llama_tg<'m>(model: &'m LlamaModel, params: &EngineParams, n: usize) -> Result<(Runner<'m>, Measurement)> {
     llama_runner(model, params, random_tokens(n, model.n_vocab(), 2), 1, Measurement::generation(n))
 }
 
 /// A runner decoding `tokens` into an empty libllama context, `chunk` at a time.
 fn llama_runner<'m>(
     model: &'m LlamaModel,
-    params: &SessionParams,
+    params: &EngineParams,
     tokens: Vec<u32>,
     chunk: usize,
     mut meta: Measurement,

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use hamburger::DeviceChoice;
+use hamburger::{DeviceChoice, Param, ParamError, SamplerParams, StepParams};
 use quant::Mix;
 
 /// Runs a tool: starts the logger at `default_log` (`RUST_LOG` wins), parses
@@ -71,7 +71,8 @@ pub fn init_logger(default: &str) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).init();
 }
 
-/// Prints an error in one line prefixed by `program` and returns the exit code.
+/// Prints an error in one line prefixed by `program` (the library's
+/// parameters named as our flags, see [`flag`]) and returns the exit code.
 pub fn report(program: &str, result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -82,13 +83,14 @@ pub fn report(program: &str, result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-/// An error and its causes in one line, each cause once: library errors
-/// often print their source in their own message too ("file: No such file"),
-/// and repeating it ("...: No such file: No such file") reads as two errors.
+/// An error and its causes in one line, each cause once (library errors
+/// often print their source in their own message too, "file: No such file",
+/// and repeating it, "...: No such file: No such file", reads as two
+/// errors), refused parameters named by their flags.
 pub fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
+        let text = in_flags(cause);
         if !line.contains(&text) {
             if !line.is_empty() {
                 line.push_str(": ");
@@ -97,6 +99,126 @@ pub fn one_line(e: &anyhow::Error) -> String {
         }
     }
     line
+}
+
+/// One cause of an error, a refused parameter named by its flag.
+fn in_flags(cause: &(dyn std::error::Error + 'static)) -> String {
+    let param = match cause.downcast_ref::<hamburger::Error>() {
+        Some(hamburger::Error::Param(p)) => Some(p),
+        _ => cause.downcast_ref::<ParamError>(),
+    };
+    param.map_or_else(|| cause.to_string(), |p| p.naming(|p| flag(p).to_string()))
+}
+
+/// The flag that sets the library's parameter `p` (llama.cpp's short
+/// spellings for the sizes, as our tools take them).
+pub fn flag(p: Param) -> &'static str {
+    match p {
+        Param::NCtx => "-c",
+        Param::NSeq => "-np",
+        Param::NBatch => "-b",
+        Param::NThreads => "-t",
+        Param::NPredict => "-n",
+        Param::Confidence => "--confidence",
+        Param::MaxSteps => "--max-steps",
+        Param::ForcedSteps => "--forced-steps",
+        Param::Temp => "--temp",
+        Param::TopP => "--top-p",
+        Param::MinP => "--min-p",
+        Param::RepeatPenalty => "--repeat-penalty",
+    }
+}
+
+/// Flash attention as llama.cpp's tools take it: on, off or auto, and
+/// llama-bench's 1 and 0. Every attention kernel of ours has a fused
+/// version, so auto means on.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashAttn {
+    /// Fused flash attention (also 1).
+    #[value(alias = "1")]
+    On,
+    /// Separate softmax and products (also 0).
+    #[value(alias = "0")]
+    Off,
+    /// On wherever it is supported: everywhere.
+    Auto,
+}
+
+impl FlashAttn {
+    /// Whether the engine fuses attention.
+    pub fn enabled(self) -> bool {
+        self != FlashAttn::Off
+    }
+}
+
+/// How macro steps end: the stop rule's flags every tool that decodes shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DecodeArgs {
+    /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
+    /// (faster), above 1 decodes exactly like the base model.
+    #[arg(long, default_value_t = StepParams::default().confidence, value_parser = finite, allow_negative_numbers = true)]
+    pub confidence: f32,
+    /// Most tokens per macro step (0: the model's).
+    #[arg(long, default_value_t = StepParams::default().max_steps)]
+    pub max_steps: usize,
+}
+
+impl DecodeArgs {
+    /// The stop rule's settings these flags ask for, with `forced_steps`
+    /// (a tool's own flag: one value, or a benchmark's list) and checked when
+    /// resolved against a model.
+    pub fn step_params(&self, forced_steps: Option<usize>) -> StepParams {
+        StepParams { confidence: self.confidence, max_steps: self.max_steps, forced_steps }
+    }
+}
+
+/// Sampling: the flags of the tools that sample (llama-cli's names and defaults).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature (0: greedy).
+    #[arg(long, default_value_t = SamplerParams::default().temp, value_parser = finite, allow_negative_numbers = true)]
+    pub temp: f32,
+    /// Top-k sampling (0: off).
+    #[arg(long, default_value_t = SamplerParams::default().top_k)]
+    pub top_k: usize,
+    /// Top-p sampling, 0 to 1 (1: off; 0: the most likely token).
+    #[arg(long, default_value_t = SamplerParams::default().top_p, value_parser = finite, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Min-p sampling (0: off).
+    #[arg(long, default_value_t = SamplerParams::default().min_p, value_parser = finite, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Repeat penalty (1: off).
+    #[arg(long, default_value_t = SamplerParams::default().repeat_penalty, value_parser = finite, allow_negative_numbers = true)]
+    pub repeat_penalty: f32,
+    /// Tokens the repeat penalty looks back.
+    #[arg(long, default_value_t = SamplerParams::default().repeat_last_n)]
+    pub repeat_last_n: usize,
+    /// Sampling seed (default: random).
+    #[arg(long, short = 's')]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The sampler settings these flags ask for (a random seed unless given).
+    ///
+    /// # Errors
+    /// A value out of range ([`SamplerParams::validate`]).
+    pub fn sampler_params(&self) -> Result<SamplerParams, ParamError> {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        });
+        let p = SamplerParams {
+            temp: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+        };
+        p.validate()?;
+        Ok(p)
+    }
 }
 
 /// Where a model runs: the flags every tool that loads one shares (flattened
@@ -196,14 +318,19 @@ pub fn parse_mix(s: &str) -> Result<Mix, String> {
     Mix::from_name(s).ok_or_else(|| format!("unknown type '{s}' (valid: {})", Mix::names()))
 }
 
-fn finite(s: &str) -> Result<f32, String> {
+/// A finite number: the range is the library's to check (it names the
+/// parameter, [`report`] the flag), NaN and infinities no number at all.
+///
+/// # Errors
+/// NaN, an infinity or no number.
+pub fn finite(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
         Ok(x) if x.is_finite() => Ok(x),
         _ => Err(format!("'{s}' is not a finite number")),
     }
 }
 
-/// A finite number >= 0 (`--temp`, `--confidence`).
+/// A finite number >= 0 (`--tensor-split`'s shares).
 ///
 /// # Errors
 /// NaN, an infinity, a negative number or no number.
@@ -211,23 +338,7 @@ pub fn non_negative(s: &str) -> Result<f32, String> {
     finite(s).and_then(|x| if x >= 0.0 { Ok(x) } else { Err(format!("{x} is negative")) })
 }
 
-/// A finite number from 0 to 1 (`--top-p`, `--min-p`).
-///
-/// # Errors
-/// NaN, a number outside [0, 1] or no number.
-pub fn unit_interval(s: &str) -> Result<f32, String> {
-    finite(s).and_then(|x| if (0.0..=1.0).contains(&x) { Ok(x) } else { Err(format!("{x} is not between 0 and 1")) })
-}
-
-/// A finite number > 0 (`--repeat-penalty`, which divides logits).
-///
-/// # Errors
-/// NaN, an infinity, zero, a negative number or no number.
-pub fn positive(s: &str) -> Result<f32, String> {
-    finite(s).and_then(|x| if x > 0.0 { Ok(x) } else { Err(format!("{x} is not above 0")) })
-}
-
-/// A whole number >= 1 (`--forced-steps`: tokens per macro step).
+/// A whole number >= 1 (a count of tokens or prompts).
 ///
 /// # Errors
 /// Zero or no whole number.

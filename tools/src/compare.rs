@@ -22,7 +22,7 @@ pub struct CompareArgs {
     #[arg(long, default_value = ".")]
     pub out: PathBuf,
     /// Threads for both.
-    #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::SessionParams::default().n_threads)]
+    #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::EngineParams::default().n_threads)]
     pub threads: usize,
 }
 

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use hamburger::chat::{ChatTemplate, Message};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
 use serde_json::{json, Value};
 
 /// The base's view of a token sequence: for every position after the prompt,
@@ -314,7 +314,12 @@ pub fn account(row: &mut Row, ours: &Judged, base: &Judged) {
 
 /// Session parameters of an evaluation at `confidence`.
 pub fn session_params(confidence: f32, threads: usize, n_ctx: usize) -> SessionParams {
-    SessionParams { n_ctx, n_threads: threads, confidence, ignore_eog: true, ..Default::default() }
+    SessionParams {
+        engine: EngineParams { n_ctx, n_threads: threads, ..Default::default() },
+        step: StepParams { confidence, ..Default::default() },
+        ignore_eog: true,
+        ..Default::default()
+    }
 }
 
 /// The rows as a Markdown table.

@@ -1,8 +1,9 @@
 //! The front-ends of the HAMburger binaries: what the libraries leave to a
 //! tool (flags, logging, one-line error reports, printing).
 //!
-//! * [`cli`]: argument parsing that reports one line, the logger, flag parsers
-//!   shared by every binary;
+//! * [`cli`]: argument parsing that reports one line (the library's
+//!   parameters named as our flags), the logger, the flags several binaries
+//!   share (placement, stop rule, sampling, flash attention) and their parsers;
 //! * [`bench`]: llama-bench-style measurements of our engine against libllama;
 //! * [`eval`]: a trained model against its base on real prompts (speed and
 //!   the base's log-likelihood of the outputs), and the base's entropies;

@@ -10,7 +10,7 @@ use crate::bench;
 use anyhow::{Context as _, Result};
 use ggml::Type;
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{DecodeConfig, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
 
 use quant::quantize::{self, QuantizeOptions};
 use quant::{Mix, Overrides};
@@ -34,14 +34,14 @@ pub struct SweepArgs {
     #[arg(long)]
     pub prompts: Option<PathBuf>,
     /// CPU threads.
-    #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::SessionParams::default().n_threads)]
+    #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::EngineParams::default().n_threads)]
     pub threads: usize,
     /// Tokens generated per prompt for the quality measures.
     #[arg(short = 'n', long, default_value_t = 32)]
     pub n_gen: usize,
-    /// Confidence of the generation runs.
-    #[arg(long, default_value_t = hamburger::SessionParams::default().confidence, value_parser = crate::cli::non_negative, allow_negative_numbers = true)]
-    pub confidence: f32,
+    /// The stop rule of the generation runs.
+    #[command(flatten)]
+    pub decode: crate::cli::DecodeArgs,
     /// Type of the grafted matrices (default: the policy's).
     #[arg(long, value_parser = quant::policy::parse_type)]
     pub grafted_type: Option<Type>,
@@ -108,9 +108,8 @@ struct RefRun {
 
 fn session_params(args: &SweepArgs, keep_logits: bool) -> SessionParams {
     SessionParams {
-        n_ctx: 1024,
-        n_threads: args.threads,
-        confidence: args.confidence,
+        engine: EngineParams { n_ctx: 1024, n_threads: args.threads, ..Default::default() },
+        step: args.decode.step_params(None),
         keep_logits,
         ..Default::default()
     }
@@ -139,7 +138,7 @@ pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
 /// KL, later micro tokens' top-1, and stop decisions.
 fn quality(model: &Model, args: &SweepArgs, refs: &[RefRun]) -> Result<Agreement> {
     let params = session_params(args, false);
-    let rule = DecodeConfig::new(model, &params).rule;
+    let rule = params.step.rule(model.hp.max_steps)?;
     let mut session = Session::new(model, params)?;
     let mut a = Agreement::default();
     for r in refs {
@@ -320,7 +319,7 @@ pub fn markdown(rows: &[SweepRow], args: &SweepArgs) -> String {
         args.threads,
         args.pp,
         args.tg,
-        args.confidence,
+        args.decode.confidence,
         args.n_gen
     );
     s.push_str(&format!("| {} |\n", COLUMNS.map(|c| c.1).join(" | ")));

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use ggml::gguf::Gguf;
-use hamburger::{LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
 use quant::Mix;
 use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
@@ -16,7 +16,11 @@ fn quantize_bin(args: &[&str]) -> (bool, String, String) {
 
 fn generates(path: &Path) -> Vec<u32> {
     let model = Model::open(path, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let p = SessionParams { n_ctx: 64, confidence: 0.5, n_threads: 2, ..Default::default() };
+    let p = SessionParams {
+        engine: EngineParams { n_ctx: 64, n_threads: 2, ..Default::default() },
+        step: StepParams { confidence: 0.5, ..Default::default() },
+        ..Default::default()
+    };
     let mut s = Session::new(&model, p).unwrap();
     let gen = s.generate(&[5, 17, 42, 99], 8, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();
     assert!(!gen.output_ids.is_empty());

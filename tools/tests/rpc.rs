@@ -9,7 +9,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hamburger::{LoadOptions, Model, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, SessionParams};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// A running `hamburger-rpc-server`, killed on drop.
@@ -63,11 +63,14 @@ fn golden_cases_with_layers_on_two_servers_and_the_cpu() {
     let counts: Vec<usize> = model.plan.layer_counts().into_iter().map(|(_, n)| n).collect();
     assert_eq!(counts, [6, 5, 5], "{}", model.plan.describe());
     let p = SessionParams {
-        n_ctx: 256,
-        kv_type: ggml::Type::F32,
-        flash_attn: false,
+        engine: EngineParams {
+            n_ctx: 256,
+            kv_type: ggml::Type::F32,
+            flash_attn: false,
+            n_threads: 1,
+            ..Default::default()
+        },
         keep_logits: true,
-        n_threads: 1,
         ..Default::default()
     };
     testing::golden::check_golden(&model, p.clone(), 1e-3, 1e-4);

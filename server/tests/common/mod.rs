@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use hamburger::{LoadOptions, SessionParams};
+use hamburger::{EngineParams, LoadOptions, StepParams};
 use serde_json::Value;
 use server::{Scheduler, SchedulerConfig};
 use testing::testmodel::{converted, smollm2_checkpoint};
@@ -20,16 +20,17 @@ impl TestServer {
     /// Starts a server of `n_slots` slots and a queue of `queue`.
     pub fn start(n_slots: usize, queue: usize, api_key: Option<&str>) -> TestServer {
         let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
-        let session = SessionParams {
+        let engine = EngineParams {
             n_ctx: 512 * n_slots,
+            n_seq: n_slots,
             kv_type: ggml::Type::F32,
             flash_attn: false,
-            confidence: 0.3,
             n_threads: 2,
             ..Default::default()
         };
+        let step = StepParams { confidence: 0.3, ..Default::default() };
         let cfg =
-            SchedulerConfig { model, load: LoadOptions::default(), session, n_slots, queue, template_isolation: None };
+            SchedulerConfig { model, load: LoadOptions::default(), engine, step, queue, template_isolation: None };
         let scheduler = Scheduler::start(cfg).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

@@ -4,11 +4,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 use ggml::llama::{LlamaModel, LlamaPlacement};
-use hamburger::{Model, SessionParams};
+use hamburger::{EngineParams, Model, SessionParams};
 use tools::bench::{self, Measurement};
+use tools::cli::FlashAttn;
 
 /// Measures prompt processing (pp) and generation (tg) speed, llama-bench style.
 #[derive(Parser)]
@@ -24,18 +25,18 @@ struct Args {
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
     /// CPU threads; a list sweeps them (`-t 2,4,8,16`), every test at each count.
-    #[arg(short = 't', long, value_delimiter = ',', value_parser = tools::cli::thread_count, default_values_t = [hamburger::SessionParams::default().n_threads])]
+    #[arg(short = 't', long, value_delimiter = ',', value_parser = tools::cli::thread_count, default_values_t = [EngineParams::default().n_threads])]
     threads: Vec<usize>,
     /// Repetitions of each test (after one warm-up).
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
     /// Tokens every macro step emits in tg tests, ignoring the stop head
-    /// (comma-separated; default: the stop head decides at --confidence).
-    #[arg(long, value_delimiter = ',', value_parser = tools::cli::at_least_one)]
+    /// (comma-separated, one test each; default: the stop head decides at --confidence).
+    #[arg(long, value_delimiter = ',')]
     forced_steps: Option<Vec<usize>>,
-    /// Confidence of tg tests without --forced-steps.
-    #[arg(long, default_value_t = SessionParams::default().confidence, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
-    confidence: f32,
+    /// The stop rule of tg tests without --forced-steps.
+    #[command(flatten)]
+    decode: tools::cli::DecodeArgs,
     /// A llama GGUF (the base-only export) to run with libllama in the same process.
     #[arg(long)]
     baseline: Option<PathBuf>,
@@ -43,7 +44,7 @@ struct Args {
     #[arg(short = 'o', long, default_value = "md", value_parser = ["md", "json", "csv"])]
     output: String,
     /// Prompt tokens per base forward.
-    #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = EngineParams::default().n_batch)]
     batch_size: usize,
     /// Where the model runs (both engines: libllama sees the same RPC devices and -ngl).
     #[command(flatten)]
@@ -52,9 +53,9 @@ struct Args {
     /// slots; aggregate tokens/s against libllama's multi-sequence decode).
     #[arg(long, value_delimiter = ',')]
     parallel: Vec<usize>,
-    /// Flash attention: on or off.
-    #[arg(long = "flash-attn", default_value = "on", value_parser = ["on", "off"])]
-    flash_attn: String,
+    /// Flash attention: on, off or auto (on); also 1 and 0, as llama-bench takes it.
+    #[arg(long = "flash-attn", value_enum, default_value_t = FlashAttn::On)]
+    flash_attn: FlashAttn,
 }
 
 /// One row of the report.
@@ -76,8 +77,8 @@ fn run(args: &Args) -> Result<()> {
         Some(k) => k.iter().map(|&k| Some(k)).collect(),
         None => vec![None],
     };
-    if let Some(k) = forced.iter().flatten().find(|&&k| k > model.hp.max_steps) {
-        bail!("--forced-steps {k} exceeds the model's {} tokens per macro step", model.hp.max_steps);
+    for &k in &forced {
+        args.decode.step_params(k).validate(model.hp.max_steps)?;
     }
     // libllama runs where we run. Our devices only: left to itself on a GPU
     // machine it keeps even `-ngl 0`'s weights in the GPU's host buffer
@@ -121,14 +122,15 @@ fn measure(
     forced: &[Option<usize>],
     threads: usize,
 ) -> Result<Vec<Row>> {
-    let params = SessionParams {
+    let engine = EngineParams {
         n_ctx: 0,
         n_batch: args.batch_size,
         n_threads: threads,
-        flash_attn: args.flash_attn == "on",
-        confidence: args.confidence,
+        flash_attn: args.flash_attn.enabled(),
         ..Default::default()
     };
+    let params = SessionParams { engine, step: args.decode.step_params(None), ..Default::default() };
+    let with_forced = |k: Option<usize>| SessionParams { step: args.decode.step_params(k), ..params.clone() };
     let r = args.repetitions.max(1);
     let mut rows = Vec::new();
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
@@ -136,7 +138,7 @@ fn measure(
         let mut runners = vec![run];
         let mut base = None;
         if let Some(b) = baseline {
-            let (run, m) = bench::llama_pp(b, &params, n)?;
+            let (run, m) = bench::llama_pp(b, &params.engine, n)?;
             runners.push(run);
             base = Some(m);
         }
@@ -152,13 +154,13 @@ fn measure(
         let mut runners = Vec::new();
         let mut stats = Vec::new();
         for &k in forced {
-            let (run, s) = bench::hamburger_tg(model, &SessionParams { forced_steps: k, ..params.clone() }, n)?;
+            let (run, s) = bench::hamburger_tg(model, &with_forced(k), n)?;
             runners.push(run);
             stats.push(s);
         }
         let mut base = None;
         if let Some(b) = baseline {
-            let (run, m) = bench::llama_tg(b, &params, n)?;
+            let (run, m) = bench::llama_tg(b, &params.engine, n)?;
             runners.push(run);
             base = Some(m);
         }
@@ -171,7 +173,7 @@ fn measure(
             let ours = Measurement { samples_ns, tokens_per_step, kv_bytes_per_token, ..Measurement::generation(n) };
             let test = match k {
                 Some(k) => format!("tg{n} k={k}"),
-                None => format!("tg{n} c={}", args.confidence),
+                None => format!("tg{n} c={}", args.decode.confidence),
             };
             rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
         }
@@ -180,15 +182,10 @@ fn measure(
         for &p in args.parallel.iter().filter(|&&p| p > 0) {
             let mut runners = Vec::new();
             for &k in forced {
-                runners.push(bench::hamburger_tg_parallel(
-                    model,
-                    &SessionParams { forced_steps: k, ..params.clone() },
-                    n,
-                    p,
-                )?);
+                runners.push(bench::hamburger_tg_parallel(model, &with_forced(k), n, p)?);
             }
             if let Some(b) = baseline {
-                runners.push(bench::llama_tg_parallel(b, &params, n, p)?);
+                runners.push(bench::llama_tg_parallel(b, &params.engine, n, p)?);
             }
             let mut samples = bench::interleaved(r, &mut runners)?;
             let base = baseline.map(|_| Measurement {
@@ -203,7 +200,7 @@ fn measure(
                 };
                 let test = match k {
                     Some(k) => format!("tg{n} x{p} k={k}"),
-                    None => format!("tg{n} x{p} c={}", args.confidence),
+                    None => format!("tg{n} x{p} c={}", args.decode.confidence),
                 };
                 rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
             }

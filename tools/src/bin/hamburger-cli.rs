@@ -8,7 +8,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
 use hamburger::tokenizer::{TextStream, Tokenizer};
-use hamburger::{Generation, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, Generation, Model, Sampler, Session, SessionParams};
+use tools::cli::FlashAttn;
 
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
 /// emits up to --max-steps tokens.
@@ -36,42 +37,18 @@ struct Args {
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
     /// Context size in KV entries (0: the model's training context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = SessionParams::default().n_ctx)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = EngineParams::default().n_ctx)]
     ctx_size: usize,
     /// Prompt tokens per base forward.
-    #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = EngineParams::default().n_batch)]
     batch_size: usize,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long, value_parser = tools::cli::thread_count)]
     threads: Option<usize>,
-    /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
-    /// (faster), above 1 decodes exactly like the base model.
-    #[arg(long, default_value_t = SessionParams::default().confidence, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
-    confidence: f32,
-    /// Most tokens per macro step (default: the model's).
-    #[arg(long, default_value_t = SessionParams::default().max_steps)]
-    max_steps: usize,
-    /// Temperature (0: greedy).
-    #[arg(long, default_value_t = SamplerParams::default().temp, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
-    temp: f32,
-    /// Top-k sampling (0: off).
-    #[arg(long, default_value_t = SamplerParams::default().top_k)]
-    top_k: usize,
-    /// Top-p sampling (1: off).
-    #[arg(long, default_value_t = SamplerParams::default().top_p, value_parser = tools::cli::unit_interval, allow_negative_numbers = true)]
-    top_p: f32,
-    /// Min-p sampling (0: off).
-    #[arg(long, default_value_t = SamplerParams::default().min_p, value_parser = tools::cli::unit_interval, allow_negative_numbers = true)]
-    min_p: f32,
-    /// Repeat penalty (1: off).
-    #[arg(long, default_value_t = SamplerParams::default().repeat_penalty, value_parser = tools::cli::positive, allow_negative_numbers = true)]
-    repeat_penalty: f32,
-    /// Tokens the repeat penalty looks back.
-    #[arg(long, default_value_t = SamplerParams::default().repeat_last_n)]
-    repeat_last_n: usize,
-    /// Sampling seed (default: random).
-    #[arg(long, short = 's')]
-    seed: Option<u64>,
+    #[command(flatten)]
+    decode: tools::cli::DecodeArgs,
+    #[command(flatten)]
+    sampling: tools::cli::SamplingArgs,
     /// Interactive chat with the model's chat template (also -cnv).
     #[arg(long = "chat", visible_alias = "conversation")]
     chat: bool,
@@ -90,9 +67,9 @@ struct Args {
     /// Do not echo the prompt before the generation.
     #[arg(long)]
     no_display_prompt: bool,
-    /// Flash attention: on, off or auto (on).
-    #[arg(long = "flash-attn", short = 'F', default_value = "auto", value_parser = ["on", "off", "auto"])]
-    flash_attn: String,
+    /// Flash attention: on, off or auto (on); also 1 and 0.
+    #[arg(long = "flash-attn", short = 'F', value_enum, default_value_t = FlashAttn::Auto)]
+    flash_attn: FlashAttn,
     /// KV cache type: f16, f32 or q8_0 (q8_0 needs flash attention).
     #[arg(long = "cache-type", default_value = "f16", value_parser = ["f16", "f32", "q8_0"])]
     cache_type: String,
@@ -108,47 +85,28 @@ fn main() -> ExitCode {
 
 fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     let kv_type = ggml::Type::from_name(&args.cache_type).expect("clap checked the name");
-    let flash_attn = args.flash_attn != "off";
+    let flash_attn = args.flash_attn.enabled();
     if kv_type.is_quantized() && !flash_attn {
         bail!("--cache-type {} needs flash attention", args.cache_type);
     }
     let n_ctx = if args.ctx_size == 0 { model.hp.n_ctx_train } else { args.ctx_size };
-    let mut p = SessionParams {
+    let d = EngineParams::default();
+    let engine = EngineParams {
         n_ctx,
         n_batch: args.batch_size,
+        n_threads: args.threads.unwrap_or(d.n_threads),
         kv_type,
         flash_attn,
-        confidence: args.confidence,
-        max_steps: args.max_steps,
-        ignore_eog: args.ignore_eos,
-        ..Default::default()
+        ..d
     };
-    if let Some(t) = args.threads {
-        p.n_threads = t;
-    }
-    Ok(p)
-}
-
-fn sampler(args: &Args) -> Sampler {
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-    });
-    Sampler::new(SamplerParams {
-        temp: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed,
-    })
+    Ok(SessionParams { engine, step: args.decode.step_params(None), ignore_eog: args.ignore_eos, keep_logits: false })
 }
 
 /// The budget for one generation: -n, or whatever the context has left.
 fn budget(args: &Args, session: &Session, prompt_len: usize) -> usize {
     match args.n_predict {
         n if n >= 0 => n as usize,
-        _ => session.params().n_ctx.saturating_sub(session.n_slots() + prompt_len + 1),
+        _ => session.params().engine.n_ctx.saturating_sub(session.n_slots() + prompt_len + 1),
     }
 }
 
@@ -163,7 +121,7 @@ fn run(args: Args) -> Result<()> {
     let path = args.model.as_deref().context("-m MODEL is required")?;
     let model = hamburger::Model::open(path, &args.placement.load_options())?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
-    let mut sampler = sampler(&args);
+    let mut sampler = Sampler::new(args.sampling.sampler_params()?);
     if args.chat {
         return chat(&args, &model, &mut session, &mut sampler);
     }

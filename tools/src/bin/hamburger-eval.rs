@@ -48,7 +48,7 @@ enum Cmd {
         #[arg(short = 'n', long, default_value_t = 128, value_parser = tools::cli::at_least_one)]
         n_predict: usize,
         /// Stop-head confidences, comma-separated (one row each).
-        #[arg(long, value_delimiter = ',', default_value = "0.8", value_parser = tools::cli::non_negative)]
+        #[arg(long, value_delimiter = ',', default_value = "0.8", value_parser = tools::cli::finite, allow_negative_numbers = true)]
         confidence: Vec<f32>,
         /// CPU threads.
         #[arg(short = 't', long, default_value_t = 2, value_parser = tools::cli::thread_count)]

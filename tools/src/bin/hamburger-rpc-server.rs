@@ -27,7 +27,7 @@ struct Args {
     #[arg(long, default_value = "cpu", value_parser = tools::cli::parse_device)]
     device: DeviceChoice,
     /// CPU threads for the computations the CPU device runs.
-    #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = hamburger::SessionParams::default().n_threads)]
+    #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = hamburger::EngineParams::default().n_threads)]
     threads: usize,
     /// Directory caching large tensors by hash, so a client that loads the same model again sends only hashes.
     #[arg(long)]

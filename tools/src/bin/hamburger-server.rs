@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use hamburger::SessionParams;
+use hamburger::EngineParams;
 use server::{Scheduler, SchedulerConfig};
 
 /// An OpenAI-compatible server that batches macro steps across requests.
@@ -28,19 +28,16 @@ struct Args {
     #[arg(short = 'n', long = "parallel", default_value_t = 4)]
     parallel: usize,
     /// KV cache entries of all slots together (each slot gets an equal share).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = SessionParams::default().n_ctx)]
+    #[arg(short = 'c', long = "ctx-size", default_value_t = EngineParams::default().n_ctx)]
     ctx_size: usize,
     /// Base inputs per forward, all sequences together.
-    #[arg(short = 'b', long = "batch-size", default_value_t = SessionParams::default().n_batch)]
+    #[arg(short = 'b', long = "batch-size", default_value_t = EngineParams::default().n_batch)]
     batch_size: usize,
-    /// Default stop confidence: a macro step ends when 1 - p_stop < confidence.
-    #[arg(long, default_value_t = SessionParams::default().confidence, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
-    confidence: f32,
-    /// Default cap of tokens per macro step (0: the model's).
-    #[arg(long, default_value_t = 0)]
-    max_steps: usize,
+    /// The stop rule of requests that do not set theirs (`confidence`, `max_steps`).
+    #[command(flatten)]
+    decode: tools::cli::DecodeArgs,
     /// Make every macro step emit exactly K tokens (benchmarks of untrained grafted modules).
-    #[arg(long, value_parser = tools::cli::at_least_one)]
+    #[arg(long)]
     forced_steps: Option<usize>,
     /// Requests that may wait for a slot; more are answered 503.
     #[arg(long, default_value_t = 64)]
@@ -49,7 +46,7 @@ struct Args {
     #[arg(long)]
     api_key: Option<String>,
     /// CPU threads.
-    #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = SessionParams::default().n_threads)]
+    #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = EngineParams::default().n_threads)]
     threads: usize,
     #[command(flatten)]
     placement: tools::cli::PlacementArgs,
@@ -79,30 +76,25 @@ async fn shutdown_signal() {
 }
 
 fn run(args: Args) -> Result<()> {
-    if args.parallel == 0 || args.ctx_size < args.parallel || args.threads == 0 || args.batch_size == 0 {
-        anyhow::bail!(
-            "--parallel, --ctx-size (at least one entry per slot), --threads and --batch-size must be positive"
-        );
+    if args.ctx_size < args.parallel {
+        anyhow::bail!("-c {} gives {} slots (-np) less than one entry each", args.ctx_size, args.parallel);
     }
-    let session = SessionParams {
+    let engine = EngineParams {
         n_ctx: args.ctx_size,
+        n_seq: args.parallel,
         n_batch: args.batch_size,
         n_threads: args.threads,
-        confidence: args.confidence,
-        max_steps: args.max_steps,
-        forced_steps: args.forced_steps,
         ..Default::default()
     };
-    let load = args.placement.load_options();
     let cfg = SchedulerConfig {
         model: args.model,
-        load,
-        session,
-        n_slots: args.parallel,
+        load: args.placement.load_options(),
+        engine,
+        step: args.decode.step_params(args.forced_steps),
         queue: args.queue,
         template_isolation: Some(tools::cli::template_isolation()?),
     };
-    let scheduler = Scheduler::start(cfg).map_err(anyhow::Error::msg)?;
+    let scheduler = Scheduler::start(cfg)?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async {
         let addr = format!("{}:{}", args.host, args.port);
