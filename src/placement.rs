@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 use ggml::{Backend, BufferType, Device, DeviceKind, WeightOp};
 
-use crate::arch::TensorName;
+use crate::arch::{TensorName, TensorUse};
 use crate::{threads, Error, Result};
 
 /// The `--device` choice.
@@ -247,15 +247,15 @@ impl PlacementPlan {
     }
 
     /// Where weight `name` of type `ty` and shape `ne` goes. On the CPU,
-    /// matrix-product weights go to the first repacked buffer type that has a
-    /// kernel for them; everything else stays on the mapped file. The token
-    /// embedding is read by row lookups (and is the tied lm_head), so it stays
-    /// mapped, as in llama.cpp.
+    /// matrix-product weights of more than one row go to the first repacked
+    /// buffer type that has a kernel for them; everything else stays on the
+    /// mapped file. The token embedding is read by row lookups (and is the
+    /// tied lm_head), so it stays mapped, as in llama.cpp.
     pub fn weight(&self, name: TensorName, ty: ggml::Type, ne: &[i64]) -> Placement {
         if let Some(dev) = self.device_of(name) {
             return Placement::Buffer(dev.buffer_type());
         }
-        let matrix = ne.len() == 2 && ne[1] > 1 && name != TensorName::TokenEmbd;
+        let matrix = name.info().usage == TensorUse::MatMul && ne.len() == 2 && ne[1] > 1;
         match &self.cpu {
             Some(dev) if matrix => self
                 .repack
