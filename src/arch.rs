@@ -98,6 +98,21 @@ pub mod token_type {
     pub const UNUSED: i32 = 5;
 }
 
+/// Texts of the special tokens that end a turn or a text, as llama.cpp
+/// recognises them, most specific first: the converter takes the first one a
+/// tokenizer has as its end-of-turn id, and the runtime treats every control
+/// token with one of these texts as end of generation.
+pub const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|eom_id|>",
+    "<EOT>",
+];
+
 /// General and tokenizer keys (no architecture prefix).
 pub mod keys {
     /// The architecture name.
