@@ -52,7 +52,7 @@ fn select(choice: DeviceChoice) -> Result<Option<Device>> {
     // RPC servers' devices register as GPUs too; they come from --rpc, not --device.
     let gpus: Vec<Device> = Device::all()
         .into_iter()
-        .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) && d.backend_name() != "RPC")
+        .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) && !d.is_rpc())
         .collect();
     let named = |backend: &str, feature: &str, compiled: bool| -> Result<Option<Device>> {
         if !compiled {
@@ -199,7 +199,7 @@ impl PlacementPlan {
 
     /// The local GPU, if the plan uses one.
     pub fn gpu(&self) -> Option<Device> {
-        self.devices.iter().copied().find(|d| d.backend_name() != "RPC")
+        self.devices.iter().copied().find(|d| !d.is_rpc())
     }
 
     /// The device of the micro decoder and heads (`None`: the CPU).
@@ -225,7 +225,7 @@ impl PlacementPlan {
     pub fn describe(&self) -> String {
         let name = |d: Option<Device>| match d {
             None => "CPU".to_string(),
-            Some(d) if d.backend_name() == "RPC" => format!("{} ({})", d.name(), d.description()),
+            Some(d) if d.is_rpc() => format!("{} ({})", d.name(), d.description()),
             Some(d) => d.name(),
         };
         let places: Vec<String> =
