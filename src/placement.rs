@@ -74,25 +74,6 @@ fn select(choice: DeviceChoice) -> Result<Option<Device>> {
     }
 }
 
-/// Every device of this build, one line each (`--list-devices`).
-pub fn describe_devices() -> String {
-    Device::all()
-        .iter()
-        .map(|d| {
-            let (free, total) = d.memory();
-            format!(
-                "{} ({}): {} [{:?}], {} of {} MiB free\n",
-                d.name(),
-                d.backend_name(),
-                d.description(),
-                d.kind(),
-                free >> 20,
-                total >> 20
-            )
-        })
-        .collect()
-}
-
 /// Where one weight's memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {

@@ -3,6 +3,7 @@
 //!
 //! * [`cli`]: argument parsing that reports one line, the logger, flag parsers
 //!   shared by every binary;
+//! * [`devices`]: the device listing of `--list-devices`;
 //! * [`bench`]: llama-bench-style measurements of our engine against libllama;
 //! * [`eval`]: a trained model against its base on real prompts (speed and
 //!   the base's log-likelihood of the outputs), and the base's entropies;
@@ -12,6 +13,7 @@
 pub mod bench;
 pub mod cli;
 pub mod compare;
+pub mod devices;
 pub mod eval;
 pub mod plot;
 pub mod sweep;
