@@ -8,9 +8,11 @@
 //! * [`testmodel`]: builders of test and benchmark checkpoints (SmolLM2 plus
 //!   random grafted modules, random checkpoints of the release's shapes) and
 //!   the cache of their conversions;
-//! * [`golden`]: the golden cases of the tiny fixture, checked end to end.
+//! * [`golden`]: the golden cases of the tiny fixture, checked end to end;
+//! * [`merger`]: the merger alone as a runnable graph, for unit tests and benchmarks.
 
 pub mod golden;
+pub mod merger;
 pub mod process;
 pub mod reference;
 pub mod testmodel;
