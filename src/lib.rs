@@ -33,6 +33,7 @@ pub use engine::{Engine, EngineParams};
 pub use error::{Error, Result};
 pub use generate::{DecodeConfig, SeqGen};
 pub use graph::base::Wants;
+pub use graph::micro::MicroWants;
 pub use graph::StepOut;
 pub use model::Model;
 pub use placement::{DeviceChoice, LoadOptions};

@@ -6,7 +6,9 @@
 //! probabilities and logits up to float rounding (F32 weights and cache).
 
 use hamburger::generate::{self, DecodeConfig, SeqGen};
-use hamburger::{Batch, Engine, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, Wants};
+use hamburger::{
+    Batch, Engine, Generation, LoadOptions, MicroWants, Model, Sampler, SamplerParams, Session, SessionParams, Wants,
+};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// The prompts and confidence of the golden cases at `confidence`.
@@ -120,10 +122,10 @@ fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
     let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: false }).unwrap()[0].1.argmax;
-    let err = engine.micro_step(0, &[(0, t)], false, false).unwrap_err().to_string();
+    let err = engine.micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false }).unwrap_err().to_string();
     assert!(err.contains("stored no features"), "{err}");
     let mut batch = Batch::new();
     batch.push_merged(0, &[t]);
     let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: true }).unwrap()[0].1.argmax;
-    engine.micro_step(0, &[(0, t)], false, false).unwrap();
+    engine.micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false }).unwrap();
 }

@@ -35,6 +35,16 @@ pub struct MicroShape {
     pub stop_head: bool,
 }
 
+/// What a micro step computes beyond its micro-cache entries and the next
+/// token's argmax (the micro step's counterpart of [`super::base::Wants`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MicroWants {
+    /// The next token's stop probability (only when the step length can depend on it).
+    pub stop_head: bool,
+    /// The next token's logits read back (for sampling or inspection).
+    pub logits: bool,
+}
+
 /// Where the sequences of one micro step go in the graph, and the values of its inputs.
 pub struct MicroLayout {
     /// The graph's shape.
@@ -48,14 +58,15 @@ pub struct MicroLayout {
 
 impl MicroLayout {
     /// Lays out micro step `s` feeding `token` to each `(seq, token)`, with
-    /// `n_feature_cols` columns in the feature store and `n_kv` micro cells.
+    /// `n_feature_cols` columns in the feature store and `n_kv` micro cells,
+    /// computing what `want` asks for.
     pub fn new(
         hp: &HParams,
         s: usize,
         inputs: &[(SeqId, u32)],
         n_feature_cols: usize,
         n_kv: usize,
-        stop_head: bool,
+        want: MicroWants,
     ) -> MicroLayout {
         let (f, len) = (hp.n_features(), cells_per_seq(hp));
         let row = |seq: SeqId, pos: usize| Row { seq, pos: pos as i32, cell: seq * len + pos };
@@ -67,7 +78,7 @@ impl MicroLayout {
             (inputs.iter().map(|&(seq, _)| row(seq, f + s)).collect(), Vec::new())
         };
         MicroLayout {
-            shape: MicroShape { first: s == 0, n_seqs: inputs.len(), n_kv, stop_head },
+            shape: MicroShape { first: s == 0, n_seqs: inputs.len(), n_kv, stop_head: want.stop_head },
             tokens: inputs.iter().map(|&(_, t)| t as i32).collect(),
             gather,
             rows,
