@@ -317,9 +317,38 @@ pub fn default_feature_layers(n_layer: usize) -> Vec<usize> {
     (1..=4).map(|q| (n_layer * q / 4).saturating_sub(1)).collect()
 }
 
+/// Small valid hyper-parameters for the unit tests of the layouts: `n_layer`
+/// base layers whose last `n_features` are the feature layers, and
+/// `max_steps` tokens per macro step.
+#[cfg(test)]
+pub(crate) fn small(n_layer: usize, n_features: usize, max_steps: usize) -> HParams {
+    HParams {
+        n_vocab: 64,
+        n_embd: 8,
+        n_layer,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 4,
+        n_ff: 16,
+        rms_eps: 1e-5,
+        rope_freq_base: 10000.0,
+        n_rot: 4,
+        n_ctx_train: 64,
+        max_steps,
+        n_micro_layer: 1,
+        feature_layers: (n_layer - n_features..n_layer).collect(),
+        n_merger_head: 2,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_hyper_parameters_are_valid() {
+        assert_eq!(small(4, 2, 3).problems(), Vec::<String>::new());
+    }
 
     #[test]
     fn default_feature_layers_follow_the_release() {

@@ -143,3 +143,36 @@ pub fn build(
     }
     finish(gs, backends, w, &x, shape.stop_head, MicroInputs { tokens, gather, attn })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hparams::small;
+
+    fn cells(layout: &MicroLayout) -> Vec<(SeqId, i32, usize)> {
+        layout.rows.iter().map(|r| (r.seq, r.pos, r.cell)).collect()
+    }
+
+    #[test]
+    fn step_0_feeds_each_sequences_features_then_its_tokens_in_its_own_cells() {
+        let hp = small(4, 2, 4);
+        assert_eq!(cells_per_seq(&hp), 5);
+        let want = MicroWants { stop_head: true, logits: false };
+        let l = MicroLayout::new(&hp, 0, &[(1, 7), (0, 9)], 4, 10, want);
+        // Sequence q owns cells 5q..5q+5: features at positions 0 and 1, t_0 at 2.
+        assert_eq!(cells(&l), [(1, 0, 5), (1, 1, 6), (0, 0, 0), (0, 1, 1), (1, 2, 7), (0, 2, 2)]);
+        // Feature rows read columns q * F + f; token rows the embeddings after the 4 feature columns.
+        assert_eq!(l.gather, [2, 3, 0, 1, 4, 5]);
+        assert_eq!(l.tokens, [7, 9]);
+        assert_eq!(l.shape, MicroShape { first: true, n_seqs: 2, n_kv: 10, stop_head: true });
+    }
+
+    #[test]
+    fn a_later_step_feeds_one_token_per_sequence_at_its_step_position() {
+        let hp = small(4, 2, 4);
+        let l = MicroLayout::new(&hp, 2, &[(1, 7), (0, 9)], 4, 10, MicroWants { stop_head: false, logits: true });
+        assert_eq!(cells(&l), [(1, 4, 9), (0, 4, 4)]);
+        assert!(l.gather.is_empty());
+        assert_eq!(l.shape, MicroShape { first: false, n_seqs: 2, n_kv: 10, stop_head: false });
+    }
+}
