@@ -5,8 +5,8 @@
 #![allow(missing_docs)] // criterion_group! generates an undocumented function
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use hamburger::graph::merger::StandaloneMerger;
 use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams};
+use testing::merger::StandaloneMerger;
 use testing::testmodel::{converted, smollm2_checkpoint};
 
 fn model() -> Model {

@@ -5,8 +5,15 @@
 //! `merger.*` (compositional embedder), `micro.blk.N.*` (micro-step decoder
 //! layers, with the base layers' suffixes) and `stop_head.*`.
 //! `docs/gguf-format.md` documents the same table for readers.
+//!
+//! The tensors and the table of their facts live in `arch/tensor.rs`,
+//! re-exported here.
 
-use std::fmt;
+mod tensor;
+
+pub use tensor::{
+    LayerTensor, MergerLinear, Module, Part, Presence, StopLinear, TensorInfo, TensorName, TensorSet, TensorUse,
+};
 
 /// `general.architecture` of a HAMburger GGUF.
 pub const ARCH_HAMBURGER: &str = "hamburger";
@@ -91,6 +98,21 @@ pub mod token_type {
     pub const UNUSED: i32 = 5;
 }
 
+/// Texts of the special tokens that end a turn or a text, as llama.cpp
+/// recognises them, most specific first: the converter takes the first one a
+/// tokenizer has as its end-of-turn id, and the runtime treats every control
+/// token with one of these texts as end of generation.
+pub const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|eom_id|>",
+    "<EOT>",
+];
+
 /// General and tokenizer keys (no architecture prefix).
 pub mod keys {
     /// The architecture name.
@@ -131,236 +153,4 @@ pub mod keys {
     pub const TOKENIZER_HF_JSON: &str = "tokenizer.huggingface.json";
     /// The Jinja chat template.
     pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
-}
-
-/// A tensor of a transformer layer (base or micro decoder); llama.cpp's suffixes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LayerTensor {
-    /// RMSNorm before attention.
-    AttnNorm,
-    /// Query projection (rows permuted for ggml's rope).
-    AttnQ,
-    /// Key projection (rows permuted for ggml's rope).
-    AttnK,
-    /// Value projection.
-    AttnV,
-    /// Attention output projection.
-    AttnOutput,
-    /// RMSNorm before the MLP.
-    FfnNorm,
-    /// SwiGLU gate projection.
-    FfnGate,
-    /// SwiGLU up projection.
-    FfnUp,
-    /// MLP down projection.
-    FfnDown,
-}
-
-impl LayerTensor {
-    /// All layer tensors in file order.
-    pub const ALL: [LayerTensor; 9] = [
-        LayerTensor::AttnNorm,
-        LayerTensor::AttnQ,
-        LayerTensor::AttnK,
-        LayerTensor::AttnV,
-        LayerTensor::AttnOutput,
-        LayerTensor::FfnNorm,
-        LayerTensor::FfnGate,
-        LayerTensor::FfnUp,
-        LayerTensor::FfnDown,
-    ];
-
-    fn suffix(self) -> &'static str {
-        match self {
-            LayerTensor::AttnNorm => "attn_norm",
-            LayerTensor::AttnQ => "attn_q",
-            LayerTensor::AttnK => "attn_k",
-            LayerTensor::AttnV => "attn_v",
-            LayerTensor::AttnOutput => "attn_output",
-            LayerTensor::FfnNorm => "ffn_norm",
-            LayerTensor::FfnGate => "ffn_gate",
-            LayerTensor::FfnUp => "ffn_up",
-            LayerTensor::FfnDown => "ffn_down",
-        }
-    }
-}
-
-/// A linear layer of the merger or stop head: weight or bias.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Part {
-    /// The weight matrix.
-    Weight,
-    /// The bias vector.
-    Bias,
-}
-
-impl Part {
-    fn suffix(self) -> &'static str {
-        match self {
-            Part::Weight => "weight",
-            Part::Bias => "bias",
-        }
-    }
-}
-
-/// The linear layers of the compositional embedder (merger).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MergerLinear {
-    /// Query from the mean embedding (D x D).
-    Q,
-    /// Keys from `[e_j, P_j]` (D x 3D/2).
-    K,
-    /// Values from `[e_j, P_j]` (D x 3D/2).
-    V,
-    /// Output projection added to the mean (D x D).
-    Out,
-}
-
-/// The linear layers of the stop head (Linear, SiLU, Linear, SiLU, Linear).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StopLinear {
-    /// First hidden layer (D x D).
-    Fc1,
-    /// Second hidden layer (D x D).
-    Fc2,
-    /// Output logit (1 x D).
-    Out,
-}
-
-/// Every tensor of the format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TensorName {
-    /// Token embedding table `[D, V]`.
-    TokenEmbd,
-    /// Final RMSNorm weight `[D]`.
-    OutputNorm,
-    /// Untied lm_head `[D, V]` (absent when tied to the embedding).
-    Output,
-    /// Llama-3 rope frequency divisors `[head_dim/2]`.
-    RopeFreqs,
-    /// A base layer tensor.
-    Base(usize, LayerTensor),
-    /// A micro-step decoder layer tensor.
-    Micro(usize, LayerTensor),
-    /// A merger projection.
-    Merger(MergerLinear, Part),
-    /// The merger's in-chunk position table `[D/2, S]`.
-    MergerPos,
-    /// A stop-head layer.
-    Stop(StopLinear, Part),
-}
-
-impl TensorName {
-    /// Whether the tensor belongs to the base model (and so to a base-only export).
-    pub fn is_base(self) -> bool {
-        matches!(
-            self,
-            TensorName::TokenEmbd
-                | TensorName::OutputNorm
-                | TensorName::Output
-                | TensorName::RopeFreqs
-                | TensorName::Base(..)
-        )
-    }
-
-    /// Parses a GGUF tensor name.
-    pub fn parse(name: &str) -> Option<TensorName> {
-        let simple = [
-            TensorName::TokenEmbd,
-            TensorName::OutputNorm,
-            TensorName::Output,
-            TensorName::RopeFreqs,
-            TensorName::MergerPos,
-        ];
-        if let Some(t) = simple.into_iter().find(|t| t.to_string() == name) {
-            return Some(t);
-        }
-        let parts = [Part::Weight, Part::Bias];
-        for m in [MergerLinear::Q, MergerLinear::K, MergerLinear::V, MergerLinear::Out] {
-            for p in parts {
-                if TensorName::Merger(m, p).to_string() == name {
-                    return Some(TensorName::Merger(m, p));
-                }
-            }
-        }
-        for s in [StopLinear::Fc1, StopLinear::Fc2, StopLinear::Out] {
-            for p in parts {
-                if TensorName::Stop(s, p).to_string() == name {
-                    return Some(TensorName::Stop(s, p));
-                }
-            }
-        }
-        let (micro, rest) = match name.strip_prefix("micro.blk.") {
-            Some(rest) => (true, rest),
-            None => (false, name.strip_prefix("blk.")?),
-        };
-        let (layer, rest) = rest.split_once('.')?;
-        let layer: usize = layer.parse().ok()?;
-        let suffix = rest.strip_suffix(".weight")?;
-        let lt = LayerTensor::ALL.into_iter().find(|t| t.suffix() == suffix)?;
-        Some(if micro { TensorName::Micro(layer, lt) } else { TensorName::Base(layer, lt) })
-    }
-}
-
-impl fmt::Display for TensorName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            TensorName::TokenEmbd => f.write_str("token_embd.weight"),
-            TensorName::OutputNorm => f.write_str("output_norm.weight"),
-            TensorName::Output => f.write_str("output.weight"),
-            TensorName::RopeFreqs => f.write_str("rope_freqs.weight"),
-            TensorName::Base(i, t) => write!(f, "blk.{i}.{}.weight", t.suffix()),
-            TensorName::Micro(i, t) => write!(f, "micro.blk.{i}.{}.weight", t.suffix()),
-            TensorName::Merger(m, p) => {
-                let m = match m {
-                    MergerLinear::Q => "attn_q",
-                    MergerLinear::K => "attn_k",
-                    MergerLinear::V => "attn_v",
-                    MergerLinear::Out => "attn_output",
-                };
-                write!(f, "merger.{m}.{}", p.suffix())
-            }
-            TensorName::MergerPos => f.write_str("merger.pos_embd.weight"),
-            TensorName::Stop(s, p) => {
-                let s = match s {
-                    StopLinear::Fc1 => "fc1",
-                    StopLinear::Fc2 => "fc2",
-                    StopLinear::Out => "out",
-                };
-                write!(f, "stop_head.{s}.{}", p.suffix())
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_round_trip() {
-        let mut all = vec![
-            TensorName::TokenEmbd,
-            TensorName::OutputNorm,
-            TensorName::Output,
-            TensorName::RopeFreqs,
-            TensorName::MergerPos,
-        ];
-        for lt in LayerTensor::ALL {
-            all.push(TensorName::Base(12, lt));
-            all.push(TensorName::Micro(3, lt));
-        }
-        for m in [MergerLinear::Q, MergerLinear::K, MergerLinear::V, MergerLinear::Out] {
-            all.push(TensorName::Merger(m, Part::Weight));
-            all.push(TensorName::Merger(m, Part::Bias));
-        }
-        for s in [StopLinear::Fc1, StopLinear::Fc2, StopLinear::Out] {
-            all.push(TensorName::Stop(s, Part::Bias));
-        }
-        for t in all {
-            assert_eq!(TensorName::parse(&t.to_string()), Some(t), "{t}");
-        }
-        assert_eq!(TensorName::parse("blk.x.attn_q.weight"), None);
-        assert_eq!(TensorName::parse("blk.1.attn_q.bias"), None);
-    }
 }

@@ -13,7 +13,7 @@ use crate::batch::Batch;
 use crate::budget::EngineParams;
 use crate::error::{Param, ParamError};
 use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, Wants};
-use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape};
+use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
 use crate::graph::{StepGraph, StepOut};
 use crate::kv_cache::{KvCache, SeqId};
 use crate::model::Model;
@@ -207,19 +207,13 @@ impl<'m> Engine<'m> {
 
     /// Micro step `s` of the current macro step of each `(seq, token)`:
     /// feeds `token` (t_s) to the micro decoder and returns out_{s+1}'s
-    /// outputs, in order. Step 0 first feeds the features of the sequence's
-    /// last base forward.
+    /// outputs (what `want` asks for), in order. Step 0 first feeds the
+    /// features of the sequence's last base forward.
     ///
     /// # Errors
     /// When `s` is beyond the micro cache, a sequence or token is unknown or
     /// repeated, or a computation fails.
-    pub fn micro_step(
-        &mut self,
-        s: usize,
-        inputs: &[(SeqId, u32)],
-        stop_head: bool,
-        want_logits: bool,
-    ) -> Result<Vec<StepOut>> {
+    pub fn micro_step(&mut self, s: usize, inputs: &[(SeqId, u32)], want: MicroWants) -> Result<Vec<StepOut>> {
         let hp = &self.model.hp;
         if s + 1 >= hp.max_steps {
             return Err(Error::Invalid(format!("micro step {s} is beyond max_steps {}", hp.max_steps)));
@@ -234,7 +228,7 @@ impl<'m> Engine<'m> {
                 "micro step 0 of sequence {seq}: its last base forward stored no features (one token per step)"
             )));
         }
-        let layout = MicroLayout::new(hp, s, inputs, self.features.ne()[1] as usize, self.micro.n_cells(), stop_head);
+        let layout = MicroLayout::new(hp, s, inputs, self.features.ne()[1] as usize, self.micro.n_cells(), want);
         if s == 0 {
             inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));
         }
@@ -248,6 +242,6 @@ impl<'m> Engine<'m> {
             .get(layout.shape.clone(), |s| micro::build(model, cache, features, s, flash, backends))?;
         sg.inputs.set(cache, &layout)?;
         sg.sched.compute(&sg.graph)?;
-        sg.outputs.read(want_logits)
+        sg.outputs.read(want.logits)
     }
 }

@@ -9,6 +9,7 @@ use std::time::Instant;
 use crate::batch::Batch;
 use crate::engine::Engine;
 use crate::graph::base::Wants;
+use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::sampling::Sampler;
@@ -305,7 +306,7 @@ fn micro_steps(
             break;
         }
         let inputs: Vec<(SeqId, u32)> = next.iter().map(|&(_, seq, t)| (seq, t)).collect();
-        let outs = engine.micro_step(s, &inputs, stop_head, want_logits)?;
+        let outs = engine.micro_step(s, &inputs, MicroWants { stop_head, logits: want_logits })?;
         current = next.iter().map(|&(a, _, _)| a).zip(outs).collect();
     }
     for (i, step) in steps {

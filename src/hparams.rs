@@ -3,7 +3,7 @@
 
 use ggml::gguf::{Array, Gguf, Value};
 
-use crate::arch::{Key, LayerTensor, MergerLinear, Part, StopLinear, TensorName, ARCH_HAMBURGER};
+use crate::arch::{Key, LayerTensor, MergerLinear, Part, StopLinear, TensorName, TensorSet, ARCH_HAMBURGER};
 use crate::{Error, Result};
 
 /// The released model's feature layers (of 16), used when nothing else says.
@@ -265,27 +265,17 @@ impl HParams {
         kv.into_iter().map(|(k, v)| (k.name(arch), v)).collect()
     }
 
-    /// Every tensor of the format with its shape in ggml order. `tied` omits
-    /// `output.weight`; `rope_freqs` includes the llama3 frequency table;
-    /// `base_only` keeps only the base model's tensors.
-    pub fn tensor_shapes(&self, tied: bool, rope_freqs: bool, base_only: bool) -> Vec<(TensorName, Vec<i64>)> {
+    /// Every tensor of `set` with its shape in ggml order, in file order.
+    pub fn tensor_shapes(&self, set: TensorSet) -> Vec<(TensorName, Vec<i64>)> {
         let (d, v) = (self.n_embd as i64, self.n_vocab as i64);
-        let mut out = vec![(TensorName::TokenEmbd, vec![d, v])];
-        if rope_freqs {
-            out.push((TensorName::RopeFreqs, vec![self.n_rot as i64 / 2]));
-        }
+        let mut out = vec![(TensorName::TokenEmbd, vec![d, v]), (TensorName::RopeFreqs, vec![self.n_rot as i64 / 2])];
         for il in 0..self.n_layer {
             for lt in LayerTensor::ALL {
                 out.push((TensorName::Base(il, lt), self.layer_shape(lt)));
             }
         }
         out.push((TensorName::OutputNorm, vec![d]));
-        if !tied {
-            out.push((TensorName::Output, vec![d, v]));
-        }
-        if base_only {
-            return out;
-        }
+        out.push((TensorName::Output, vec![d, v]));
         let (m_in, s) = (self.merger_in() as i64, self.max_steps as i64);
         for (m, n_in) in
             [(MergerLinear::Q, d), (MergerLinear::K, m_in), (MergerLinear::V, m_in), (MergerLinear::Out, d)]
@@ -303,6 +293,7 @@ impl HParams {
             out.push((TensorName::Stop(st, Part::Weight), vec![d, n_out]));
             out.push((TensorName::Stop(st, Part::Bias), vec![n_out]));
         }
+        out.retain(|(name, _)| set.contains(*name));
         out
     }
 
@@ -326,9 +317,38 @@ pub fn default_feature_layers(n_layer: usize) -> Vec<usize> {
     (1..=4).map(|q| (n_layer * q / 4).saturating_sub(1)).collect()
 }
 
+/// Small valid hyper-parameters for the unit tests of the layouts: `n_layer`
+/// base layers whose last `n_features` are the feature layers, and
+/// `max_steps` tokens per macro step.
+#[cfg(test)]
+pub(crate) fn small(n_layer: usize, n_features: usize, max_steps: usize) -> HParams {
+    HParams {
+        n_vocab: 64,
+        n_embd: 8,
+        n_layer,
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 4,
+        n_ff: 16,
+        rms_eps: 1e-5,
+        rope_freq_base: 10000.0,
+        n_rot: 4,
+        n_ctx_train: 64,
+        max_steps,
+        n_micro_layer: 1,
+        feature_layers: (n_layer - n_features..n_layer).collect(),
+        n_merger_head: 2,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_hyper_parameters_are_valid() {
+        assert_eq!(small(4, 2, 3).problems(), Vec::<String>::new());
+    }
 
     #[test]
     fn default_feature_layers_follow_the_release() {

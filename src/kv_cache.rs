@@ -204,3 +204,61 @@ impl KvCache {
 pub(crate) fn row_bytes(ty: Type, n: usize) -> Result<usize> {
     ty.row_size(n).ok_or_else(|| Error::Invalid(format!("a KV row of {n} values does not fit type {ty}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU cache of `n` cells, one layer of one head of 4 values.
+    fn cache(n: usize) -> KvCache {
+        KvCache::new(&[BufferType::cpu()], n, 4, 4, Type::F32, true).unwrap()
+    }
+
+    #[test]
+    fn free_cells_are_taken_first_free_and_a_sequences_cells_freed_together() {
+        let mut kv = cache(6);
+        assert_eq!(kv.find_free(6), Some(vec![0, 1, 2, 3, 4, 5]));
+        assert_eq!(kv.find_free(7), None);
+        for (cell, seq, pos) in [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)] {
+            kv.occupy(cell, seq, pos);
+        }
+        assert_eq!((kv.n_used(), kv.n_cells_of(0), kv.n_cells_of(1)), (4, 2, 2));
+        assert_eq!(kv.find_free(2), Some(vec![4, 5]));
+        assert_eq!(kv.find_free(3), None);
+        kv.clear_seq(0);
+        assert_eq!((kv.n_used(), kv.n_cells_of(0), kv.n_cells_of(1)), (2, 0, 2));
+        assert_eq!(kv.find_free(3), Some(vec![0, 2, 4]));
+        kv.release(3);
+        assert_eq!(kv.n_cells_of(1), 1);
+    }
+
+    #[test]
+    fn the_window_ends_after_the_last_occupied_cell() {
+        let mut kv = cache(8);
+        assert_eq!(kv.used_window(), 0);
+        kv.occupy(5, 0, 0);
+        kv.occupy(1, 1, 0);
+        assert_eq!(kv.used_window(), 6);
+        kv.release(5);
+        assert_eq!(kv.used_window(), 2);
+    }
+
+    #[test]
+    fn a_query_attends_its_own_sequences_cells_up_to_its_position() {
+        let mut kv = cache(4);
+        kv.occupy(0, 0, 0);
+        kv.occupy(1, 1, 0);
+        kv.occupy(2, 0, 3);
+        let row = |seq, pos| (0..4).map(|c| kv.attends(c, seq, pos)).collect::<Vec<_>>();
+        assert_eq!(row(0, 3), [true, false, true, false]);
+        assert_eq!(row(0, 2), [true, false, false, false]);
+        assert_eq!(row(1, 5), [false, true, false, false]);
+        assert_eq!(row(2, 5), [false; 4]);
+    }
+
+    #[test]
+    fn a_transposed_value_write_indexes_each_element_of_each_cell() {
+        // V is [n_cells, E]: element i of cell c is at i * n_cells + c.
+        assert_eq!(cache(6).v_trans_indices(&[1, 4]), [1, 7, 13, 19, 4, 10, 16, 22]);
+    }
+}

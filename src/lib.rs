@@ -35,6 +35,7 @@ pub use engine::Engine;
 pub use error::{Error, Param, ParamError, Result};
 pub use generate::{DecodeConfig, SeqGen};
 pub use graph::base::Wants;
+pub use graph::micro::MicroWants;
 pub use graph::StepOut;
 pub use model::Model;
 pub use placement::{DeviceChoice, LoadOptions};

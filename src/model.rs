@@ -7,23 +7,11 @@ use std::rc::Rc;
 use ggml::gguf::{Array, Gguf};
 use ggml::MappedFile;
 
-use crate::arch::{keys, token_type, ARCH_HAMBURGER};
+use crate::arch::{keys, token_type, ARCH_HAMBURGER, END_OF_GENERATION_TEXTS};
 use crate::hparams::HParams;
 use crate::placement::{LoadOptions, PlacementPlan};
 use crate::weights::{self, Weights};
 use crate::{Error, Result};
-
-/// Token texts that end a turn or a text, as llama.cpp recognises them.
-const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<|eom_id|>",
-    "<EOT>",
-];
 
 /// The vocabulary facts the runtime needs (the tokenizer itself is built from
 /// `tokenizer_json`, see [`crate::tokenizer`]).
@@ -79,7 +67,7 @@ impl VocabInfo {
         for (i, t) in tokens.iter().enumerate() {
             let control =
                 types.get(i).is_some_and(|&ty| [token_type::CONTROL, token_type::USER_DEFINED].contains(&(ty as i32)));
-            if control && i < n_vocab && EOG_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
+            if control && i < n_vocab && END_OF_GENERATION_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
                 eog.push(i as u32);
             }
         }

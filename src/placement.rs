@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 use ggml::{Backend, BufferType, Device, DeviceKind, WeightOp};
 
-use crate::arch::TensorName;
+use crate::arch::{TensorName, TensorUse};
 use crate::{threads, Error, Result};
 
 /// The `--device` choice.
@@ -52,7 +52,7 @@ fn select(choice: DeviceChoice) -> Result<Option<Device>> {
     // RPC servers' devices register as GPUs too; they come from --rpc, not --device.
     let gpus: Vec<Device> = Device::all()
         .into_iter()
-        .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) && d.backend_name() != "RPC")
+        .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) && !d.is_rpc())
         .collect();
     let named = |backend: &str, feature: &str, compiled: bool| -> Result<Option<Device>> {
         if !compiled {
@@ -72,25 +72,6 @@ fn select(choice: DeviceChoice) -> Result<Option<Device>> {
         DeviceChoice::Cuda => named("CUDA", "cuda", cfg!(feature = "cuda")),
         DeviceChoice::Metal => named("Metal", "metal", cfg!(feature = "metal")),
     }
-}
-
-/// Every device of this build, one line each (`--list-devices`).
-pub fn describe_devices() -> String {
-    Device::all()
-        .iter()
-        .map(|d| {
-            let (free, total) = d.memory();
-            format!(
-                "{} ({}): {} [{:?}], {} of {} MiB free\n",
-                d.name(),
-                d.backend_name(),
-                d.description(),
-                d.kind(),
-                free >> 20,
-                total >> 20
-            )
-        })
-        .collect()
 }
 
 /// Where one weight's memory lives.
@@ -199,7 +180,7 @@ impl PlacementPlan {
 
     /// The local GPU, if the plan uses one.
     pub fn gpu(&self) -> Option<Device> {
-        self.devices.iter().copied().find(|d| d.backend_name() != "RPC")
+        self.devices.iter().copied().find(|d| !d.is_rpc())
     }
 
     /// The device of the micro decoder and heads (`None`: the CPU).
@@ -225,7 +206,7 @@ impl PlacementPlan {
     pub fn describe(&self) -> String {
         let name = |d: Option<Device>| match d {
             None => "CPU".to_string(),
-            Some(d) if d.backend_name() == "RPC" => format!("{} ({})", d.name(), d.description()),
+            Some(d) if d.is_rpc() => format!("{} ({})", d.name(), d.description()),
             Some(d) => d.name(),
         };
         let places: Vec<String> =
@@ -247,15 +228,15 @@ impl PlacementPlan {
     }
 
     /// Where weight `name` of type `ty` and shape `ne` goes. On the CPU,
-    /// matrix-product weights go to the first repacked buffer type that has a
-    /// kernel for them; everything else stays on the mapped file. The token
-    /// embedding is read by row lookups (and is the tied lm_head), so it stays
-    /// mapped, as in llama.cpp.
+    /// matrix-product weights of more than one row go to the first repacked
+    /// buffer type that has a kernel for them; everything else stays on the
+    /// mapped file. The token embedding is read by row lookups (and is the
+    /// tied lm_head), so it stays mapped, as in llama.cpp.
     pub fn weight(&self, name: TensorName, ty: ggml::Type, ne: &[i64]) -> Placement {
         if let Some(dev) = self.device_of(name) {
             return Placement::Buffer(dev.buffer_type());
         }
-        let matrix = ne.len() == 2 && ne[1] > 1 && name != TensorName::TokenEmbd;
+        let matrix = name.info().usage == TensorUse::MatMul && ne.len() == 2 && ne[1] > 1;
         match &self.cpu {
             Some(dev) if matrix => self
                 .repack

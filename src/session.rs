@@ -8,6 +8,7 @@ use crate::engine::Engine;
 use crate::error::{Param, ParamError};
 use crate::generate::{self, DecodeConfig, SeqGen};
 use crate::graph::base::Wants;
+use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::model::Model;
@@ -165,8 +166,8 @@ impl<'m> Session<'m> {
     /// # Errors
     /// When `s` is beyond the micro cache or a computation fails.
     pub fn micro_step(&mut self, s: usize, token: u32, want_logits: bool) -> Result<StepOut> {
-        let stop_head = self.cfg.rule.needs_stop_head();
-        let mut outs = self.engine.micro_step(s, &[(SEQ, token)], stop_head, want_logits)?;
+        let want = MicroWants { stop_head: self.cfg.rule.needs_stop_head(), logits: want_logits };
+        let mut outs = self.engine.micro_step(s, &[(SEQ, token)], want)?;
         Ok(outs.pop().expect("one sequence, one output"))
     }
 

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use ggml::gguf::Gguf;
 use ggml::{Buffer, ContextGroups, MappedFile, Tensor, Type};
 
-use crate::arch::{LayerTensor, MergerLinear, Part, StopLinear, TensorName};
+use crate::arch::{LayerTensor, MergerLinear, Part, Presence, StopLinear, TensorName, TensorSet};
 use crate::hparams::HParams;
 use crate::placement::{Placement, PlacementPlan};
 use crate::{Error, Result};
@@ -95,24 +95,25 @@ impl Weights {
     }
 }
 
-/// Whether type `ty` is allowed for tensor `name` (vectors and tables are added,
-/// not multiplied, so they must be F32).
+/// Whether type `ty` is allowed for tensor `name`: F32 for what the format
+/// keeps F32, else any type ggml can multiply with.
 fn type_allowed(name: TensorName, ty: Type) -> bool {
-    let vector = matches!(
-        name,
-        TensorName::OutputNorm
-            | TensorName::RopeFreqs
-            | TensorName::MergerPos
-            | TensorName::Base(_, LayerTensor::AttnNorm | LayerTensor::FfnNorm)
-            | TensorName::Micro(_, LayerTensor::AttnNorm | LayerTensor::FfnNorm)
-            | TensorName::Merger(_, Part::Bias)
-            | TensorName::Stop(_, Part::Bias)
-    );
-    if vector {
+    if name.info().f32_only() {
         ty == Type::F32
     } else {
         matches!(ty, Type::F32 | Type::F16 | Type::BF16) || (ty.is_quantized() && ty.can_dequantize())
     }
+}
+
+/// A weight created in its placement's context, waiting for its bytes.
+#[derive(Clone)]
+struct Placed {
+    tensor: Tensor,
+    /// Where its bytes start in the file.
+    offset: u64,
+    /// How many bytes it has.
+    size: u64,
+    place: Placement,
 }
 
 /// Loads and checks every weight of `gguf` (already mapped as `map`),
@@ -122,9 +123,8 @@ fn type_allowed(name: TensorName, ty: Type) -> bool {
 /// A missing, unexpected, misshapen or mistyped tensor, or a failed allocation.
 pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan) -> Result<Weights> {
     let path = &gguf.path;
-    let tied = gguf.tensor(&TensorName::Output.to_string()).is_none();
-    let rope = gguf.tensor(&TensorName::RopeFreqs.to_string()).is_some();
-    let expected = hp.tensor_shapes(tied, rope, false);
+    let set = TensorSet::of_file(|name| gguf.tensor(&name.to_string()).is_some());
+    let expected = hp.tensor_shapes(set);
     for t in &gguf.tensors {
         if !expected.iter().any(|(n, _)| n.to_string() == t.name) {
             return Err(Error::UnexpectedTensor { path: path.clone(), name: t.name.clone() });
@@ -134,7 +134,7 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
     // (+1: a tied lm_head may be duplicated onto a device.)
     let mut contexts = ContextGroups::<Placement>::new(expected.len() + 1);
     let mut tensors: HashMap<TensorName, Tensor> = HashMap::new();
-    let mut offsets: Vec<(Tensor, u64, u64, Placement)> = Vec::new();
+    let mut placed: Vec<Placed> = Vec::new();
     for (name, ne) in &expected {
         let s = name.to_string();
         let info = gguf.tensor(&s).ok_or_else(|| Error::MissingTensor { path: path.clone(), name: s.clone() })?;
@@ -154,20 +154,19 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
         }
         let place = plan.weight(*name, info.ty, ne);
         let t = contexts.get(place)?.new_tensor(info.ty, ne).named(&s);
-        offsets.push((t.clone(), info.offset, info.size, place));
+        placed.push(Placed { tensor: t.clone(), offset: info.offset, size: info.size, place });
         tensors.insert(*name, t);
     }
-    // A tied lm_head placed away from the embedding (on a GPU) gets its own
-    // copy there, as llama.cpp duplicates it, so the product runs on the device.
+    // A tied lm_head placed away from the tensor it is tied to (on a GPU)
+    // gets its own copy there, as llama.cpp duplicates it, so the product runs on the device.
     let mut output_dup = None;
-    if tied {
-        let embd =
-            &offsets.iter().find(|o| o.0.name() == TensorName::TokenEmbd.to_string()).expect("embedding").clone();
+    if let (true, Presence::TiedTo(source)) = (set.tied_output, TensorName::Output.info().presence) {
+        let source = placed.iter().find(|p| p.tensor.name() == source.to_string()).expect("the tied tensor").clone();
         let ne = [hp.n_embd as i64, hp.n_vocab as i64];
-        let place = plan.weight(TensorName::Output, embd.0.ty(), &ne);
-        if place != embd.3 {
-            let t = contexts.get(place)?.new_tensor(embd.0.ty(), &ne).named(&TensorName::Output.to_string());
-            offsets.push((t.clone(), embd.1, embd.2, place));
+        let place = plan.weight(TensorName::Output, source.tensor.ty(), &ne);
+        if place != source.place {
+            let t = contexts.get(place)?.new_tensor(source.tensor.ty(), &ne).named(&TensorName::Output.to_string());
+            placed.push(Placed { tensor: t.clone(), place, ..source });
             output_dup = Some(t);
         }
     }
@@ -175,20 +174,16 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
         match place {
             Placement::Mapped => {
                 let buf = Buffer::from_host_memory(map.clone())?;
-                for (t, off, _, p) in &offsets {
-                    if p == place {
-                        buf.place(t, *off as usize)?;
-                    }
+                for p in placed.iter().filter(|p| p.place == *place) {
+                    buf.place(&p.tensor, p.offset as usize)?;
                 }
                 buf.set_weights_usage();
             }
             Placement::Buffer(buft) => {
                 let buf = Buffer::alloc_context(ctx, *buft)?;
                 buf.set_weights_usage();
-                for (t, off, size, p) in &offsets {
-                    if p == place {
-                        t.write_bytes(0, &map[*off as usize..(*off + *size) as usize])?;
-                    }
+                for p in placed.iter().filter(|p| p.place == *place) {
+                    p.tensor.write_bytes(0, &map[p.offset as usize..(p.offset + p.size) as usize])?;
                 }
             }
         }
@@ -224,8 +219,8 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
     Ok(Weights {
         tok_embd: take(TensorName::TokenEmbd),
         output_norm: take(TensorName::OutputNorm),
-        output: if tied { output_dup } else { Some(take(TensorName::Output)) },
-        rope_freqs: rope.then(|| take(TensorName::RopeFreqs)),
+        output: if set.tied_output { output_dup } else { Some(take(TensorName::Output)) },
+        rope_freqs: set.rope_freqs.then(|| take(TensorName::RopeFreqs)),
         layers,
         micro,
         merger,

@@ -7,7 +7,8 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 /// What the converter is made of, relative to this crate.
-const SOURCES: &[&str] = &["../convert/src", "../quant/src", "../ggml/src/gguf", "../src/hparams.rs", "../src/arch.rs"];
+const SOURCES: &[&str] =
+    &["../convert/src", "../quant/src", "../ggml/src/gguf", "../src/hparams.rs", "../src/arch.rs", "../src/arch"];
 
 fn files(p: &Path, out: &mut Vec<PathBuf>) {
     if p.is_dir() {

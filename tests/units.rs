@@ -3,8 +3,8 @@
 //! cache over all four micro positions.
 
 use ggml::Type;
-use hamburger::graph::merger;
 use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
+use testing::merger::StandaloneMerger;
 use testing::reference::{argmax, Reference};
 use testing::testmodel::{converted, tiny_fixture};
 
@@ -22,7 +22,7 @@ fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
 fn merger_graph_equals_plain_rust() {
     let (model, reference) = tiny();
     for tokens in [vec![5u32, 300], vec![17, 17, 42], vec![1, 2, 3, 511]] {
-        let got = merger::StandaloneMerger::new(&model, tokens.len(), 2).unwrap().run(&tokens).unwrap();
+        let got = StandaloneMerger::new(&model, tokens.len(), 2).unwrap().run(&tokens).unwrap();
         let want = reference.merge(&tokens);
         assert!(close(&got, &want, 1e-5), "{tokens:?}: {:?} vs {:?}", &got[..4], &want[..4]);
         // And it is not just the mean: the attention part contributes.

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use ggml::Type;
-use hamburger::arch::{LayerTensor, MergerLinear, Part, StopLinear, TensorName};
+use hamburger::arch::{LayerTensor, MergerLinear, Part, StopLinear, TensorName, TensorSet};
 use hamburger::hparams::HParams;
 
 use crate::checkpoint::{Checkpoint, SourceTensor};
@@ -165,7 +165,7 @@ pub fn plan(
     let base = base_prefix(ck);
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
-    for (name, ne) in hp.tensor_shapes(tied, rope_freqs.is_some(), base_only) {
+    for (name, ne) in hp.tensor_shapes(TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only }) {
         let ty = choose_type(name, &ne);
         let source = match source_key(name, base) {
             None => Source::Computed(rope_freqs.clone().unwrap_or_default()),

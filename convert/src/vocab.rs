@@ -6,13 +6,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use ggml::gguf::{Array, Value};
-use hamburger::arch::{keys, token_type};
+use hamburger::arch::{keys, token_type, END_OF_GENERATION_TEXTS};
 use serde_json::Value as Json;
 
 use crate::ConvertError;
-
-/// Texts of special tokens that end a turn, as llama.cpp recognises them.
-const EOT_TEXTS: &[&str] = &["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"];
 
 /// The tokenizer metadata of a GGUF.
 #[derive(Debug, Clone)]
@@ -140,7 +137,7 @@ impl Vocab {
         };
         let bos = lookup("bos_token").or(config_bos);
         let eos = lookup("eos_token").or(config_eos);
-        let eot = EOT_TEXTS.iter().find_map(|t| specials.get(*t).copied());
+        let eot = END_OF_GENERATION_TEXTS.iter().find_map(|t| specials.get(*t).copied());
         let eom = specials.get("<|eom_id|>").copied();
         let pad = lookup("pad_token");
         let unk = lookup("unk_token");

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use ggml::gguf::{GgufBuilder, Value};
-use hamburger::arch::keys;
+use hamburger::arch::{keys, TensorSet};
 use hamburger::hparams::HParams;
 use hamburger_fuzz::{small_safetensors, tiny_fixture, SHARD, TINY_VOCAB};
 
@@ -45,7 +45,7 @@ fn mini_gguf() -> Vec<u8> {
         n_merger_head: 2,
     };
     let tokenizer = std::fs::read_to_string(tiny_fixture().join("tokenizer.json")).expect("fixture tokenizer");
-    let shapes = hp.tensor_shapes(true, false, false);
+    let shapes = hp.tensor_shapes(TensorSet { tied_output: true, ..Default::default() });
     let mut b = GgufBuilder::new(shapes.len()).expect("builder");
     let mut meta = vec![
         (keys::ARCHITECTURE.to_string(), Value::Str("hamburger".into())),

@@ -79,6 +79,11 @@ impl Device {
         cstr(unsafe { sys::ggml_backend_reg_name(sys::ggml_backend_dev_backend_reg(self.0)) })
     }
 
+    /// Whether the device is an RPC server's (joined with [`crate::rpc::add_server`]).
+    pub fn is_rpc(&self) -> bool {
+        self.backend_name().as_bytes() == crate::rpc::BACKEND_NAME.to_bytes()
+    }
+
     /// The device kind.
     pub fn kind(&self) -> DeviceKind {
         // SAFETY: as in name().

@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use crate::{sys, Device, Error, Result};
 
+/// The name of the RPC backend's registry, which its devices report as
+/// their backend name.
+pub const BACKEND_NAME: &std::ffi::CStr = c"RPC";
+
 /// How long a first connection to an RPC server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -20,7 +24,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 fn rpc_reg() -> Result<sys::ggml_backend_reg_t> {
     crate::init_logging();
     // SAFETY: the name is NUL-terminated; the registry is initialised statically.
-    let reg = unsafe { sys::ggml_backend_reg_by_name(c"RPC".as_ptr()) };
+    let reg = unsafe { sys::ggml_backend_reg_by_name(BACKEND_NAME.as_ptr()) };
     if reg.is_null() {
         return Err(Error::Invalid("this build has no RPC backend (build with GGML_RPC=ON)".into()));
     }

@@ -4,7 +4,7 @@
 //! explains and measures the choices.
 
 use ggml::Type;
-use hamburger::arch::{LayerTensor, MergerLinear, Part, StopLinear, TensorName};
+use hamburger::arch::{Module, StopLinear, TensorName};
 
 use crate::Mix;
 
@@ -32,25 +32,21 @@ pub enum Role {
 }
 
 impl Role {
-    /// The role of `name`; `tied` says whether the embedding is also the lm_head.
+    /// The role of `name` (by the format's table of tensor facts); `tied`
+    /// says whether the embedding is also the lm_head.
     pub fn of(name: TensorName, tied: bool) -> Role {
-        let norm = |lt| matches!(lt, LayerTensor::AttnNorm | LayerTensor::FfnNorm);
-        match name {
-            TensorName::TokenEmbd if tied => Role::Output,
-            TensorName::TokenEmbd => Role::TokenEmbd,
-            TensorName::Output => Role::Output,
-            TensorName::OutputNorm | TensorName::RopeFreqs => Role::Vector,
-            TensorName::Base(_, lt) | TensorName::Micro(_, lt) if norm(lt) => Role::Vector,
-            TensorName::Base(..) => Role::Base,
-            TensorName::Micro(..) => Role::Micro,
-            TensorName::Merger(_, Part::Bias) | TensorName::Stop(_, Part::Bias) => Role::Vector,
-            TensorName::Merger(
-                MergerLinear::Q | MergerLinear::K | MergerLinear::V | MergerLinear::Out,
-                Part::Weight,
-            ) => Role::Merger,
-            TensorName::MergerPos => Role::MergerPos,
-            TensorName::Stop(StopLinear::Out, Part::Weight) => Role::StopOut,
-            TensorName::Stop(_, Part::Weight) => Role::StopHidden,
+        let info = name.info();
+        match (info.module, name) {
+            (_, TensorName::MergerPos) => Role::MergerPos,
+            _ if info.f32_only() => Role::Vector,
+            (_, TensorName::TokenEmbd) if tied => Role::Output,
+            (_, TensorName::TokenEmbd) => Role::TokenEmbd,
+            (Module::Base, _) if info.per_layer => Role::Base,
+            (Module::Base, _) => Role::Output,
+            (Module::Micro, _) => Role::Micro,
+            (Module::Merger, _) => Role::Merger,
+            (Module::StopHead, TensorName::Stop(StopLinear::Out, _)) => Role::StopOut,
+            (Module::StopHead, _) => Role::StopHidden,
         }
     }
 
@@ -107,15 +103,16 @@ pub struct Choice {
 
 /// The type of tensor `name` (shape `ne`, ggml order) under `mix` and `ov`.
 ///
-/// Vectors, the merger's position table and the stop head's output row stay
-/// F32. Base matrices follow llama.cpp's rules for the mix; micro-decoder
+/// What the format keeps F32 (vectors, the merger's position table) stays
+/// F32, and so does the stop head's output row (one row of D whose sigmoid
+/// is thresholded). Base matrices follow llama.cpp's rules for the mix; micro-decoder
 /// matrices follow the same rules as a stack of their own (so its last layers
 /// get the mix's extra bits); merger and stop-head hidden layers stay at Q8_0
 /// in mixes below 8 bits (they run once per macro step and steer its
 /// boundaries, for 2% of the weights); the lm_head gets the mix's output type.
 pub fn choose(name: TensorName, ne: &[i64], tied: bool, mix: Mix, stacks: Stacks, ov: &Overrides) -> Choice {
     let role = Role::of(name, tied);
-    if matches!(role, Role::Vector | Role::MergerPos | Role::StopOut) || ne.len() < 2 {
+    if name.info().f32_only() || role == Role::StopOut || ne.len() < 2 {
         return Choice { ty: Type::F32, fallback: None };
     }
     let row = ne[0] as usize;

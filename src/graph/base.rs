@@ -241,3 +241,66 @@ pub fn build(
     }
     finish(gs, backends, w, &out, shape.stop_head, BaseInputs { tokens, perm, attn, feat_idx })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hparams::small;
+
+    /// Sequence 0's two prompt tokens, sequence 1's macro step of three
+    /// tokens, then sequence 0's macro step of two.
+    fn mixed_batch() -> Batch {
+        let mut b = Batch::new();
+        b.push_tokens(0, &[10, 11]);
+        b.push_merged(1, &[20, 21, 22]);
+        b.push_merged(0, &[30, 31]);
+        b
+    }
+
+    #[test]
+    fn a_merged_input_sits_at_its_last_tokens_position() {
+        let (pos, next) = positions(&mixed_batch(), &[5, 2]);
+        assert_eq!(pos, [5, 6, 4, 8]);
+        assert_eq!(next, [9, 5]);
+    }
+
+    #[test]
+    fn inputs_are_embedded_by_group_and_each_sequences_last_input_is_an_output_row() {
+        let hp = small(4, 2, 4);
+        let want = Wants { stop_head: true, logits: false, features: true };
+        let l = BaseLayout::new(&hp, &mixed_batch(), &[5, 6, 4, 8], &[3, 0, 1, 2], 256, want);
+        // Embedding order: merged inputs by token count (2, then 3), then single tokens.
+        assert_eq!(l.tokens, [30, 31, 20, 21, 22, 10, 11]);
+        // Graph order: the non-output inputs, then each sequence's last input in order of appearance.
+        assert_eq!(l.perm, [2, 3, 0, 1]);
+        let rows: Vec<(SeqId, i32, usize)> = l.rows.iter().map(|r| (r.seq, r.pos, r.cell)).collect();
+        assert_eq!(rows, [(0, 5, 3), (0, 6, 0), (0, 8, 2), (1, 4, 1)]);
+        assert_eq!(l.out_seqs, [0, 1]);
+        // Feature f of output row j goes to column seq * F + f, grouped by feature.
+        assert_eq!(l.feat_idx, [0, 2, 1, 3]);
+        let shape = BaseShape {
+            merged: vec![1, 1, 0],
+            n_plain: 2,
+            n_out: 2,
+            permuted: true,
+            n_kv: 256,
+            stop_head: true,
+            features: true,
+        };
+        assert_eq!(l.shape, shape);
+        assert_eq!((l.shape.n_tokens(), l.shape.n_rows()), (7, 4));
+    }
+
+    #[test]
+    fn a_prompt_of_one_sequence_needs_no_permutation() {
+        let mut b = Batch::new();
+        b.push_tokens(2, &[1, 2, 3]);
+        let want = Wants { stop_head: false, logits: true, features: false };
+        let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[0, 1, 2], 256, want);
+        assert_eq!(l.perm, [0, 1, 2]);
+        assert!(!l.shape.permuted && !l.shape.stop_head && !l.shape.features);
+        assert_eq!(l.shape.merged, [0, 0, 0]);
+        assert_eq!(l.out_seqs, [2]);
+        assert_eq!(l.feat_idx, [4, 5]);
+    }
+}

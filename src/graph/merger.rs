@@ -2,14 +2,11 @@
 //! input embedding (docs/model.md, "The merger"),
 //! for m such steps at once.
 
-use std::rc::Rc;
-
-use ggml::{Context, Graph, Scheduler, Tensor, Type};
+use ggml::{Context, Tensor, Type};
 
 use super::linear;
 use crate::hparams::HParams;
 use crate::weights::MergerWeights;
-use crate::{threads, Model, Result};
 
 /// Merges the token embeddings `e [D, k, m]` (k > 1 tokens, in emission
 /// order, of each of m inputs) into `[D, m]`:
@@ -31,46 +28,4 @@ pub fn merge(g: &Context, w: &MergerWeights, hp: &HParams, e: &Tensor) -> Tensor
     let values = g.cont(&g.permute(&g.reshape(&values, &[hd, hm, k, m]), [1, 2, 0, 3])); // [k, hd, Hm, m]
     let o = g.reshape(&g.mul_mat(&values, &attn), &[d, m]); // [hd, 1, Hm, m] -> concat of heads [D, m]
     g.add(&mean, &linear(g, &w.out, &o)).named("merged")
-}
-
-/// The merger alone as a runnable graph on the CPU, for unit tests and
-/// benchmarks: token ids in, the merged embedding out.
-pub struct StandaloneMerger {
-    graph: Graph,
-    sched: Scheduler,
-    ids: Tensor,
-    merged: Tensor,
-}
-
-impl StandaloneMerger {
-    /// Builds the merger of `model` for one input of `k` tokens on `n_threads` CPU threads.
-    ///
-    /// # Errors
-    /// When the backend or the graph cannot be created.
-    pub fn new(model: &Model, k: usize, n_threads: usize) -> Result<StandaloneMerger> {
-        const NODES: usize = 256;
-        let g = Context::new(NODES, NODES)?;
-        let mut graph = Graph::new(&g, NODES);
-        let ids = super::token_input(&g, k);
-        let e = g.reshape(&g.get_rows(&model.weights.tok_embd, &ids), &[model.hp.n_embd as i64, k as i64, 1]);
-        let merged = merge(&g, &model.weights.merger, &model.hp, &e);
-        merged.set_output();
-        graph.expand(&merged);
-        let cpu = ggml::Backend::cpu()?;
-        cpu.set_n_threads(n_threads);
-        cpu.set_threadpool(threads::shared_pool(n_threads)?);
-        let mut sched = Scheduler::new(&[Rc::new(cpu)], NODES, false)?;
-        sched.alloc(&graph)?;
-        Ok(StandaloneMerger { graph, sched, ids, merged })
-    }
-
-    /// Merges `tokens` (as many as the graph was built for) into one embedding.
-    ///
-    /// # Errors
-    /// On a wrong token count or a failed computation.
-    pub fn run(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.ids.write(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>())?;
-        self.sched.compute(&self.graph)?;
-        Ok(self.merged.to_vec_f32()?)
-    }
 }

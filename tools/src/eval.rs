@@ -88,7 +88,7 @@ impl<'m> Scorer<'m> {
                 if pos + 1 < n_prompt {
                     continue;
                 }
-                let lp = crate::sweep::log_softmax(&self.ctx.logits_ith(j)?);
+                let lp = crate::logits::log_softmax(&self.ctx.logits_ith(j)?);
                 out.logprob.push(lp[ids[pos + 1] as usize] as f32);
                 out.entropy.push(lp.iter().map(|&x| -x.exp() * x).sum::<f64>() as f32);
                 out.top.push(most_likely(&lp, top));

@@ -4,15 +4,22 @@
 //! * [`cli`]: argument parsing that reports one line (the library's
 //!   parameters named as our flags), the logger, the flags several binaries
 //!   share (placement, stop rule, sampling, flash attention) and their parsers;
+//! * [`devices`]: the device listing of `--list-devices`;
 //! * [`bench`]: llama-bench-style measurements of our engine against libllama;
 //! * [`eval`]: a trained model against its base on real prompts (speed and
 //!   the base's log-likelihood of the outputs), and the base's entropies;
-//! * [`sweep`] and [`compare`] (with [`plot`]): `hamburger-quantize`'s
-//!   quantization sweeps and its timing against llama.cpp's quantizer.
+//! * [`sweep`] and [`compare`] (with [`sweep_table`] and [`plot`], its
+//!   results as tables and as a chart): `hamburger-quantize`'s quantization
+//!   sweeps and its timing against llama.cpp's quantizer;
+//! * [`logits`]: next-token distributions from logits (log-softmax, KL
+//!   divergence), shared by the sweep and the evaluation.
 
 pub mod bench;
 pub mod cli;
 pub mod compare;
+pub mod devices;
 pub mod eval;
+pub mod logits;
 pub mod plot;
 pub mod sweep;
+pub mod sweep_table;

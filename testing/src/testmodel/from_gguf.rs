@@ -11,7 +11,7 @@ use std::path::Path;
 
 use ggml::gguf::{Array, Gguf, Value};
 use ggml::MappedFile;
-use hamburger::arch::{keys, LayerTensor, TensorName, ARCH_LLAMA};
+use hamburger::arch::{keys, LayerTensor, TensorName, TensorSet, ARCH_LLAMA};
 use hamburger::hparams::{default_feature_layers, HParams};
 use serde_json::{json, Value as Json};
 
@@ -54,7 +54,7 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
     let tied = gguf.tensor(&TensorName::Output.to_string()).is_none();
     let map = MappedFile::open(gguf_path)?;
 
-    let shapes = hp.tensor_shapes(tied, false, false);
+    let shapes = hp.tensor_shapes(TensorSet { tied_output: tied, ..Default::default() });
     let key_of = |name: TensorName| plan::source_key(name, "model.").expect("every tensor but rope_freqs has a key");
     let trained = match grafted {
         Grafted::Trained(path) => Some(Checkpoint::open(path)?),

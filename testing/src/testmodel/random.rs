@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use hamburger::arch::TensorSet;
 use hamburger::hparams::{
     default_feature_layers, HParams, DEFAULT_MAX_STEPS, DEFAULT_MERGER_HEADS, DEFAULT_MICRO_LAYERS,
 };
@@ -135,7 +136,7 @@ const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['
 /// On write errors.
 pub fn write(shape: Shape, dir: &Path, seed: u64) -> Result<(), ConvertError> {
     let hp = shape.hparams();
-    let shapes = hp.tensor_shapes(true, false, false);
+    let shapes = hp.tensor_shapes(TensorSet { tied_output: true, ..Default::default() });
     let mut ck = CheckpointWriter::new(dir, SrcDtype::BF16);
     for (name, ne) in &shapes {
         let key = plan::source_key(*name, "model.").expect("every tensor but rope_freqs has a key");

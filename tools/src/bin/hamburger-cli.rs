@@ -115,7 +115,7 @@ fn run(args: Args) -> Result<()> {
         for endpoint in &args.placement.rpc {
             ggml::rpc::add_server(endpoint)?;
         }
-        print!("{}", hamburger::placement::describe_devices());
+        print!("{}", tools::devices::describe_devices());
         return Ok(());
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
