@@ -125,7 +125,7 @@ pub struct ContentPart {
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`...
     pub role: String,
-    /// Its content (none for an assistant message with tool calls only).
+    /// Its content (null is refused: no tool calls to stand for it).
     pub content: Option<Content>,
 }
 

@@ -161,7 +161,18 @@ struct Answer {
 
 impl Answer {
     fn object(&self, choice: Value, chunk: bool) -> Value {
-        json!({"id": self.id, "object": self.kind.object(chunk), "created": self.created, "model": self.model, "choices": [choice]})
+        self.with_choices(json!([choice]), chunk)
+    }
+
+    fn with_choices(&self, choices: Value, chunk: bool) -> Value {
+        json!({"id": self.id, "object": self.kind.object(chunk), "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// The chunk that ends a stream with `stream_options.include_usage`: no choice, the usage.
+    fn usage_chunk(&self, timings: &Timings) -> Value {
+        let mut v = self.with_choices(json!([]), true);
+        v["usage"] = api::usage(timings);
+        v
     }
 }
 
@@ -237,26 +248,20 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> R
                 e = next_event(&mut rx) => e,
                 () = tx.closed() => return,
             };
-            let (v, usage) = match event {
-                Ok(Event::Text(t)) => (a.object(a.kind.choice(Some(&t), None, true), true), None),
+            let (v, last, usage) = match event {
+                Ok(Event::Text(t)) => (a.object(a.kind.choice(Some(&t), None, true), true), false, None),
                 Ok(Event::Done { reason, timings }) => {
-                    (finished(&a, None, reason, &timings, true), Some(api::usage(&timings)))
+                    (finished(&a, None, reason, &timings, true), true, include_usage.then(|| a.usage_chunk(&timings)))
                 }
                 Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
-                Err(e) => (e.body(), Some(Value::Null)),
+                Err(e) => (e.body(), true, None),
             };
-            if send(v).await.is_err() {
-                return;
-            }
-            if let Some(usage) = usage {
-                if include_usage && !usage.is_null() {
-                    let mut v = a.object(Value::Null, true);
-                    v["choices"] = json!([]);
-                    v["usage"] = usage;
-                    if send(v).await.is_err() {
-                        return;
-                    }
+            for v in std::iter::once(v).chain(usage) {
+                if send(v).await.is_err() {
+                    return;
                 }
+            }
+            if last {
                 let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
                 return;
             }

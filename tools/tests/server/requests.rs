@@ -26,10 +26,11 @@ impl Served {
         Served { child, addr }
     }
 
-    /// SmolLM2-HAMburger in F32: a real tokenizer, chat template and text.
+    /// SmolLM2-HAMburger in F32: a real tokenizer, chat template and text,
+    /// with macro steps of several tokens.
     fn smollm2(args: &[&str]) -> Served {
         let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
-        let (child, addr) = start_with(&model, args);
+        let (child, addr) = start_with(&model, &[args, &["--confidence", "0.3"]].concat());
         Served { child, addr }
     }
 
@@ -39,7 +40,7 @@ impl Served {
 
     /// POSTs `body`; the status and the JSON answer.
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let r = reqwest::blocking::Client::new().post(self.url(path)).json(body).send().unwrap();
+        let r = client().post(self.url(path)).json(body).send().unwrap();
         (r.status().as_u16(), r.json().unwrap())
     }
 
@@ -52,7 +53,7 @@ impl Served {
 
     /// The `data:` payloads of a streamed request.
     fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let text = reqwest::blocking::Client::new().post(self.url(path)).json(body).send().unwrap().text().unwrap();
+        let text = client().post(self.url(path)).json(body).send().unwrap().text().unwrap();
         text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
     }
 
@@ -83,6 +84,11 @@ impl Drop for Served {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A client without a timeout: a slow machine is no failure.
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(None).build().unwrap()
 }
 
 /// Polls `cond` until it holds, failing after a generous deadline.
@@ -241,4 +247,106 @@ fn clients_that_leave_after_the_headers_free_their_slots_queued_ones_included() 
     eventually("every client's leaving noticed", || s.metric("requests_cancelled_total") == 6.0);
     assert_eq!(s.metric("tokens_generated_total"), 0.0, "no answer ran to its end");
     eventually("nothing running", || s.metric("requests_processing") == 0.0 && s.metric("queue_depth") == 0.0);
+}
+
+#[test]
+fn an_end_of_generation_token_at_max_tokens_finishes_with_stop() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let chat = |max_tokens: u64| {
+        let body = json!({"messages": [{"role": "user", "content": "What is 2 + 3? Answer with the number only."}],
+            "max_tokens": max_tokens, "temperature": 0});
+        let (status, v) = s.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        (
+            v["choices"][0]["finish_reason"].as_str().unwrap().to_string(),
+            v["usage"]["completion_tokens"].as_u64().unwrap(),
+        )
+    };
+    let (reason, n) = chat(64);
+    assert_eq!(reason, "stop", "the answer ends by itself within 64 tokens");
+    assert_eq!(chat(n), ("stop".to_string(), n), "its end-of-generation token is the last it may generate");
+    assert_eq!(chat(n - 1), ("length".to_string(), n - 1));
+}
+
+#[test]
+fn stop_strings_count_the_tokens_up_to_the_one_that_completes_them() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let body = json!({"prompt": "The history of the Roman Empire", "max_tokens": 24, "temperature": 0});
+    let (full, v) = s.complete(&body);
+    let (_, ids) = s.post("/tokenize", &json!({"content": full}));
+    let ids: Vec<u64> = ids["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(
+        ids.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+        "the text retokenizes as generated"
+    );
+    let prefix =
+        |k: usize| s.post("/detokenize", &json!({"tokens": ids[..k]})).1["content"].as_str().unwrap().to_string();
+    let mut words: Vec<&str> = full.split_whitespace().filter(|w| full.find(w).unwrap() > 0).collect();
+    words.dedup();
+    for word in words.into_iter().take(4) {
+        let k = (1..=ids.len()).find(|&k| prefix(k).contains(word)).unwrap();
+        let mut stopped = body.clone();
+        stopped["stop"] = json!([word]);
+        let (text, v) = s.complete(&stopped);
+        assert_eq!(text, full[..full.find(word).unwrap()], "{word}");
+        assert_eq!(v["usage"]["completion_tokens"], k, "'{word}' is complete after {k} tokens");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+}
+
+#[test]
+fn special_tokens_are_left_out_of_the_text() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! How can I help?<|im_end|>\n";
+    let (text, v) = s.complete(&json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true}));
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    assert!(!text.contains("<|"), "{text:?}");
+}
+
+#[test]
+fn an_answer_cut_inside_a_character_keeps_the_text_before_it() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let body = |k: usize| {
+        json!({"prompt": "English: Good morning, how are you?\nJapanese: おはようございます、お元気ですか？\nEnglish: Thank you very much.\nJapanese:",
+            "max_tokens": k, "temperature": 0})
+    };
+    let (full, _) = s.complete(&body(16));
+    assert!(full.chars().any(|c| c.len_utf8() > 1), "a multi-byte answer: {full:?}");
+    let mut before = String::new();
+    for k in 1..=16 {
+        let (text, _) = s.complete(&body(k));
+        let whole = text.trim_end_matches('\u{FFFD}');
+        assert!(full.starts_with(whole) && whole.len() >= before.len(), "{k} tokens: {text:?} after {before:?}");
+        before = whole.to_string();
+    }
+}
+
+#[test]
+fn tokens_per_step_counts_the_steps_of_finished_answers() {
+    let s = Served::smollm2(&["-np", "1", "-c", "2048"]);
+    s.complete(&json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}));
+    let mut reader = BufReader::new(s.open_stream(
+        &json!({"prompt": "Count to a thousand:", "max_tokens": 1500, "stream": true, "ignore_eos": true}),
+    ));
+    read_until(&mut reader, "data: ");
+    read_until(&mut reader, "data: ");
+    let per_step = s.metric("tokens_per_step");
+    assert!(per_step >= 1.0, "every macro step emits a token at least: {per_step}");
+}
+
+#[test]
+fn a_stream_waiting_for_a_slot_gets_keep_alive_comments() {
+    let s = Served::smollm2(&["-np", "1", "-c", "2048"]);
+    let long = json!({"prompt": "Count to a thousand:", "max_tokens": 1500, "stream": true, "ignore_eos": true});
+    let mut running = BufReader::new(s.open_stream(&long));
+    read_until(&mut running, "data: ");
+    let mut waiting = BufReader::new(s.open_stream(&long));
+    read_until(&mut waiting, "\r\n");
+    let mut line = String::new();
+    while !(line.starts_with(':') || line.starts_with("data: ")) {
+        line.clear();
+        waiting.read_line(&mut line).unwrap();
+    }
+    assert_eq!(line.trim_end(), ": keep-alive", "before its first chunk");
 }
