@@ -237,14 +237,22 @@ fn cors_headers_only_with_the_flag() {
 }
 
 #[test]
-fn clients_that_leave_after_the_headers_free_their_slots_queued_ones_included() {
-    let s = Served::tiny(&["-np", "2", "-c", "1024"]);
+fn clients_that_leave_after_the_headers_are_dropped_before_a_slot_runs_them() {
+    let s = Served::smollm2(&["-np", "2", "-c", "2048"]);
     let body = json!({"prompt": [1, 2, 3], "max_tokens": 500, "stream": true, "ignore_eos": true});
-    for _ in 0..6 {
-        let mut reader = BufReader::new(s.open_stream(&body));
-        read_until(&mut reader, "\r\n");
-    }
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            let mut reader = BufReader::new(s.open_stream(&body));
+            read_until(&mut reader, "\r\n");
+            reader
+        })
+        .collect();
+    eventually("two running, four waiting", || {
+        s.metric("requests_processing") == 2.0 && s.metric("queue_depth") == 4.0
+    });
+    drop(clients);
     eventually("every client's leaving noticed", || s.metric("requests_cancelled_total") == 6.0);
+    assert_eq!(s.metric("prompt_tokens_total"), 6.0, "no waiting request was given a slot after its client left");
     assert_eq!(s.metric("tokens_generated_total"), 0.0, "no answer ran to its end");
     eventually("nothing running", || s.metric("requests_processing") == 0.0 && s.metric("queue_depth") == 0.0);
 }
@@ -325,12 +333,14 @@ fn an_answer_cut_inside_a_character_keeps_the_text_before_it() {
 #[test]
 fn tokens_per_step_counts_the_steps_of_finished_answers() {
     let s = Served::smollm2(&["-np", "1", "-c", "2048"]);
-    s.complete(&json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}));
+    s.complete(&json!({"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}));
     let mut reader = BufReader::new(s.open_stream(
         &json!({"prompt": "Count to a thousand:", "max_tokens": 1500, "stream": true, "ignore_eos": true}),
     ));
-    read_until(&mut reader, "data: ");
-    read_until(&mut reader, "data: ");
+    // Four chunks: four macro steps of an answer still running (the finished one had two tokens).
+    for _ in 0..4 {
+        read_until(&mut reader, "data: ");
+    }
     let per_step = s.metric("tokens_per_step");
     assert!(per_step >= 1.0, "every macro step emits a token at least: {per_step}");
 }
