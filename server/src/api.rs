@@ -150,17 +150,26 @@ pub enum Prompt {
     IdLists(Vec<Vec<u32>>),
 }
 
+/// The one prompt a completion runs.
+#[derive(Debug, Clone)]
+pub enum OnePrompt {
+    /// Text, to tokenize.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+}
+
 impl Prompt {
     /// The one prompt: its text, or its ids.
     ///
     /// # Errors
     /// A 400 naming `prompt` for a list of several prompts (or none).
-    pub fn one(self) -> Result<Result<String, Vec<u32>>, ApiError> {
+    pub fn one(self) -> Result<OnePrompt, ApiError> {
         match self {
-            Prompt::Text(t) => Ok(Ok(t)),
-            Prompt::Ids(ids) => Ok(Err(ids)),
-            Prompt::Texts(v) if v.len() == 1 => Ok(Ok(v.into_iter().next().unwrap_or_default())),
-            Prompt::IdLists(v) if v.len() == 1 => Ok(Err(v.into_iter().next().unwrap_or_default())),
+            Prompt::Text(t) => Ok(OnePrompt::Text(t)),
+            Prompt::Ids(ids) => Ok(OnePrompt::Ids(ids)),
+            Prompt::Texts(v) if v.len() == 1 => Ok(OnePrompt::Text(v.into_iter().next().unwrap_or_default())),
+            Prompt::IdLists(v) if v.len() == 1 => Ok(OnePrompt::Ids(v.into_iter().next().unwrap_or_default())),
             Prompt::Texts(_) | Prompt::IdLists(_) => Err(ApiError::field(
                 "prompt",
                 "only one prompt per request is supported (until n and batched prompts are)",

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 use tower_http::cors::CorsLayer;
 
-use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, TokenizeRequest};
+use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, OnePrompt, TokenizeRequest};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, FinishReason, Job, ModelInfo, SubmitError, Submitter};
@@ -299,8 +299,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + S
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<CompletionRequest>(&body(b)?)?;
     let prompt = match req.prompt.one()? {
-        Err(ids) => ids,
-        Ok(text) => {
+        OnePrompt::Ids(ids) => ids,
+        OnePrompt::Text(text) => {
             let info = s.info.clone();
             blocking(move || info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string())))
                 .await?
@@ -324,18 +324,20 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 
 async fn tokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: TokenizeRequest = api::parse(&body(b)?)?;
-    let tokens = s
-        .info
-        .tokenizer
-        .encode(&req.content, req.add_special)
-        .map_err(|e| ApiError::field("content", e.to_string()))?;
+    let info = s.info.clone();
+    let tokens = blocking(move || {
+        info.tokenizer.encode(&req.content, req.add_special).map_err(|e| ApiError::field("content", e.to_string()))
+    })
+    .await?;
     Ok(Json(json!({"tokens": tokens})))
 }
 
 async fn detokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: DetokenizeRequest = api::parse(&body(b)?)?;
     check_vocab(&s.info, "tokens", &req.tokens)?;
-    Ok(Json(json!({"content": s.info.tokenizer.decode(&req.tokens)})))
+    let info = s.info.clone();
+    let content = blocking(move || Ok(info.tokenizer.decode(&req.tokens))).await?;
+    Ok(Json(json!({"content": content})))
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
