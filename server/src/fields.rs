@@ -124,3 +124,23 @@ pub fn check(body: &Value, own: &[&str]) -> Result<(), ApiError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's table of request fields names every field the server knows.
+    #[test]
+    fn the_readme_table_names_every_known_field() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let server = readme.split("\n## Server\n").nth(1).and_then(|s| s.split("\n## ").next()).unwrap();
+        let table: String = server.lines().filter(|l| l.starts_with("| `")).collect::<Vec<_>>().join("\n");
+        let own = ["messages", "prompt"];
+        for name in COMMON.iter().chain(NO_OP).chain(REFUSED.iter().map(|r| &r.name)).chain(&own) {
+            assert!(
+                table.contains(&format!("`{name}`")) || table.contains(&format!("`{name}.")),
+                "the README's table of request fields lacks `{name}`"
+            );
+        }
+    }
+}
