@@ -67,6 +67,12 @@ impl Tokenizer {
         self.hf.decode(ids, false).unwrap_or_default()
     }
 
+    /// The ids of the special tokens (BOS, EOS, chat markers...), which a
+    /// generated text leaves out.
+    pub fn special_ids(&self) -> Vec<u32> {
+        self.hf.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
+    }
+
     /// The text of one special token, such as the BOS for chat templates.
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.hf.id_to_token(id)
@@ -106,5 +112,18 @@ impl<'t> TextStream<'t> {
         let new = text[before.len()..].to_string();
         (self.prefix, self.read) = (self.read, self.ids.len());
         new
+    }
+
+    /// Ends the stream: the text held back, an incomplete UTF-8 character at
+    /// the end as U+FFFD (a generation cut inside a character still returns
+    /// the text before it).
+    pub fn finish(&mut self) -> String {
+        let before = self.tok.decode(&self.ids[self.prefix..self.read]);
+        let text = self.tok.decode(&self.ids[self.prefix..]);
+        (self.prefix, self.read) = (self.read, self.ids.len());
+        match text.get(before.len()..) {
+            Some(new) if text.len() > before.len() => new.to_string(),
+            _ => String::new(),
+        }
     }
 }

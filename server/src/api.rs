@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::fields;
 use crate::scheduler::{FinishReason, JobParams, ModelInfo};
 
 /// Parses a JSON body into `T`, naming the field at fault.
@@ -28,13 +29,22 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-/// Parses a completion request: its own fields into `T`, then the settings
-/// both endpoints share into [`Common`], each naming the field at fault
-/// (serde's `flatten` would buffer the shared fields and lose their names).
+/// A completion endpoint's body: its own fields, beside the [`Common`] ones.
+pub trait Request: DeserializeOwned {
+    /// The top-level fields it honours besides [`crate::fields::COMMON`].
+    const FIELDS: &'static [&'static str];
+}
+
+/// Parses a completion request: checks every field is known and asks for
+/// nothing the server lacks, then parses its own fields into `T` and the
+/// settings both endpoints share into [`Common`], each naming the field at
+/// fault (serde's `flatten` would buffer the shared fields and lose their names).
 ///
 /// # Errors
-/// A 400 for malformed JSON or a field of the wrong type.
-pub fn parse_request<T: DeserializeOwned>(body: &[u8]) -> Result<(T, Common), ApiError> {
+/// A 400 for malformed JSON, a field of the wrong type, an unknown field or a
+/// refused one ([`fields::check`]).
+pub fn parse_request<T: Request>(body: &[u8]) -> Result<(T, Common), ApiError> {
+    fields::check(&parse::<Value>(body)?, T::FIELDS)?;
     Ok((parse(body)?, parse(body)?))
 }
 
@@ -71,6 +81,8 @@ pub struct Common {
     pub stop: Option<OneOrMany>,
     /// Server-sent events, one chunk per macro step.
     pub stream: Option<bool>,
+    /// What a stream ends with.
+    pub stream_options: Option<StreamOptions>,
     /// Number of choices (only 1).
     pub n: Option<u64>,
     /// HAMburger: stop a macro step when `1 - p_stop < confidence`.
@@ -79,6 +91,13 @@ pub struct Common {
     pub max_steps: Option<u64>,
     /// Generate past end-of-generation tokens (llama-server's extension, for benchmarks).
     pub ignore_eos: Option<bool>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// End the stream with a chunk of no choice carrying `usage`.
+    pub include_usage: Option<bool>,
 }
 
 /// A message's content: text, or parts of which the text ones count.
@@ -106,7 +125,7 @@ pub struct ContentPart {
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`...
     pub role: String,
-    /// Its content (none for an assistant message with tool calls only).
+    /// Its content (null is refused: no tool calls to stand for it).
     pub content: Option<Content>,
 }
 
@@ -125,8 +144,42 @@ pub enum Prompt {
     Text(String),
     /// Token ids.
     Ids(Vec<u32>),
-    /// One text in a list.
+    /// Texts in a list (one is supported).
     Texts(Vec<String>),
+    /// Token id lists in a list, as lm-eval's `local-completions` sends (one is supported).
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// The one prompt a completion runs.
+#[derive(Debug, Clone)]
+pub enum OnePrompt {
+    /// Text, to tokenize.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+}
+
+impl Prompt {
+    /// The one prompt: its text, or its ids.
+    ///
+    /// # Errors
+    /// A 400 naming `prompt` for a list of several prompts (or none).
+    pub fn one(self) -> Result<OnePrompt, ApiError> {
+        match self {
+            Prompt::Text(t) => Ok(OnePrompt::Text(t)),
+            Prompt::Ids(ids) => Ok(OnePrompt::Ids(ids)),
+            Prompt::Texts(v) if v.len() == 1 => Ok(OnePrompt::Text(v.into_iter().next().unwrap_or_default())),
+            Prompt::IdLists(v) if v.len() == 1 => Ok(OnePrompt::Ids(v.into_iter().next().unwrap_or_default())),
+            Prompt::Texts(_) | Prompt::IdLists(_) => Err(ApiError::field(
+                "prompt",
+                "only one prompt per request is supported (until n and batched prompts are)",
+            )),
+        }
+    }
+}
+
+impl Request for ChatRequest {
+    const FIELDS: &'static [&'static str] = &["messages"];
 }
 
 /// `POST /v1/completions`.
@@ -134,6 +187,10 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
+}
+
+impl Request for CompletionRequest {
+    const FIELDS: &'static [&'static str] = &["prompt"];
 }
 
 /// `POST /tokenize`.
@@ -174,10 +231,14 @@ fn as_f32(v: Option<f64>) -> Option<f32> {
     v.map(|x| x as f32)
 }
 
+/// The roles a chat template knows.
+const ROLES: &[&str] = &["system", "developer", "user", "assistant"];
+
 /// The chat messages as the template wants them.
 ///
 /// # Errors
-/// A 400 for no message, or a non-text content part.
+/// A 400 for no message, an unknown role, a null content, or a non-text
+/// content part, naming the message's field.
 pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::field("messages", "'messages' must hold at least one message"));
@@ -186,8 +247,19 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
         .iter()
         .enumerate()
         .map(|(i, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::field(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role '{}' (one of {})", m.role, ROLES.join(", ")),
+                ));
+            }
             let content = match &m.content {
-                None => String::new(),
+                None => {
+                    return Err(ApiError::field(
+                        &format!("messages[{i}].content"),
+                        format!("messages[{i}].content must be text or text parts, not null"),
+                    ))
+                }
                 Some(Content::Text(t)) => t.clone(),
                 Some(Content::Parts(parts)) => parts
                     .iter()
@@ -201,7 +273,9 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
                     .collect::<Result<Vec<_>, _>>()?
                     .concat(),
             };
-            Ok(Message { role: m.role.clone(), content })
+            // OpenAI's newer name of the system role, which templates do not know.
+            let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+            Ok(Message { role: role.to_string(), content })
         })
         .collect()
 }
@@ -210,6 +284,11 @@ impl Common {
     /// Whether the answer is streamed.
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+
+    /// Whether a stream ends with a usage chunk (`stream_options.include_usage`).
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
 
     /// The job settings for a prompt of `n_prompt` tokens.
@@ -251,7 +330,7 @@ impl Common {
             top_p: as_f32(self.top_p).unwrap_or(d.top_p),
             min_p: as_f32(self.min_p).unwrap_or(d.min_p),
             top_k,
-            seed: self.seed.unwrap_or(d.seed),
+            seed: self.seed.unwrap_or_else(random_seed),
             ..d
         };
         sampler.validate().map_err(|e| refused(&e))?;
@@ -278,6 +357,15 @@ impl Common {
             stream: self.stream(),
         })
     }
+}
+
+/// A seed for a request that gives none, different each time (as OpenAI and
+/// llama-server do): std's per-map random keys, hashed with the clock.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
 }
 
 /// `finish_reason` as OpenAI spells it.

@@ -5,10 +5,12 @@
 //! * [`routes`]: the axum routes (chat and text completions, models, health,
 //!   tokenize, detokenize, metrics), the API key, Server-Sent Events;
 //! * [`api`]: request bodies, their checks, the usage and timings objects;
+//! * [`fields`]: which request fields are honoured, no-ops, or refused;
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
 
 pub mod api;
 pub mod error;
+pub mod fields;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
@@ -20,27 +22,58 @@ use std::time::Duration;
 pub use routes::AppState;
 pub use scheduler::{Scheduler, SchedulerConfig};
 
-/// Serves `scheduler` on `listener` until `shutdown` resolves; then stops
-/// accepting, lets in-flight requests finish, and stops the engine thread.
+/// How the HTTP side serves requests.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// The key clients must send as `Authorization: Bearer KEY`, if any.
+    pub api_key: Option<String>,
+    /// Longest a generation may take, waiting included, before it answers
+    /// what it has with `finish_reason: "length"`.
+    pub timeout: Duration,
+    /// Allow cross-origin requests from any origin (CORS).
+    pub cors: bool,
+}
+
+/// Serves `scheduler` on `listener` until `shutdown` resolves or the engine
+/// thread stops; then stops accepting, lets in-flight requests finish, and
+/// stops the engine thread.
 ///
 /// # Errors
-/// When the listener fails.
+/// When the listener fails, or the engine thread stopped (died) before
+/// `shutdown` resolved.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     scheduler: Scheduler,
-    api_key: Option<String>,
-    timeout: Duration,
+    http: HttpOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let state = AppState {
         submitter: scheduler.submitter.clone(),
         info: scheduler.info.clone(),
         metrics: scheduler.metrics.clone(),
-        api_key,
-        timeout,
+        api_key: http.api_key,
+        timeout: http.timeout,
+        cors: http.cors,
+        alive: scheduler.alive.clone(),
+    };
+    let mut alive = scheduler.alive.clone();
+    let (died_tx, died_rx) = tokio::sync::oneshot::channel();
+    let stop = async move {
+        tokio::select! {
+            () = shutdown => {}
+            _ = alive.wait_for(|alive| !alive) => {
+                log::error!("the engine thread stopped: no more requests can be served");
+                let _ = died_tx.send(());
+            }
+        }
     };
     let app = routes::router(state).into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
-    tokio::task::spawn_blocking(move || scheduler.shutdown()).await.ok();
-    served
+    let served = axum::serve(listener, app).with_graceful_shutdown(stop).await;
+    let joined = tokio::task::spawn_blocking(move || scheduler.shutdown()).await;
+    served?;
+    match (died_rx.await, joined) {
+        (Ok(()), _) => Err(std::io::Error::other("the engine thread stopped")),
+        (_, Ok(Err(e))) => Err(std::io::Error::other(e)),
+        _ => Ok(()),
+    }
 }

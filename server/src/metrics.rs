@@ -14,8 +14,11 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     /// Prompt tokens of admitted requests.
     pub prompt_tokens: AtomicU64,
-    /// Tokens generated.
+    /// Tokens of finished answers.
     pub generated_tokens: AtomicU64,
+    /// Macro steps of finished answers: `tokens_per_step` divides
+    /// `generated_tokens` by these, both counted when an answer ends.
+    pub finished_macro_steps: AtomicU64,
     /// Macro steps of all sequences.
     pub macro_steps: AtomicU64,
     /// Base forwards run (each shared by the sequences of its batch).
@@ -45,7 +48,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let steps = get(&self.macro_steps);
-        let tokens_per_step = if steps == 0 { 0.0 } else { get(&self.generated_tokens) as f64 / steps as f64 };
+        let finished_steps = get(&self.finished_macro_steps);
+        let tokens_per_step =
+            if finished_steps == 0 { 0.0 } else { get(&self.generated_tokens) as f64 / finished_steps as f64 };
         let rows: [(&str, &str, &str, String); 12] = [
             ("requests_total", "counter", "Requests accepted.", get(&self.requests).to_string()),
             (
@@ -64,7 +69,12 @@ impl Metrics {
                 "Base forwards, each shared by a batch of sequences.",
                 get(&self.base_forwards).to_string(),
             ),
-            ("tokens_per_step", "gauge", "Mean tokens per macro step.", format!("{tokens_per_step:.4}")),
+            (
+                "tokens_per_step",
+                "gauge",
+                "Mean tokens per macro step of finished answers.",
+                format!("{tokens_per_step:.4}"),
+            ),
             ("queue_depth", "gauge", "Requests waiting for a slot.", get(&self.queue_depth).to_string()),
             ("requests_processing", "gauge", "Requests decoding.", get(&self.processing).to_string()),
             ("kv_cells_used", "gauge", "KV cache cells in use.", get(&self.kv_cells_used).to_string()),

@@ -1,25 +1,27 @@
-//! The HTTP side: axum routes, the API-key check, body limits, and turning a
-//! job's events into a JSON answer or Server-Sent Events (one chunk per
-//! macro step, then `data: [DONE]`).
+//! The HTTP side: axum routes, the API-key check, body limits, CORS, and
+//! turning a job's events into a JSON answer or Server-Sent Events (one chunk
+//! per macro step, comments keeping an idle stream alive, then `data: [DONE]`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
+use tower_http::cors::CorsLayer;
 
-use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, Prompt, TokenizeRequest};
+use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, OnePrompt, TokenizeRequest};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, FinishReason, Job, ModelInfo, SubmitError, Submitter};
@@ -27,6 +29,10 @@ use hamburger::Timings;
 
 /// Largest request body accepted; a larger one is answered 413.
 pub const BODY_LIMIT: usize = 4 << 20;
+
+/// How long a stream may stay silent (waiting for a slot, or a long prompt)
+/// before a `: keep-alive` comment is sent, so proxies and clients keep it open.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -39,13 +45,19 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The key clients must send as `Authorization: Bearer KEY`, if any.
     pub api_key: Option<String>,
-    /// Longest wait for the next piece of a generation.
+    /// Longest a generation may take, waiting for a slot included; then it
+    /// answers what it has with `finish_reason: "length"`.
     pub timeout: Duration,
+    /// Whether browsers of any origin may call the API (CORS).
+    pub cors: bool,
+    /// True while the engine thread runs.
+    pub alive: watch::Receiver<bool>,
 }
 
 /// The server's routes over `state`.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let cors = state.cors;
+    let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -53,10 +65,24 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(health))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
-        .with_state(state)
+        .with_state(state);
+    if cors {
+        router.layer(CorsLayer::permissive())
+    } else {
+        router
+    }
+}
+
+/// "ok" while the engine thread runs; 503 once it has stopped.
+async fn health(State(s): State<AppState>) -> Response {
+    if *s.alive.borrow() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine thread has stopped").into_response()
+    }
 }
 
 async fn check_key(State(s): State<AppState>, req: Request, next: Next) -> Response {
@@ -135,7 +161,18 @@ struct Answer {
 
 impl Answer {
     fn object(&self, choice: Value, chunk: bool) -> Value {
-        json!({"id": self.id, "object": self.kind.object(chunk), "created": self.created, "model": self.model, "choices": [choice]})
+        self.with_choices(json!([choice]), chunk)
+    }
+
+    fn with_choices(&self, choices: Value, chunk: bool) -> Value {
+        json!({"id": self.id, "object": self.kind.object(chunk), "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// The chunk that ends a stream with `stream_options.include_usage`: no choice, the usage.
+    fn usage_chunk(&self, timings: &Timings) -> Value {
+        let mut v = self.with_choices(json!([]), true);
+        v["usage"] = api::usage(timings);
+        v
     }
 }
 
@@ -144,7 +181,8 @@ async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -
     check_vocab(&s.info, "prompt", &prompt)?;
     let params = common.job_params(&s.info, prompt.len())?;
     let (events, rx) = unbounded_channel();
-    s.submitter.submit(Job { prompt, params, events }).map_err(|e| match e {
+    let deadline = Instant::now() + s.timeout;
+    s.submitter.submit(Job { prompt, params, events, deadline }).map_err(|e| match e {
         SubmitError::Full => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is busy: the queue is full"),
         SubmitError::Closed => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"),
     })?;
@@ -155,7 +193,7 @@ async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -
     let n = s.metrics.requests.load(std::sync::atomic::Ordering::Relaxed);
     let answer =
         Answer { kind, id: format!("{prefix}-{:x}{n:04x}", now()), model: s.info.name.clone(), created: now() };
-    Ok(if common.stream() { stream(answer, rx, s.timeout) } else { collect(answer, rx, s.timeout).await })
+    Ok(if common.stream() { stream(answer, rx, common.include_usage()) } else { collect(answer, rx).await })
 }
 
 /// The final object (or chunk) of a generation: finish reason, usage, timings.
@@ -166,21 +204,21 @@ fn finished(a: &Answer, text: Option<&str>, reason: FinishReason, timings: &Timi
     v
 }
 
-/// The next event of a generation, or the error that ends it.
-async fn next_event(rx: &mut UnboundedReceiver<Event>, timeout: Duration) -> Result<Event, ApiError> {
-    match tokio::time::timeout(timeout, rx.recv()).await {
-        Ok(Some(Event::Failed(e))) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
-        Ok(Some(e)) => Ok(e),
-        Ok(None) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the generation ended unexpectedly")),
-        Err(_) => Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, "the generation timed out")),
+/// The next event of a generation, or the error that ends it. No timeout
+/// here: the engine ends a generation at its deadline and answers it.
+async fn next_event(rx: &mut UnboundedReceiver<Event>) -> Result<Event, ApiError> {
+    match rx.recv().await {
+        Some(Event::Failed(e)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
+        Some(e) => Ok(e),
+        None => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped during the generation")),
     }
 }
 
 /// Waits for the whole generation and answers it in one object.
-async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Response {
+async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
     let mut text = String::new();
     loop {
-        match next_event(&mut rx, timeout).await {
+        match next_event(&mut rx).await {
             Ok(Event::Text(t)) => text.push_str(&t),
             Ok(Event::Done { reason, timings }) => {
                 return Json(finished(&a, Some(&text), reason, &timings, false)).into_response()
@@ -192,9 +230,10 @@ async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration)
 }
 
 /// Streams the generation as Server-Sent Events: a task forwards the job's
-/// events as chunks and ends the stream after the last one, an error or a
-/// timeout; when the client leaves, the task ends and the job's channel closes.
-fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Response {
+/// events as chunks and ends the stream after the last one (then a chunk of
+/// no choice with `usage` when `include_usage`) or an error; when the client
+/// leaves, the task notices at once, ends, and the job's channel closes.
+fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
     let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let send = |v: Value| tx.send(Ok(SseEvent::default().data(v.to_string())));
@@ -205,14 +244,22 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Res
             }
         }
         loop {
-            let (v, last) = match next_event(&mut rx, timeout).await {
-                Ok(Event::Text(t)) => (a.object(a.kind.choice(Some(&t), None, true), true), false),
-                Ok(Event::Done { reason, timings }) => (finished(&a, None, reason, &timings, true), true),
-                Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
-                Err(e) => (e.body(), true),
+            let event = tokio::select! {
+                e = next_event(&mut rx) => e,
+                () = tx.closed() => return,
             };
-            if send(v).await.is_err() {
-                return;
+            let (v, last, usage) = match event {
+                Ok(Event::Text(t)) => (a.object(a.kind.choice(Some(&t), None, true), true), false, None),
+                Ok(Event::Done { reason, timings }) => {
+                    (finished(&a, None, reason, &timings, true), true, include_usage.then(|| a.usage_chunk(&timings)))
+                }
+                Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
+                Err(e) => (e.body(), true, None),
+            };
+            for v in std::iter::once(v).chain(usage) {
+                if send(v).await.is_err() {
+                    return;
+                }
             }
             if last {
                 let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
@@ -220,31 +267,45 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, timeout: Duration) -> Res
             }
         }
     });
-    Sse::new(ReceiverStream::new(out)).into_response()
+    Sse::new(ReceiverStream::new(out))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+        .into_response()
 }
 
 async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<ChatRequest>(&body(b)?)?;
     let messages = api::chat_messages(&req.messages)?;
-    let template = s
-        .info
-        .chat_template
-        .as_ref()
-        .ok_or_else(|| ApiError::field("messages", "the model has no chat template: use /v1/completions"))?;
-    let text = template.render(&messages, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
-    let prompt = s.info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
+    let info = s.info.clone();
+    let prompt = blocking(move || {
+        let template = info
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| ApiError::field("messages", "the model has no chat template: use /v1/completions"))?;
+        let text = template.render(&messages, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
+        info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
+    })
+    .await?;
     generate(&s, Kind::Chat, prompt, &common).await
+}
+
+/// Runs `f` (a template, the tokenizer: CPU work) on tokio's blocking pool,
+/// so the async workers keep serving other connections meanwhile.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the request's task failed: {e}")))
+    })
 }
 
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<CompletionRequest>(&body(b)?)?;
-    let text = match req.prompt {
-        Prompt::Ids(ids) => return generate(&s, Kind::Completion, ids, &common).await,
-        Prompt::Text(t) => t,
-        Prompt::Texts(mut v) if v.len() == 1 => v.remove(0),
-        Prompt::Texts(_) => return Err(ApiError::field("prompt", "only one prompt per request is supported")),
+    let prompt = match req.prompt.one()? {
+        OnePrompt::Ids(ids) => ids,
+        OnePrompt::Text(text) => {
+            let info = s.info.clone();
+            blocking(move || info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string())))
+                .await?
+        }
     };
-    let prompt = s.info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?;
     generate(&s, Kind::Completion, prompt, &common).await
 }
 
@@ -263,18 +324,20 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 
 async fn tokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: TokenizeRequest = api::parse(&body(b)?)?;
-    let tokens = s
-        .info
-        .tokenizer
-        .encode(&req.content, req.add_special)
-        .map_err(|e| ApiError::field("content", e.to_string()))?;
+    let info = s.info.clone();
+    let tokens = blocking(move || {
+        info.tokenizer.encode(&req.content, req.add_special).map_err(|e| ApiError::field("content", e.to_string()))
+    })
+    .await?;
     Ok(Json(json!({"tokens": tokens})))
 }
 
 async fn detokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: DetokenizeRequest = api::parse(&body(b)?)?;
     check_vocab(&s.info, "tokens", &req.tokens)?;
-    Ok(Json(json!({"content": s.info.tokenizer.decode(&req.tokens)})))
+    let info = s.info.clone();
+    let content = blocking(move || Ok(info.tokenizer.decode(&req.tokens))).await?;
+    Ok(Json(json!({"content": content})))
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {

@@ -2,15 +2,18 @@
 //! stays on this thread (the model and engine are not `Send`); the HTTP side
 //! submits [`Job`]s through a bounded queue and receives [`Event`]s.
 //!
-//! Each iteration admits waiting jobs into free slots (one sequence each),
-//! drops the sequences whose client left, runs ONE macro step over every
+//! Each iteration takes the newly queued jobs, drops the waiting and running
+//! ones whose client left (so a client that leaves is noticed within one
+//! macro step), ends the ones past their deadline, admits waiting jobs into
+//! free slots (one sequence each), runs ONE macro step over every
 //! active sequence (prompt chunks of new requests mixed with the merged
 //! inputs of running ones, then their micro steps, batched), and sends each
 //! sequence the text of its step. Sequences join and leave between macro steps.
 
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -21,6 +24,7 @@ use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::{TextStream, Tokenizer};
 use hamburger::{Engine, EngineParams, LoadOptions, Model, Sampler, SamplerParams, StepParams, StepRule, Timings};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 use crate::metrics::{self, Metrics};
 
@@ -57,8 +61,10 @@ pub struct ModelInfo {
     pub tokenizer: Tokenizer,
     /// The chat template, if the model has one.
     pub chat_template: Option<ChatTemplate>,
-    /// The end-of-generation tokens (never part of a response's text).
+    /// The end-of-generation tokens.
     pub eog: Vec<u32>,
+    /// The end-of-generation and special tokens: never part of a response's text.
+    pub hidden: HashSet<u32>,
 }
 
 /// A request's generation settings.
@@ -87,6 +93,9 @@ pub struct Job {
     pub params: JobParams,
     /// Where its events go; a closed channel means the client left.
     pub events: UnboundedSender<Event>,
+    /// When the generation stops and answers what it has, `finish_reason`
+    /// "length" (llama-server's `t_max_predict_ms`), waiting time included.
+    pub deadline: Instant,
 }
 
 /// Why a generation ended.
@@ -94,7 +103,7 @@ pub struct Job {
 pub enum FinishReason {
     /// An end-of-generation token or a stop string.
     Stop,
-    /// The token budget.
+    /// The token budget, or the deadline.
     Length,
 }
 
@@ -143,7 +152,9 @@ pub enum SubmitError {
 /// Queues jobs for the engine thread (one per HTTP handler, cloned).
 #[derive(Clone)]
 pub struct Submitter {
-    jobs: SyncSender<Job>,
+    jobs: Sender<Job>,
+    /// Jobs that may wait (`queue_depth` counts them).
+    limit: u64,
     metrics: Arc<Metrics>,
 }
 
@@ -153,11 +164,11 @@ impl Submitter {
     /// # Errors
     /// When the queue is full or the engine has stopped.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        metrics::add(&self.metrics.queue_depth, 1);
-        let r = self.jobs.try_send(job).map_err(|e| match e {
-            TrySendError::Full(_) => SubmitError::Full,
-            TrySendError::Disconnected(_) => SubmitError::Closed,
-        });
+        let r = if self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed) >= self.limit {
+            Err(SubmitError::Full)
+        } else {
+            self.jobs.send(job).map_err(|_| SubmitError::Closed)
+        };
         match r {
             Ok(()) => metrics::add(&self.metrics.requests, 1),
             Err(_) => {
@@ -179,7 +190,19 @@ pub struct Scheduler {
     pub info: Arc<ModelInfo>,
     /// The counters.
     pub metrics: Arc<Metrics>,
+    /// True while the engine thread runs; false once it has stopped (or died).
+    pub alive: watch::Receiver<bool>,
     thread: JoinHandle<()>,
+}
+
+/// Tells [`Scheduler::alive`] that the engine thread stopped, however it
+/// stopped (a panic unwinds through it too).
+struct AliveGuard(watch::Sender<bool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
 }
 
 impl Scheduler {
@@ -189,18 +212,27 @@ impl Scheduler {
     /// When the model cannot be opened, the settings do not fit it, or the
     /// engine cannot be allocated.
     pub fn start(cfg: SchedulerConfig) -> Result<Scheduler, StartError> {
-        let (jobs, rx) = mpsc::sync_channel(cfg.queue);
+        let (jobs, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
+        let (alive_tx, alive) = watch::channel(true);
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
+        let limit = cfg.queue as u64;
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || engine_thread(&cfg, &rx, &ready_tx, &m))
+            .spawn(move || {
+                let _alive = AliveGuard(alive_tx);
+                engine_thread(&cfg, &rx, &ready_tx, &m);
+            })
             .map_err(StartError::Thread)?;
         match ready_rx.recv() {
-            Ok(Ok(info)) => {
-                Ok(Scheduler { submitter: Submitter { jobs, metrics: metrics.clone() }, info, metrics, thread })
-            }
+            Ok(Ok(info)) => Ok(Scheduler {
+                submitter: Submitter { jobs, limit, metrics: metrics.clone() },
+                info,
+                metrics,
+                alive,
+                thread,
+            }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(StartError::Stopped),
         }
@@ -208,9 +240,12 @@ impl Scheduler {
 
     /// Stops taking jobs (once every clone of the submitter is gone too),
     /// lets the running ones finish, and joins the thread.
-    pub fn shutdown(self) {
+    ///
+    /// # Errors
+    /// When the engine thread panicked.
+    pub fn shutdown(self) -> Result<(), String> {
         drop(self.submitter);
-        let _ = self.thread.join();
+        self.thread.join().map_err(|_| "the engine thread panicked".to_string())
     }
 }
 
@@ -220,6 +255,8 @@ struct Slot<'t> {
     stop: Vec<String>,
     n_predict: usize,
     stream: bool,
+    ignore_eos: bool,
+    deadline: Instant,
     /// Turns the generated ids into text, a step at a time.
     detok: TextStream<'t>,
     /// Output ids already given to `detok`.
@@ -229,6 +266,10 @@ struct Slot<'t> {
     /// Bytes of `text` already sent.
     sent: usize,
     stopped_by_string: bool,
+    /// The tokens up to the one that completed the stop string (those after
+    /// it, in the same macro step, are not part of the answer).
+    n_tokens_to_stop: Option<usize>,
+    timed_out: bool,
 }
 
 fn engine_thread(
@@ -250,6 +291,7 @@ fn engine_thread(
             None => t,
         });
         let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let hidden = model.vocab.eog.iter().copied().chain(tokenizer.special_ids()).collect();
         let info = ModelInfo {
             name: if model.name.is_empty() { stem } else { model.name.clone() },
             n_ctx_slot: cfg.engine.n_ctx / cfg.engine.n_seq,
@@ -259,6 +301,7 @@ fn engine_thread(
             tokenizer,
             chat_template,
             eog: model.vocab.eog.clone(),
+            hidden,
         };
         Ok((Arc::new(info), engine, decode))
     };
@@ -270,26 +313,37 @@ fn engine_thread(
     metrics::set(&m.kv_cells_total, engine.kv().n_cells() as u64);
     let mut gens: Vec<SeqGen<'static>> = Vec::new();
     let mut slots: Vec<Slot> = Vec::new();
+    let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut free: Vec<SeqId> = (0..cfg.engine.n_seq).rev().collect();
     let mut open = true;
-    while open || !gens.is_empty() {
-        // Admit: block for a job only when nothing is running.
-        while open && !free.is_empty() {
-            let job = if gens.is_empty() { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() };
-            let job = match job {
-                Ok(job) => job,
+    while open || !gens.is_empty() || !waiting.is_empty() {
+        // Take the queued jobs: block for one only when nothing runs or waits.
+        while open {
+            let idle = gens.is_empty() && waiting.is_empty();
+            match if idle { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() } {
+                Ok(job) => waiting.push_back(job),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    open = false;
-                    break;
-                }
-            };
-            m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            if job.events.is_closed() {
-                metrics::add(&m.cancelled, 1);
-                continue;
+                Err(TryRecvError::Disconnected) => open = false,
             }
-            let seq = free.pop().expect("a free slot");
+        }
+        // Leave: waiting jobs and running sequences whose client has gone.
+        let n_waiting = waiting.len();
+        waiting.retain(|job| !job.events.is_closed());
+        let gone = (n_waiting - waiting.len()) as u64;
+        m.queue_depth.fetch_sub(gone, Ordering::Relaxed);
+        metrics::add(&m.cancelled, gone);
+        for i in (0..gens.len()).rev() {
+            if slots[i].events.is_closed() {
+                release(&mut engine, &mut free, gens.swap_remove(i).seq());
+                slots.swap_remove(i);
+                metrics::add(&m.cancelled, 1);
+            }
+        }
+        // Admit waiting jobs into free slots.
+        while let Some(seq) = free.last().copied().filter(|_| !waiting.is_empty()) {
+            let job = waiting.pop_front().expect("a waiting job");
+            free.pop();
+            m.queue_depth.fetch_sub(1, Ordering::Relaxed);
             engine.clear_seq(seq);
             let p = &job.params;
             let mut sg = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(p.rule);
@@ -303,21 +357,24 @@ fn engine_thread(
                 stop: p.stop.clone(),
                 n_predict: p.n_predict,
                 stream: p.stream,
+                ignore_eos: p.ignore_eos,
+                deadline: job.deadline,
                 detok: TextStream::new(&info.tokenizer),
                 decoded_ids: 0,
                 text: String::new(),
                 sent: 0,
                 stopped_by_string: false,
+                n_tokens_to_stop: None,
+                timed_out: false,
             });
         }
-        // Leave: sequences whose client has gone.
-        for i in (0..gens.len()).rev() {
-            if slots[i].events.is_closed() {
-                release(&mut engine, &mut free, gens.swap_remove(i).seq());
-                slots.swap_remove(i);
-                metrics::add(&m.cancelled, 1);
-            }
+        // Deadline: the sequences past theirs end with what they have.
+        let now = Instant::now();
+        for (sg, slot) in gens.iter_mut().zip(&mut slots).filter(|(_, slot)| now >= slot.deadline) {
+            slot.timed_out = true;
+            sg.stop(&engine);
         }
+        answer_finished(&info, m, &mut engine, &mut free, &mut gens, &mut slots);
         set_gauges(m, &engine, gens.len());
         if gens.is_empty() {
             continue;
@@ -338,22 +395,40 @@ fn engine_thread(
             }
             continue;
         }
-        for i in (0..gens.len()).rev() {
-            send_text(&info, &mut gens[i], &mut slots[i], &engine);
-            if gens[i].is_done() {
-                let (sg, slot) = (gens.swap_remove(i), slots.swap_remove(i));
-                let timings = sg.generation().timings.clone();
-                metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
-                let reason = if !slot.stopped_by_string && timings.gen_tokens >= slot.n_predict {
-                    FinishReason::Length
-                } else {
-                    FinishReason::Stop
-                };
-                let _ = slot.events.send(Event::Done { reason, timings });
-                release(&mut engine, &mut free, sg.seq());
-            }
-        }
+        answer_finished(&info, m, &mut engine, &mut free, &mut gens, &mut slots);
         set_gauges(m, &engine, gens.len());
+    }
+}
+
+/// Sends every sequence its new text, and the finished ones their end: why
+/// they ended and their statistics, counting the tokens of the answer.
+fn answer_finished(
+    info: &ModelInfo,
+    m: &Metrics,
+    engine: &mut Engine,
+    free: &mut Vec<SeqId>,
+    gens: &mut Vec<SeqGen>,
+    slots: &mut Vec<Slot>,
+) {
+    for i in (0..gens.len()).rev() {
+        send_text(info, &mut gens[i], &mut slots[i], engine);
+        if !gens[i].is_done() {
+            continue;
+        }
+        let (sg, slot) = (gens.swap_remove(i), slots.swap_remove(i));
+        let mut timings = sg.generation().timings.clone();
+        let ended_by_eog = !slot.ignore_eos && sg.generation().output_ids.last().is_some_and(|t| info.eog.contains(t));
+        timings.gen_tokens = slot.n_tokens_to_stop.unwrap_or(timings.gen_tokens);
+        metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
+        metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
+        let reason =
+            if slot.timed_out || !(slot.stopped_by_string || ended_by_eog) && timings.gen_tokens >= slot.n_predict {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            };
+        let _ = slot.events.send(Event::Done { reason, timings });
+        release(engine, free, sg.seq());
     }
 }
 
@@ -370,22 +445,30 @@ fn release(engine: &mut Engine, free: &mut Vec<SeqId>, seq: SeqId) {
 }
 
 /// Sends the text generated since the last call (a streaming request's, or
-/// at the end): end-of-generation tokens are left out, a stop string ends the
-/// sequence (and is cut with what follows it), and a tail that may still
-/// become a stop string is held back (the [`TextStream`] holds back an
-/// incomplete UTF-8 character).
+/// at the end): end-of-generation and special tokens are left out, a stop
+/// string ends the sequence (and is cut with what follows it, the tokens
+/// after it uncounted), and a tail that may still become a stop string is
+/// held back (the [`TextStream`] holds back an incomplete UTF-8 character
+/// until the end).
 fn send_text(info: &ModelInfo, sg: &mut SeqGen, slot: &mut Slot, engine: &Engine) {
     if !slot.stream && slot.stop.is_empty() && !sg.is_done() {
         return;
     }
+    let visible = |ids: &[u32]| ids.iter().copied().filter(|t| !info.hidden.contains(t)).collect::<Vec<u32>>();
     let out = &sg.generation().output_ids;
-    let new: Vec<u32> = out[slot.decoded_ids..].iter().copied().filter(|t| !info.eog.contains(t)).collect();
+    let first_new = slot.decoded_ids;
+    slot.text.push_str(&slot.detok.push(&visible(&out[first_new..])));
     slot.decoded_ids = out.len();
-    slot.text.push_str(&slot.detok.push(&new));
+    if sg.is_done() {
+        slot.text.push_str(&slot.detok.finish());
+    }
     let text = &mut slot.text;
-    if let Some(at) = slot.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+    if let Some((at, len)) = slot.stop.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s.len()))).min() {
         text.truncate(at);
         slot.stopped_by_string = true;
+        // The first token whose text completes the stop string ends the answer.
+        let n = (first_new + 1..=out.len()).find(|&n| info.tokenizer.decode(&visible(&out[..n])).len() >= at + len);
+        slot.n_tokens_to_stop = Some(n.unwrap_or(out.len()));
         sg.stop(engine);
     }
     let mut end = text.len();

@@ -1,7 +1,8 @@
-//! The `hamburger-server` binary as an operator runs it: it listens on
-//! loopback by default, and SIGTERM / SIGINT stop it accepting while the
-//! request in flight streams to its end; then it exits 0. Bad flags fail
-//! before anything is loaded.
+//! The `hamburger-server` binary as an operator and real clients run it: it
+//! listens on loopback by default, and SIGTERM / SIGINT stop it accepting
+//! while the request in flight streams to its end; then it exits 0. Bad flags
+//! fail before anything is loaded. What clients send and get back is in
+//! `server/requests.rs`, against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -9,12 +10,25 @@ use std::process::{Child, Command, Stdio};
 
 use testing::testmodel::{converted, tiny_fixture};
 
-/// Starts the server on an ephemeral port; returns it and its address, read
-/// from its "listening on" log line.
+#[path = "server/requests.rs"]
+mod requests;
+
+/// The tiny fixture, converted to F32.
+fn tiny() -> std::path::PathBuf {
+    converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap()
+}
+
+/// Starts the server on the tiny fixture on an ephemeral port; returns it and
+/// its address, read from its "listening on" log line.
 fn start() -> (Child, String) {
-    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
+    start_with(&tiny(), &["-np", "2", "-c", "1024"])
+}
+
+/// Starts the server on `model` with `args` on an ephemeral port.
+fn start_with(model: &std::path::Path, args: &[&str]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-server"))
-        .args(["-m", gguf.to_str().unwrap(), "--port", "0", "-np", "2", "-c", "1024", "-t", "2"])
+        .args(["-m", model.to_str().unwrap(), "--port", "0", "-t", "2"])
+        .args(args)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -91,7 +105,7 @@ fn bad_flags_fail_in_one_line() {
 
 #[test]
 fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
-    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
+    let gguf = tiny();
     for (args, names) in [
         (vec!["-np", "10000000", "-c", "10000000"], vec!["-np", "-c", "GiB"]),
         (vec!["-t", "5000"], vec!["--threads", "5000"]),

@@ -43,7 +43,8 @@ impl TestServer {
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                server::serve(listener, scheduler, key, Duration::from_secs(60), shutdown).await.unwrap();
+                let http = server::HttpOptions { api_key: key, timeout: Duration::from_secs(60), cors: false };
+                server::serve(listener, scheduler, http, shutdown).await.unwrap();
             });
         });
         let addr = addr_rx.recv().unwrap();

@@ -50,10 +50,14 @@ struct Args {
     threads: usize,
     #[command(flatten)]
     placement: tools::cli::PlacementArgs,
-    /// Seconds a request may wait for its next piece of text (a streaming
-    /// request), or for its whole answer, before it is cancelled.
+    /// Seconds a generation may take, waiting for a slot included; then it
+    /// stops and answers what it has with `finish_reason: "length"`.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Allow cross-origin requests from any origin (CORS headers, preflights
+    /// answered), so browser front-ends on other origins can call the API.
+    #[arg(long)]
+    cors: bool,
 }
 
 async fn shutdown_signal() {
@@ -102,8 +106,9 @@ fn run(args: Args) -> Result<()> {
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local: SocketAddr = listener.local_addr()?;
         log::info!("listening on http://{local} ({} slots)", args.parallel);
-        let timeout = Duration::from_secs(args.timeout);
-        server::serve(listener, scheduler, args.api_key, timeout, shutdown_signal()).await.context("serving")
+        let http =
+            server::HttpOptions { api_key: args.api_key, timeout: Duration::from_secs(args.timeout), cors: args.cors };
+        server::serve(listener, scheduler, http, shutdown_signal()).await.context("serving")
     })
 }
 

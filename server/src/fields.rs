@@ -1,0 +1,146 @@
+//! Every top-level field a completion request may carry, and what the server
+//! does with it: honoured, accepted as a no-op, or refused with a 400 naming
+//! it. No field is accepted and silently ignored unless it is listed in
+//! [`NO_OP`]; an unknown field is refused by name. The README's table of
+//! request fields mirrors these lists.
+
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// Fields both completion endpoints honour (parsed into [`crate::api::Common`]).
+pub const COMMON: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "confidence",
+    "max_steps",
+    "ignore_eos",
+];
+
+/// Fields real clients send that change nothing here: end-user ids, stored
+/// metadata, prompt caching and service tiers have no meaning for one local
+/// model without storage, and `parallel_tool_calls` none without tools.
+pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls", "cache_prompt", "service_tier"];
+
+/// A field refused unless it holds its neutral value (what a client sends when
+/// it does not use the feature).
+struct Refused {
+    name: &'static str,
+    /// Whether a value asks for nothing.
+    neutral: fn(&Value) -> bool,
+    /// Why the feature is missing, for the error message.
+    why: &'static str,
+}
+
+fn is_null(v: &Value) -> bool {
+    v.is_null()
+}
+
+fn null_or_false(v: &Value) -> bool {
+    v.is_null() || v == &Value::Bool(false) || v.as_u64() == Some(0)
+}
+
+fn null_or_zero(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(0.0)
+}
+
+fn null_or_one(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(1.0)
+}
+
+fn null_or_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
+fn null_or_none(v: &Value) -> bool {
+    v.is_null() || v == "none"
+}
+
+fn text_format(v: &Value) -> bool {
+    v.is_null() || v.get("type").is_some_and(|t| t == "text")
+}
+
+const CONSTRAINED: &str = "constrained decoding (grammars, JSON schemas) is not supported";
+const TOOLS: &str = "tool calling is not supported";
+const LOGPROBS: &str = "log probabilities are not returned";
+const PENALTY: &str = "penalties are not applied to every token of a macro step";
+
+/// The refused fields, with their neutral values.
+const REFUSED: &[Refused] = &[
+    Refused { name: "response_format", neutral: text_format, why: CONSTRAINED },
+    Refused { name: "grammar", neutral: is_null, why: CONSTRAINED },
+    Refused { name: "json_schema", neutral: is_null, why: CONSTRAINED },
+    Refused { name: "tools", neutral: null_or_empty, why: TOOLS },
+    Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
+    Refused { name: "functions", neutral: null_or_empty, why: TOOLS },
+    Refused { name: "function_call", neutral: null_or_none, why: TOOLS },
+    Refused { name: "logprobs", neutral: null_or_false, why: LOGPROBS },
+    Refused { name: "top_logprobs", neutral: null_or_zero, why: LOGPROBS },
+    Refused { name: "echo", neutral: null_or_false, why: "the prompt is not echoed" },
+    Refused { name: "logit_bias", neutral: null_or_empty, why: "logit biases are not applied" },
+    Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
+    Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
+    Refused { name: "presence_penalty", neutral: null_or_zero, why: PENALTY },
+    Refused { name: "frequency_penalty", neutral: null_or_zero, why: PENALTY },
+    Refused { name: "repeat_penalty", neutral: null_or_one, why: PENALTY },
+];
+
+/// Checks every top-level field of `body` against the endpoint's own fields
+/// `own`, [`COMMON`], [`NO_OP`] and the refused ones.
+///
+/// # Errors
+/// A 400 naming the first field that is unknown or asks for a feature the
+/// server lacks.
+pub fn check(body: &Value, own: &[&str]) -> Result<(), ApiError> {
+    let Value::Object(fields) = body else {
+        return Err(ApiError::field("body", "the body must be a JSON object"));
+    };
+    for (name, value) in fields {
+        let name = name.as_str();
+        if own.contains(&name) || COMMON.contains(&name) || NO_OP.contains(&name) {
+            continue;
+        }
+        match REFUSED.iter().find(|r| r.name == name) {
+            Some(r) if (r.neutral)(value) => {}
+            Some(r) => return Err(ApiError::field(name, format!("'{name}' is not supported: {}", r.why))),
+            None => return Err(ApiError::field(name, format!("unknown field '{name}'"))),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README's table of request fields names every field the server knows.
+    #[test]
+    fn the_readme_table_names_every_known_field() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let server = readme.split("\n## Server\n").nth(1).and_then(|s| s.split("\n## ").next()).unwrap();
+        let table: String = server.lines().filter(|l| l.starts_with("| `")).collect::<Vec<_>>().join("\n");
+        let own = ["messages", "prompt"];
+        for name in COMMON.iter().chain(NO_OP).chain(REFUSED.iter().map(|r| &r.name)).chain(&own) {
+            assert!(
+                table.contains(&format!("`{name}`")) || table.contains(&format!("`{name}.")),
+                "the README's table of request fields lacks `{name}`"
+            );
+        }
+    }
+}

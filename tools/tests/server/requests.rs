@@ -1,0 +1,362 @@
+//! What real clients send to `hamburger-server` and what they get back, over
+//! loopback HTTP against the binary: every request field honoured, refused
+//! with a 400 naming it, or a documented no-op; seeds; usage chunks; finish
+//! reasons and token counts at the edges; special tokens and cut characters
+//! in the text; the deadline; clients that leave; keep-alives; CORS; metrics.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testing::testmodel::{converted, smollm2_checkpoint};
+
+use super::{start_with, tiny};
+
+/// A running server, killed on drop.
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Served {
+    fn tiny(args: &[&str]) -> Served {
+        let (child, addr) = start_with(&tiny(), args);
+        Served { child, addr }
+    }
+
+    /// SmolLM2-HAMburger in F32: a real tokenizer, chat template and text,
+    /// with macro steps of several tokens.
+    fn smollm2(args: &[&str]) -> Served {
+        let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
+        let (child, addr) = start_with(&model, &[args, &["--confidence", "0.3"]].concat());
+        Served { child, addr }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// POSTs `body`; the status and the JSON answer.
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = client().post(self.url(path)).json(body).send().unwrap();
+        (r.status().as_u16(), r.json().unwrap())
+    }
+
+    /// A completion's text and whole answer, which must succeed.
+    fn complete(&self, body: &Value) -> (String, Value) {
+        let (status, v) = self.post("/v1/completions", body);
+        assert_eq!(status, 200, "{body}: {v}");
+        (v["choices"][0]["text"].as_str().unwrap().to_string(), v)
+    }
+
+    /// The `data:` payloads of a streamed request.
+    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let text = client().post(self.url(path)).json(body).send().unwrap().text().unwrap();
+        text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+    }
+
+    /// The value of metric `hamburger_NAME`.
+    fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::blocking::get(self.url("/metrics")).unwrap().text().unwrap();
+        let line = text.lines().find(|l| l.starts_with(&format!("hamburger_{name} "))).unwrap();
+        line.split(' ').nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Opens a raw streaming completion; the connection, before any answer is read.
+    fn open_stream(&self, body: &Value) -> TcpStream {
+        let mut conn = TcpStream::connect(&self.addr).unwrap();
+        let body = body.to_string();
+        let addr = &self.addr;
+        write!(
+            conn,
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        conn
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client without a timeout: a slow machine is no failure.
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(None).build().unwrap()
+}
+
+/// Polls `cond` until it holds, failing after a generous deadline.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what} did not happen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reads the response's lines up to the first one that starts with `prefix`.
+fn read_until(reader: &mut BufReader<TcpStream>, prefix: &str) -> String {
+    let mut line = String::new();
+    while !line.starts_with(prefix) {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before '{prefix}'");
+    }
+    line
+}
+
+#[test]
+fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
+    let s = Served::tiny(&["-np", "1", "-c", "512"]);
+    let base = json!({"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0});
+    let with = |field: &str, value: Value| {
+        let mut body = base.clone();
+        body[field] = value;
+        body
+    };
+    for (field, value) in [
+        ("response_format", json!({"type": "json_object"})),
+        ("grammar", json!("root ::= \"a\"")),
+        ("json_schema", json!({"type": "object"})),
+        ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
+        ("tool_choice", json!("auto")),
+        ("functions", json!([{"name": "f"}])),
+        ("logprobs", json!(true)),
+        ("top_logprobs", json!(2)),
+        ("echo", json!(true)),
+        ("logit_bias", json!({"1": 5})),
+        ("best_of", json!(2)),
+        ("suffix", json!("end")),
+        ("presence_penalty", json!(0.5)),
+        ("frequency_penalty", json!(0.5)),
+        ("repeat_penalty", json!(1.1)),
+        ("no_such_field", json!(1)),
+    ] {
+        let (status, v) = s.post("/v1/completions", &with(field, value));
+        assert_eq!(status, 400, "{field}: {v}");
+        assert_eq!(v["error"]["param"], field, "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    for (field, value) in [
+        ("user", json!("u1")),
+        ("metadata", json!({"k": "v"})),
+        ("store", json!(false)),
+        ("parallel_tool_calls", json!(false)),
+        ("cache_prompt", json!(true)),
+        ("service_tier", json!("auto")),
+        ("response_format", json!({"type": "text"})),
+        ("logprobs", json!(null)),
+        ("echo", json!(false)),
+        ("logit_bias", json!({})),
+        ("presence_penalty", json!(0)),
+        ("repeat_penalty", json!(1.0)),
+        ("n", json!(1)),
+    ] {
+        let (status, v) = s.post("/v1/completions", &with(field, value));
+        assert_eq!(status, 200, "{field}: {v}");
+    }
+    // lm-eval's local-completions sends one prompt of ids in a list.
+    let (by_ids, _) = s.complete(&base);
+    let (by_list, _) = s.complete(&with("prompt", json!([[1, 2, 3]])));
+    assert_eq!(by_list, by_ids);
+    for several in [json!([[1, 2], [3, 4]]), json!(["a", "b"])] {
+        let (status, v) = s.post("/v1/completions", &with("prompt", several));
+        assert_eq!((status, &v["error"]["param"]), (400, &json!("prompt")), "{v}");
+    }
+}
+
+#[test]
+fn chat_messages_with_null_content_or_an_unknown_role_are_refused_by_name() {
+    let s = Served::smollm2(&["-np", "1", "-c", "512"]);
+    for (messages, param) in [
+        (json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": null}]), "messages[1].content"),
+        (json!([{"role": "wizard", "content": "Hi"}]), "messages[0].role"),
+    ] {
+        let (status, v) = s.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 2}));
+        assert_eq!((status, &v["error"]["param"]), (400, &json!(param)), "{v}");
+    }
+}
+
+#[test]
+fn sampling_without_a_seed_varies_and_a_seed_reproduces() {
+    let s = Served::tiny(&["-np", "1", "-c", "512"]);
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 24, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+        "min_p": 0, "ignore_eos": true});
+    let (a, _) = s.complete(&body);
+    let (b, _) = s.complete(&body);
+    assert_ne!(a, b, "two unseeded samples");
+    let mut seeded = body.clone();
+    seeded["seed"] = json!(7);
+    assert_eq!(s.complete(&seeded).0, s.complete(&seeded).0, "one seed, one sample");
+}
+
+#[test]
+fn include_usage_ends_the_stream_with_a_usage_chunk() {
+    let s = Served::tiny(&["-np", "1", "-c", "512"]);
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 5, "ignore_eos": true, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let payloads = s.stream("/v1/completions", &body);
+    assert_eq!(payloads.last().unwrap(), "[DONE]");
+    let last: Value = serde_json::from_str(&payloads[payloads.len() - 2]).unwrap();
+    assert_eq!(last["choices"], json!([]), "{last}");
+    assert_eq!(last["usage"]["completion_tokens"], 5, "{last}");
+}
+
+#[test]
+fn a_deadline_answers_what_there_is_with_finish_reason_length() {
+    let s = Served::tiny(&["-np", "1", "-c", "512", "--timeout", "0"]);
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": true});
+    let (_, v) = s.complete(&body);
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 400, "{v}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let payloads = s.stream("/v1/completions", &streamed);
+    let last: Value = serde_json::from_str(&payloads[payloads.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+}
+
+#[test]
+fn cors_headers_only_with_the_flag() {
+    for (args, allowed) in [(&["--cors"][..], true), (&[][..], false)] {
+        let s = Served::tiny(&[&["-np", "1", "-c", "512"][..], args].concat());
+        let r = reqwest::blocking::Client::new()
+            .request(reqwest::Method::OPTIONS, s.url("/v1/completions"))
+            .header("origin", "http://example.com")
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type,authorization")
+            .send()
+            .unwrap();
+        assert_eq!(r.headers().contains_key("access-control-allow-origin"), allowed, "{args:?}: {:?}", r.headers());
+    }
+}
+
+#[test]
+fn clients_that_leave_after_the_headers_are_dropped_before_a_slot_runs_them() {
+    let s = Served::smollm2(&["-np", "2", "-c", "2048"]);
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 500, "stream": true, "ignore_eos": true});
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            let mut reader = BufReader::new(s.open_stream(&body));
+            read_until(&mut reader, "\r\n");
+            reader
+        })
+        .collect();
+    eventually("two running, four waiting", || {
+        s.metric("requests_processing") == 2.0 && s.metric("queue_depth") == 4.0
+    });
+    drop(clients);
+    eventually("every client's leaving noticed", || s.metric("requests_cancelled_total") == 6.0);
+    assert_eq!(s.metric("prompt_tokens_total"), 6.0, "no waiting request was given a slot after its client left");
+    assert_eq!(s.metric("tokens_generated_total"), 0.0, "no answer ran to its end");
+    eventually("nothing running", || s.metric("requests_processing") == 0.0 && s.metric("queue_depth") == 0.0);
+}
+
+#[test]
+fn an_end_of_generation_token_at_max_tokens_finishes_with_stop() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let chat = |max_tokens: u64| {
+        let body = json!({"messages": [{"role": "user", "content": "What is 2 + 3? Answer with the number only."}],
+            "max_tokens": max_tokens, "temperature": 0});
+        let (status, v) = s.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        (
+            v["choices"][0]["finish_reason"].as_str().unwrap().to_string(),
+            v["usage"]["completion_tokens"].as_u64().unwrap(),
+        )
+    };
+    let (reason, n) = chat(64);
+    assert_eq!(reason, "stop", "the answer ends by itself within 64 tokens");
+    assert_eq!(chat(n), ("stop".to_string(), n), "its end-of-generation token is the last it may generate");
+    assert_eq!(chat(n - 1), ("length".to_string(), n - 1));
+}
+
+#[test]
+fn stop_strings_count_the_tokens_up_to_the_one_that_completes_them() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let body = json!({"prompt": "The history of the Roman Empire", "max_tokens": 24, "temperature": 0});
+    let (full, v) = s.complete(&body);
+    let (_, ids) = s.post("/tokenize", &json!({"content": full}));
+    let ids: Vec<u64> = ids["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(
+        ids.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+        "the text retokenizes as generated"
+    );
+    let prefix =
+        |k: usize| s.post("/detokenize", &json!({"tokens": ids[..k]})).1["content"].as_str().unwrap().to_string();
+    let mut words: Vec<&str> = full.split_whitespace().filter(|w| full.find(w).unwrap() > 0).collect();
+    words.dedup();
+    for word in words.into_iter().take(4) {
+        let k = (1..=ids.len()).find(|&k| prefix(k).contains(word)).unwrap();
+        let mut stopped = body.clone();
+        stopped["stop"] = json!([word]);
+        let (text, v) = s.complete(&stopped);
+        assert_eq!(text, full[..full.find(word).unwrap()], "{word}");
+        assert_eq!(v["usage"]["completion_tokens"], k, "'{word}' is complete after {k} tokens");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+}
+
+#[test]
+fn special_tokens_are_left_out_of_the_text() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! How can I help?<|im_end|>\n";
+    let (text, v) = s.complete(&json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true}));
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    assert!(!text.contains("<|"), "{text:?}");
+}
+
+#[test]
+fn an_answer_cut_inside_a_character_keeps_the_text_before_it() {
+    let s = Served::smollm2(&["-np", "1", "-c", "1024"]);
+    let body = |k: usize| {
+        json!({"prompt": "English: Good morning, how are you?\nJapanese: おはようございます、お元気ですか？\nEnglish: Thank you very much.\nJapanese:",
+            "max_tokens": k, "temperature": 0})
+    };
+    let (full, _) = s.complete(&body(16));
+    assert!(full.chars().any(|c| c.len_utf8() > 1), "a multi-byte answer: {full:?}");
+    let mut before = String::new();
+    for k in 1..=16 {
+        let (text, _) = s.complete(&body(k));
+        let whole = text.trim_end_matches('\u{FFFD}');
+        assert!(full.starts_with(whole) && whole.len() >= before.len(), "{k} tokens: {text:?} after {before:?}");
+        before = whole.to_string();
+    }
+}
+
+#[test]
+fn tokens_per_step_counts_the_steps_of_finished_answers() {
+    let s = Served::smollm2(&["-np", "1", "-c", "2048"]);
+    s.complete(&json!({"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}));
+    let mut reader = BufReader::new(s.open_stream(
+        &json!({"prompt": "Count to a thousand:", "max_tokens": 1500, "stream": true, "ignore_eos": true}),
+    ));
+    // Four chunks: four macro steps of an answer still running (the finished one had two tokens).
+    for _ in 0..4 {
+        read_until(&mut reader, "data: ");
+    }
+    let per_step = s.metric("tokens_per_step");
+    assert!(per_step >= 1.0, "every macro step emits a token at least: {per_step}");
+}
+
+#[test]
+fn a_stream_waiting_for_a_slot_gets_keep_alive_comments() {
+    let s = Served::smollm2(&["-np", "1", "-c", "2048"]);
+    let long = json!({"prompt": "Count to a thousand:", "max_tokens": 1500, "stream": true, "ignore_eos": true});
+    let mut running = BufReader::new(s.open_stream(&long));
+    read_until(&mut running, "data: ");
+    let mut waiting = BufReader::new(s.open_stream(&long));
+    read_until(&mut waiting, "\r\n");
+    let mut line = String::new();
+    while !(line.starts_with(':') || line.starts_with("data: ")) {
+        line.clear();
+        waiting.read_line(&mut line).unwrap();
+    }
+    assert_eq!(line.trim_end(), ": keep-alive", "before its first chunk");
+}
