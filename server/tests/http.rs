@@ -69,7 +69,7 @@ fn streamed_chunks_concatenate_to_the_unstreamed_text() {
         let (_, whole) = s.post(path, &body);
         let mut streamed = body.clone();
         streamed["stream"] = json!(true);
-        let r = reqwest::blocking::Client::new().post(format!("{}{path}", s.url)).json(&streamed).send().unwrap();
+        let r = common::client().post(format!("{}{path}", s.url)).json(&streamed).send().unwrap();
         assert_eq!(r.headers()["content-type"], "text/event-stream");
         let payloads = sse_payloads(&r.text().unwrap());
         assert_eq!(payloads.last().unwrap(), "[DONE]");
@@ -116,7 +116,7 @@ fn eight_concurrent_requests_each_equal_their_solo_result() {
 }
 
 fn assert_error(s: &TestServer, path: &str, raw: &str, status: u16, mentions: &str) {
-    let r = reqwest::blocking::Client::new()
+    let r = common::client()
         .post(format!("{}{path}", s.url))
         .header("content-type", "application/json")
         .body(raw.to_string())
@@ -159,7 +159,7 @@ fn bad_requests_get_openai_shaped_errors() {
 #[test]
 fn api_key_is_required_when_set() {
     let s = TestServer::start(1, 1, Some("sesame"));
-    let client = reqwest::blocking::Client::new();
+    let client = common::client();
     let body = json!({"prompt": "Hi", "max_tokens": 2});
     let url = format!("{}/v1/completions", s.url);
     assert_eq!(client.post(&url).json(&body).send().unwrap().status().as_u16(), 401);
@@ -204,7 +204,7 @@ fn a_client_that_leaves_frees_its_slot_and_a_full_queue_answers_503() {
     let waiting = {
         let url = s.url.clone();
         std::thread::spawn(move || {
-            reqwest::blocking::Client::new()
+            common::client()
                 .post(format!("{url}/v1/completions"))
                 .json(&json!({"prompt": "Hello", "max_tokens": 4}))
                 .send()

@@ -53,7 +53,7 @@ impl TestServer {
 
     /// POSTs `body` as JSON; the status and the JSON answer.
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let r = reqwest::blocking::Client::new().post(format!("{}{path}", self.url)).json(body).send().unwrap();
+        let r = client().post(format!("{}{path}", self.url)).json(body).send().unwrap();
         let status = r.status().as_u16();
         (status, r.json().unwrap())
     }
@@ -71,4 +71,11 @@ impl Drop for TestServer {
         let _ = self.stop.take().unwrap().send(());
         let _ = self.thread.take().unwrap().join();
     }
+}
+
+/// An HTTP client that waits as long as a generation may take: reqwest's
+/// default of 30 s is shorter than eight requests on a loaded two-core
+/// machine, and a test must fail on the server's answers, not on the load.
+pub fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(600)).build().unwrap()
 }
