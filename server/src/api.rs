@@ -316,7 +316,7 @@ impl Common {
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1")),
             Some(n) => n.min(room),
-            None => room,
+            None => info.n_predict.map_or(room, |n| (n as u64).min(room)),
         };
         let d = SamplerParams::default();
         let top_k = match self.top_k {

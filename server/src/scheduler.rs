@@ -43,12 +43,20 @@ pub struct SchedulerConfig {
     pub queue: usize,
     /// Render the model's chat template in child processes (see `hamburger::chat::Isolation`).
     pub template_isolation: Option<hamburger::chat::Isolation>,
+    /// The name `/v1/models` and every answer report (llama-server's
+    /// `--alias`); `None`: the model's own.
+    pub alias: Option<String>,
+    /// Tokens a request that sets no `max_tokens` may generate (llama-server's
+    /// `--n-predict`); `None`: until its slot's context is full.
+    pub n_predict: Option<usize>,
 }
 
 /// What the HTTP side needs to know of the model.
 pub struct ModelInfo {
-    /// The model's name (`general.name`, else the file stem).
+    /// The model's name (the alias, else `general.name`, else the file stem).
     pub name: String,
+    /// Tokens a request that sets no `max_tokens` may generate (`None`: the slot's room).
+    pub n_predict: Option<usize>,
     /// KV cells each slot may use: the longest prompt plus completion (at one token per step).
     pub n_ctx_slot: usize,
     /// Vocabulary size.
@@ -293,7 +301,8 @@ fn engine_thread(
         let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let hidden = model.vocab.eog.iter().copied().chain(tokenizer.special_ids()).collect();
         let info = ModelInfo {
-            name: if model.name.is_empty() { stem } else { model.name.clone() },
+            name: cfg.alias.clone().unwrap_or(if model.name.is_empty() { stem } else { model.name.clone() }),
+            n_predict: cfg.n_predict,
             n_ctx_slot: cfg.engine.n_ctx / cfg.engine.n_seq,
             n_vocab: model.hp.n_vocab,
             max_steps: model.hp.max_steps,

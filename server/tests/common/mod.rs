@@ -29,8 +29,16 @@ impl TestServer {
             ..Default::default()
         };
         let step = StepParams { confidence: 0.3, ..Default::default() };
-        let cfg =
-            SchedulerConfig { model, load: LoadOptions::default(), engine, step, queue, template_isolation: None };
+        let cfg = SchedulerConfig {
+            model,
+            load: LoadOptions::default(),
+            engine,
+            step,
+            queue,
+            template_isolation: None,
+            alias: None,
+            n_predict: None,
+        };
         let scheduler = Scheduler::start(cfg).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

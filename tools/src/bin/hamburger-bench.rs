@@ -13,7 +13,7 @@ use tools::cli::FlashAttn;
 
 /// Measures prompt processing (pp) and generation (tg) speed, llama-bench style.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// The HAMburger GGUF.
     #[arg(short = 'm', long)]

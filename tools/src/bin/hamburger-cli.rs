@@ -14,7 +14,7 @@ use tools::cli::FlashAttn;
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
 /// emits up to --max-steps tokens.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// The HAMburger GGUF file.
     #[arg(short = 'm', long, required_unless_present = "list_devices")]

@@ -9,7 +9,7 @@ use convert::{ConvertOptions, OUTTYPES};
 
 /// Packs a HAMburger checkpoint plus its base model's config and tokenizer into one GGUF.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// The checkpoint: a Lightning .ckpt, a .safetensors file, a
     /// model.safetensors.index.json, or a directory holding one.

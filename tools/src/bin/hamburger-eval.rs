@@ -17,7 +17,7 @@ use tools::eval::{self, Prompts, Row, Scorer};
 
 /// Evaluates a HAMburger GGUF against its base.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     #[command(subcommand)]
     cmd: Cmd,

@@ -15,7 +15,6 @@ use quant::{Mix, Overrides};
 #[derive(Parser)]
 #[command(
     version,
-    about,
     after_help = "Subcommands: `hamburger-quantize sweep --help` (quantization sweeps), `hamburger-quantize compare --help` (timing against llama.cpp's quantizer)."
 )]
 struct Args {

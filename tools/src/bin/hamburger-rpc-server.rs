@@ -15,7 +15,7 @@ use hamburger::DeviceChoice;
 /// ggml's RPC protocol. The protocol has no authentication or encryption: keep
 /// it on loopback, a trusted network, or behind an SSH tunnel.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Address to listen on (loopback by default; anything else is reachable by anyone who can route to it).
     #[arg(long, default_value = "127.0.0.1")]

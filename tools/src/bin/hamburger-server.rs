@@ -24,9 +24,23 @@ struct Args {
     /// Port to listen on.
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Sequences decoded together (slots). Also --parallel.
-    #[arg(short = 'n', long = "parallel", default_value_t = 4)]
+    /// Sequences decoded together (slots). Also -np.
+    #[arg(long = "parallel", default_value_t = 4)]
     parallel: usize,
+    /// Tokens a request that sets no `max_tokens` may generate; -1: until
+    /// its slot's context is full (llama-server's -n).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    n_predict: i64,
+    /// The model's name in `/v1/models` and in every answer (default: the GGUF's).
+    #[arg(short = 'a', long)]
+    alias: Option<String>,
+    /// Accepted for llama-server's launch scripts: chat templates are always
+    /// the model's Jinja template.
+    #[arg(long)]
+    jinja: bool,
+    /// Accepted for llama-server's launch scripts: `/metrics` is always served.
+    #[arg(long)]
+    metrics: bool,
     /// KV cache entries of all slots together (each slot gets an equal share).
     #[arg(short = 'c', long = "ctx-size", default_value_t = EngineParams::default().n_ctx)]
     ctx_size: usize,
@@ -97,6 +111,8 @@ fn run(args: Args) -> Result<()> {
         step: args.decode.step_params(args.forced_steps),
         queue: args.queue,
         template_isolation: Some(tools::cli::template_isolation()?),
+        alias: args.alias,
+        n_predict: usize::try_from(args.n_predict).ok(),
     };
     let scheduler = Scheduler::start(cfg)?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

@@ -360,3 +360,19 @@ fn a_stream_waiting_for_a_slot_gets_keep_alive_comments() {
     }
     assert_eq!(line.trim_end(), ": keep-alive", "before its first chunk");
 }
+
+/// llama-server's launch flags mean what they mean there: `-n` is the
+/// default token budget of a request (not the slot count, which is `-np`),
+/// `-a` names the model, `--jinja` and `--metrics` are accepted.
+#[test]
+fn llama_server_flags_keep_their_meaning() {
+    let s = Served::tiny(&["-np", "1", "-c", "512", "-n", "5", "-a", "my-model", "--jinja", "--metrics"]);
+    let models = client().get(s.url("/v1/models")).send().unwrap().json::<Value>().unwrap();
+    assert_eq!(models["data"][0]["id"], "my-model", "{models}");
+    let (_, v) = s.complete(&json!({"prompt": [1, 2, 3], "ignore_eos": true}));
+    assert_eq!(v["usage"]["completion_tokens"], 5, "-n bounds a request without max_tokens: {v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["model"], "my-model", "{v}");
+    let (_, v) = s.complete(&json!({"prompt": [1, 2, 3], "ignore_eos": true, "max_tokens": 9}));
+    assert_eq!(v["usage"]["completion_tokens"], 9, "a request's max_tokens wins: {v}");
+}
