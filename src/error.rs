@@ -114,6 +114,10 @@ pub enum Param {
     MinP,
     /// The repeat penalty.
     RepeatPenalty,
+    /// The device a model runs on ([`crate::LoadOptions::device`]).
+    Device,
+    /// The offload devices' shares of the offloaded layers.
+    TensorSplit,
 }
 
 impl Param {
@@ -130,6 +134,8 @@ impl Param {
             Param::ForcedSteps => "forced_steps",
             Param::Temp => "temp",
             Param::TopP => "top_p",
+            Param::Device => "device",
+            Param::TensorSplit => "tensor_split",
             Param::MinP => "min_p",
             Param::RepeatPenalty => "repeat_penalty",
         }

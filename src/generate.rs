@@ -271,18 +271,18 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
             }
         }
     }
-    micro_steps(engine, cfg, seqs, ready, stop_head, want_logits)
+    micro_steps(engine, cfg, seqs, ready, MicroWants { stop_head, logits: want_logits })
 }
 
 /// The micro loops of the sequences in `ready` (index, out_0), batched: at
-/// each micro step every sequence whose step continues feeds its token.
+/// each micro step every sequence whose step continues feeds its token, and
+/// the step computes what `want` asks (as the macro step's base forward did).
 fn micro_steps(
     engine: &mut Engine,
     cfg: &DecodeConfig,
     seqs: &mut [SeqGen],
     ready: Vec<(usize, StepOut)>,
-    stop_head: bool,
-    want_logits: bool,
+    want: MicroWants,
 ) -> Result<()> {
     let mut steps: Vec<(usize, MacroStep)> = ready.iter().map(|(i, _)| (*i, MacroStep::default())).collect();
     let mut current: Vec<(usize, StepOut)> = ready.into_iter().enumerate().map(|(a, (_, out))| (a, out)).collect();
@@ -306,7 +306,7 @@ fn micro_steps(
             break;
         }
         let inputs: Vec<(SeqId, u32)> = next.iter().map(|&(_, seq, t)| (seq, t)).collect();
-        let outs = engine.micro_step(s, &inputs, MicroWants { stop_head, logits: want_logits })?;
+        let outs = engine.micro_step(s, &inputs, want)?;
         current = next.iter().map(|&(a, _, _)| a).zip(outs).collect();
     }
     for (i, step) in steps {

@@ -13,6 +13,7 @@ use std::rc::Rc;
 use ggml::{Backend, BufferType, Device, DeviceKind, WeightOp};
 
 use crate::arch::{TensorName, TensorUse};
+use crate::error::{Param, ParamError};
 use crate::{threads, Error, Result};
 
 /// The `--device` choice.
@@ -39,9 +40,14 @@ impl std::str::FromStr for DeviceChoice {
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" => Ok(DeviceChoice::Cuda),
             "metal" => Ok(DeviceChoice::Metal),
-            _ => Err(Error::Invalid(format!("--device {s}: expected auto, cpu, cuda or metal"))),
+            _ => Err(device_error(format!("{s}: expected auto, cpu, cuda or metal"))),
         }
     }
+}
+
+/// A refused device choice, naming the parameter (front-ends name their flag).
+fn device_error(what: String) -> Error {
+    ParamError::new(&[Param::Device], format!("{} {what}", Param::Device)).into()
 }
 
 /// The GPU a choice resolves to (`None`: the CPU alone).
@@ -56,15 +62,15 @@ fn select(choice: DeviceChoice) -> Result<Option<Device>> {
         .collect();
     let named = |backend: &str, feature: &str, compiled: bool| -> Result<Option<Device>> {
         if !compiled {
-            return Err(Error::Invalid(format!(
-                "--device {feature}: this build has no {backend} backend (rebuild with `cargo build --release --workspace --features {feature}`)"
+            return Err(device_error(format!(
+                "{feature}: this build has no {backend} backend (rebuild with `cargo build --release --workspace --features {feature}`)"
             )));
         }
         gpus.iter()
             .find(|d| d.backend_name().eq_ignore_ascii_case(backend))
             .copied()
             .map(Some)
-            .ok_or_else(|| Error::Invalid(format!("--device {feature}: the {backend} backend found no device")))
+            .ok_or_else(|| device_error(format!("{feature}: the {backend} backend found no GPU")))
     };
     match choice {
         DeviceChoice::Cpu => Ok(None),
@@ -290,9 +296,11 @@ fn shares(split: &[f32], n: usize) -> Result<Vec<f64>> {
     let split: Vec<f64> = if split.is_empty() { vec![1.0; n] } else { split.iter().map(|&x| x as f64).collect() };
     let sum: f64 = split.iter().sum();
     if split.len() != n || split.iter().any(|x| !x.is_finite() || *x < 0.0) || (n > 0 && sum <= 0.0) {
-        return Err(Error::Invalid(format!(
-            "--tensor-split {split:?}: expected {n} non-negative shares (one per offload device) with a positive sum"
-        )));
+        let what = format!(
+            "{} {split:?}: expected {n} non-negative shares (one per offload device) with a positive sum",
+            Param::TensorSplit
+        );
+        return Err(ParamError::new(&[Param::TensorSplit], what).into());
     }
     Ok(split
         .iter()
@@ -313,7 +321,7 @@ mod tests {
         assert_eq!(shares(&[3.0, 1.0], 2).unwrap(), [0.75, 1.0]);
         assert!(shares(&[], 0).unwrap().is_empty());
         for bad in [&[1.0][..], &[1.0, 1.0, 1.0], &[0.0, 0.0], &[f32::NAN, 1.0], &[-1.0, 2.0]] {
-            assert!(shares(bad, 2).unwrap_err().to_string().contains("--tensor-split"), "{bad:?}");
+            assert!(shares(bad, 2).unwrap_err().to_string().contains("tensor_split"), "{bad:?}");
         }
     }
 }

@@ -16,19 +16,36 @@ use crate::sampling::{Sampler, SamplerParams};
 use crate::step::{Generation, StepParams};
 use crate::{Batch, Error, Result};
 
-/// Settings of a session: its engine's, its stop rule's, and what a
-/// generation keeps. Sampling settings come with each generation's [`Sampler`].
-#[derive(Debug, Clone, Default)]
+/// Settings of a session: its engine's, its stop rule's, its sampling, and
+/// what a generation keeps.
+#[derive(Debug, Clone)]
 pub struct SessionParams {
     /// The engine: context, batch, threads, cache type, flash attention
     /// (`n_seq` must be 1: a session holds one sequence).
     pub engine: EngineParams,
     /// When a macro step ends.
     pub step: StepParams,
+    /// How each token is picked, micro tokens included (the session's
+    /// sampler is made from it, and made anew by [`Session::clear`]).
+    pub sampling: SamplerParams,
     /// Keep generating past end-of-generation tokens (benchmarks).
     pub ignore_eog: bool,
     /// Keep every micro step's logits in the result (tests).
     pub keep_logits: bool,
+}
+
+impl Default for SessionParams {
+    /// llama-cli's engine, the paper's confidence, and greedy decoding: a
+    /// session samples only when told to, so that it reproduces by default.
+    fn default() -> Self {
+        SessionParams {
+            engine: EngineParams::default(),
+            step: StepParams::default(),
+            sampling: SamplerParams::greedy(),
+            ignore_eog: false,
+            keep_logits: false,
+        }
+    }
 }
 
 impl SessionParams {
@@ -55,6 +72,8 @@ pub struct Session<'m> {
     pending: Vec<u32>,
     /// Every token of the conversation (for repetition penalties).
     history: Vec<u32>,
+    /// Picks the tokens (`params.sampling`'s).
+    sampler: Sampler,
 }
 
 impl<'m> Session<'m> {
@@ -67,7 +86,9 @@ impl<'m> Session<'m> {
             let message = format!("{} {}: a session holds 1 sequence", Param::NSeq, params.engine.n_seq);
             return Err(ParamError::new(&[Param::NSeq], message).into());
         }
+        params.sampling.validate()?;
         Ok(Session {
+            sampler: Sampler::new(params.sampling),
             cfg: params.decode_config(model)?,
             engine: Engine::new(model, &params.engine)?,
             params,
@@ -96,11 +117,13 @@ impl<'m> Session<'m> {
         self.engine.pause_threads();
     }
 
-    /// Forgets the conversation (the caches are reused).
+    /// Forgets the conversation (the caches are reused) and starts the
+    /// sampler anew, so that a cleared session repeats itself.
     pub fn clear(&mut self) {
         self.engine.clear_seq(SEQ);
         self.pending.clear();
         self.history.clear();
+        self.sampler = Sampler::new(self.params.sampling);
     }
 
     fn check_room(&self, new_inputs: usize, n_predict: usize) -> Result<()> {
@@ -200,19 +223,18 @@ impl<'m> Session<'m> {
         &mut self,
         prompt: &[u32],
         n_predict: usize,
-        sampler: &mut Sampler,
         mut on_step: impl FnMut(&[u32]) -> bool,
     ) -> Result<Generation> {
         self.check_room(prompt.len(), n_predict)?;
         let pending = std::mem::take(&mut self.pending);
         let history = std::mem::take(&mut self.history);
-        let lent = std::mem::replace(sampler, Sampler::new(SamplerParams::greedy()));
+        let lent = std::mem::replace(&mut self.sampler, Sampler::new(SamplerParams::greedy()));
         let seq = SeqGen::new(SEQ, prompt, n_predict, lent).continuing(pending, history).on_step(&mut on_step);
         let mut seqs = [seq];
         let result = generate::run(&mut self.engine, &self.cfg, &mut seqs);
         let [seq] = seqs;
         let (gen, pending, history, lent) = seq.into_parts();
-        (self.pending, self.history, *sampler) = (pending, history, lent);
+        (self.pending, self.history, self.sampler) = (pending, history, lent);
         result.map(|()| gen)
     }
 }

@@ -20,7 +20,10 @@ impl Tokenizer {
     /// When the file has no tokenizer JSON or it does not parse.
     pub fn from_model(model: &Model) -> Result<Tokenizer> {
         let json = model.vocab.tokenizer_json.as_deref().ok_or_else(|| {
-            Error::Tokenizer(format!("{} has no tokenizer.huggingface.json (use --prompt-ids)", model.path.display()))
+            Error::Tokenizer(format!(
+                "{} has no tokenizer.huggingface.json: give token ids instead of text",
+                model.path.display()
+            ))
         })?;
         Tokenizer::from_json(json, model.hp.n_vocab, model.vocab.bos, model.vocab.add_bos)
     }

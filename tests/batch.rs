@@ -32,7 +32,7 @@ fn tiny_f32() -> Model {
 
 fn solo(model: &Model, params: &SessionParams, prompt: &[u32], n: usize) -> Generation {
     let mut s = Session::new(model, params.clone()).unwrap();
-    s.generate(prompt, n, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap()
+    s.generate(prompt, n, |_| true).unwrap()
 }
 
 /// Decodes `prompts` together in one engine; returns each generation and the base forwards run.

@@ -14,9 +14,7 @@
 //! partial-offload test asks for exact tokens.
 
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{
-    DeviceChoice, EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams,
-};
+use hamburger::{DeviceChoice, EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
 use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
 /// Why the tests are ignored, and how to run them.
@@ -37,7 +35,7 @@ fn greedy_tokens(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n:
         .iter()
         .map(|p| {
             s.clear();
-            s.generate(p, n, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap().output_ids
+            s.generate(p, n, |_| true).unwrap().output_ids
         })
         .collect()
 }

@@ -5,7 +5,7 @@
 
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
 use testing::reference::Reference;
 use testing::testmodel::{converted, smollm2_checkpoint};
 
@@ -19,7 +19,7 @@ const PROMPTS: [&str; 5] = [
 
 fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> hamburger::Generation {
     session.clear();
-    session.generate(prompt, n, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap()
+    session.generate(prompt, n, |_| true).unwrap()
 }
 
 fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {

@@ -3,7 +3,7 @@
 //! cache over all four micro positions.
 
 use ggml::Type;
-use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
+use hamburger::{EngineParams, LoadOptions, Model, SamplerParams, Session, SessionParams, StepParams};
 use testing::merger::StandaloneMerger;
 use testing::reference::{argmax, Reference};
 use testing::testmodel::{converted, tiny_fixture};
@@ -70,9 +70,10 @@ fn micro_cache_serves_every_micro_position() {
         step: StepParams { forced_steps: Some(4), ..Default::default() },
         keep_logits: true,
         ignore_eog: true,
+        ..Default::default()
     };
     let mut s = Session::new(&model, p).unwrap();
-    let gen = s.generate(&prompt, 12, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();
+    let gen = s.generate(&prompt, 12, |_| true).unwrap();
     let want = reference.generate_with(&prompt, 0.0, Some(4), 12, &[]);
     assert_eq!(gen.macro_steps.len(), 3);
     for (g, w) in gen.macro_steps.iter().zip(&want) {
@@ -84,4 +85,22 @@ fn micro_cache_serves_every_micro_position() {
     }
     assert_eq!(gen.timings.reached, vec![3, 3, 3, 3]);
     assert_eq!(gen.timings.kv_entries, prompt.len() + 2);
+}
+
+/// A session samples with its own settings, and `clear` starts its sampler
+/// anew: the same seed gives the same answer after a clear, and the default
+/// is greedy.
+#[test]
+fn a_session_owns_its_sampler_and_clear_restarts_it() {
+    let (model, _) = tiny();
+    let prompt = [54u32, 442, 437, 223, 368];
+    let engine = EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() };
+    let sampling = SamplerParams { temp: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+    let mut s = Session::new(&model, SessionParams { engine: engine.clone(), sampling, ..Default::default() }).unwrap();
+    let first = s.generate(&prompt, 16, |_| true).unwrap().output_ids;
+    s.clear();
+    assert_eq!(s.generate(&prompt, 16, |_| true).unwrap().output_ids, first, "same seed after clear");
+    let mut greedy = Session::new(&model, SessionParams { engine, ..Default::default() }).unwrap();
+    let want: Vec<u32> = greedy.generate(&prompt, 16, |_| true).unwrap().output_ids;
+    assert_ne!(first, want, "sampling at temperature 1.5 leaves the greedy path");
 }

@@ -123,7 +123,8 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
         }
         c.ty
     };
-    let planned = plan::plan(&ck, &hp, config.llama3_rope_freqs(), tied, opts.base_only, choose)?;
+    let output = plan::PlanOutput { rope_freqs: config.llama3_rope_freqs(), tied, base_only: opts.base_only };
+    let planned = plan::plan(&ck, &hp, &output, choose)?;
     let fallbacks = notes.into_inner();
     let first = |c: &Option<hf::OneOrMany>| c.as_ref().and_then(|v| v.ids().first().copied());
     let vocab = vocab::Vocab::from_files(

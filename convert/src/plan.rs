@@ -149,6 +149,18 @@ pub fn base_prefix(ck: &Checkpoint) -> &'static str {
     }
 }
 
+/// What the GGUF holds beside the checkpoint's tensors, named instead of
+/// positional flags.
+#[derive(Debug, Clone, Default)]
+pub struct PlanOutput {
+    /// The llama3 rope frequency factors, written as a tensor of their own.
+    pub rope_freqs: Option<Vec<f32>>,
+    /// The lm_head is the token embedding (not written twice).
+    pub tied: bool,
+    /// Only the base model, as a plain llama GGUF.
+    pub base_only: bool,
+}
+
 /// Builds and checks the plan: every tensor present with a usable dtype and
 /// the shape the hyper-parameters demand, and no unknown tensors left over.
 ///
@@ -157,15 +169,16 @@ pub fn base_prefix(ck: &Checkpoint) -> &'static str {
 pub fn plan(
     ck: &Checkpoint,
     hp: &HParams,
-    rope_freqs: Option<Vec<f32>>,
-    tied: bool,
-    base_only: bool,
+    output: &PlanOutput,
     choose_type: impl Fn(TensorName, &[i64]) -> Type,
 ) -> Result<Vec<PlannedTensor>, ConvertError> {
+    let PlanOutput { rope_freqs, tied, base_only } = output;
+    let (tied, base_only) = (*tied, *base_only);
     let base = base_prefix(ck);
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
-    for (name, ne) in hp.tensor_shapes(TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only }) {
+    let set = TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only };
+    for (name, ne) in hp.tensor_shapes(set) {
         let ty = choose_type(name, &ne);
         let source = match source_key(name, base) {
             None => Source::Computed(rope_freqs.clone().unwrap_or_default()),

@@ -6,7 +6,7 @@
 
 use hamburger::chat::{ChatTemplate, Message};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         ..Default::default()
     };
     if let Ok(mut s) = Session::new(&model, params) {
-        let _ = s.generate(&[0, 0], 2, &mut Sampler::new(SamplerParams::greedy()), |_| true);
+        let _ = s.generate(&[0, 0], 2, |_| true);
     }
     if let Ok(tok) = Tokenizer::from_model(&model) {
         if let Ok(ids) = tok.encode("Hello <|im_end|> world", true) {

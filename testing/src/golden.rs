@@ -1,7 +1,7 @@
 //! The golden cases of the tiny fixture (greedy outputs of the
 //! ORIGINAL implementation), and their end-to-end check on a loaded model.
 
-use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
 use serde_json::Value;
 
 use crate::testmodel::{converted, tiny_fixture};
@@ -90,9 +90,7 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
     for (ci, case) in cases.iter().enumerate() {
         let p = SessionParams { step: StepParams { confidence: case.confidence, ..params.step }, ..params.clone() };
         let mut session = Session::new(model, p).unwrap();
-        let gen = session
-            .generate(&case.prompt_ids, case.max_new_tokens, &mut Sampler::new(SamplerParams::greedy()), |_| true)
-            .unwrap();
+        let gen = session.generate(&case.prompt_ids, case.max_new_tokens, |_| true).unwrap();
         let got: Vec<(usize, u32)> =
             gen.macro_steps.iter().enumerate().flat_map(|(si, s)| s.tokens.iter().map(move |&t| (si, t))).collect();
         assert_eq!(got, case.steps, "case {ci}: (macro step, token) sequence");

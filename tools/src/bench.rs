@@ -142,7 +142,7 @@ pub fn hamburger_tg<'m>(model: &'m Model, params: &SessionParams, n: usize) -> R
     let out = stats.clone();
     let run = Box::new(move || {
         session.clear();
-        let gen = session.generate(&first, n, &mut Sampler::new(SamplerParams::greedy()), |_| true)?;
+        let gen = session.generate(&first, n, |_| true)?;
         let t = &gen.timings;
         let kv = (t.kv_entries * t.kv_bytes_per_entry) as f64 / t.context_tokens.max(1) as f64;
         out.set((t.tokens_per_step(), kv));

@@ -126,6 +126,8 @@ pub fn flag(p: Param) -> &'static str {
         Param::TopP => "--top-p",
         Param::MinP => "--min-p",
         Param::RepeatPenalty => "--repeat-penalty",
+        Param::Device => "--device",
+        Param::TensorSplit => "--tensor-split",
     }
 }
 

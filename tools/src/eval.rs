@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use hamburger::chat::{ChatTemplate, Message};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{EngineParams, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
+use hamburger::{EngineParams, Model, Session, SessionParams, StepParams};
 use serde_json::{json, Value};
 
 /// The base's view of a token sequence: for every position after the prompt,
@@ -166,9 +166,8 @@ pub struct Run {
 /// When generation fails.
 pub fn run_hamburger(session: &mut Session, prompt: &[u32], n: usize) -> Result<Run> {
     session.clear();
-    let mut sampler = Sampler::new(SamplerParams::greedy());
     let t = Instant::now();
-    let gen = session.generate(prompt, n, &mut sampler, |_| true)?;
+    let gen = session.generate(prompt, n, |_| true)?;
     let ns = t.elapsed().as_nanos() as u64;
     session.pause_threads();
     Ok(Run { ids: gen.output_ids, forwards: gen.timings.macro_steps, ns })

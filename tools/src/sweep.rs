@@ -12,7 +12,7 @@ use crate::sweep_table::{self, SweepRow};
 use anyhow::{Context as _, Result};
 use ggml::Type;
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{EngineParams, Generation, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{EngineParams, Generation, LoadOptions, Model, Session, SessionParams};
 
 use quant::quantize::{self, QuantizeOptions};
 use quant::{Mix, Overrides};
@@ -92,7 +92,7 @@ fn session_params(args: &SweepArgs, keep_logits: bool) -> SessionParams {
 
 fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Result<Generation> {
     session.clear();
-    Ok(session.generate(prompt, n, &mut Sampler::new(SamplerParams::greedy()), |_| true)?)
+    Ok(session.generate(prompt, n, |_| true)?)
 }
 
 /// Quality of `model` against the reference runs: free-running token match,

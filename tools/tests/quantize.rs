@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use ggml::gguf::Gguf;
-use hamburger::{EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
 use quant::Mix;
 use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
@@ -22,7 +22,7 @@ fn generates(path: &Path) -> Vec<u32> {
         ..Default::default()
     };
     let mut s = Session::new(&model, p).unwrap();
-    let gen = s.generate(&[5, 17, 42, 99], 8, &mut Sampler::new(SamplerParams::greedy()), |_| true).unwrap();
+    let gen = s.generate(&[5, 17, 42, 99], 8, |_| true).unwrap();
     assert!(!gen.output_ids.is_empty());
     gen.output_ids
 }

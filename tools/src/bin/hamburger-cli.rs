@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
 use hamburger::tokenizer::{TextStream, Tokenizer};
-use hamburger::{EngineParams, Generation, Model, Sampler, Session, SessionParams};
+use hamburger::{EngineParams, Generation, Model, Session, SessionParams};
 use tools::cli::FlashAttn;
 
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
@@ -99,7 +99,13 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
         flash_attn,
         ..d
     };
-    Ok(SessionParams { engine, step: args.decode.step_params(None), ignore_eog: args.ignore_eos, keep_logits: false })
+    Ok(SessionParams {
+        engine,
+        step: args.decode.step_params(None),
+        sampling: args.sampling.sampler_params()?,
+        ignore_eog: args.ignore_eos,
+        keep_logits: false,
+    })
 }
 
 /// The budget for one generation: -n, or whatever the context has left.
@@ -121,9 +127,8 @@ fn run(args: Args) -> Result<()> {
     let path = args.model.as_deref().context("-m MODEL is required")?;
     let model = hamburger::Model::open(path, &args.placement.load_options())?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
-    let mut sampler = Sampler::new(args.sampling.sampler_params()?);
     if args.chat {
-        return chat(&args, &model, &mut session, &mut sampler);
+        return chat(&args, &model, &mut session);
     }
     let (prompt_ids, tokenizer) = match &args.prompt_ids {
         Some(ids) => {
@@ -153,7 +158,7 @@ fn run(args: Args) -> Result<()> {
         }
     }
     let mut printer = StepPrinter { stream: tokenizer.as_ref().map(TextStream::new), color: args.color, step: 0 };
-    let gen = session.generate(&prompt_ids, n_predict, &mut sampler, |tokens| {
+    let gen = session.generate(&prompt_ids, n_predict, |tokens| {
         if !args.json {
             printer.print(&mut out, &model, tokens);
         }
@@ -259,7 +264,7 @@ fn report(gen: &Generation) -> String {
     s
 }
 
-fn chat(args: &Args, model: &Model, session: &mut Session, sampler: &mut Sampler) -> Result<()> {
+fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
     let tok = Tokenizer::from_model(model)?;
     let template = ChatTemplate::of_model(model, &tok)?
         .context("the model has no chat template")?
@@ -281,7 +286,7 @@ fn chat(args: &Args, model: &Model, session: &mut Session, sampler: &mut Sampler
         first = false;
         let n_predict = budget(args, session, ids.len());
         let mut printer = StepPrinter { stream: Some(TextStream::new(&tok)), color: args.color, step: 0 };
-        let gen = session.generate(&ids, n_predict, sampler, |tokens| {
+        let gen = session.generate(&ids, n_predict, |tokens| {
             printer.print(&mut out, model, tokens);
             true
         })?;
