@@ -259,6 +259,8 @@ impl Scheduler {
 
 /// A running request: its events and what has been sent of its text.
 struct Slot<'t> {
+    /// The request's number since the server started (in its log line).
+    task: u64,
     events: UnboundedSender<Event>,
     stop: Vec<String>,
     n_predict: usize,
@@ -319,6 +321,7 @@ fn engine_thread(
         Err(e) => return drop(ready.send(Err(StartError::Model(cfg.model.clone(), e)))),
     };
     let _ = ready.send(Ok(info.clone()));
+    let mut tasks = 0u64;
     metrics::set(&m.kv_cells_total, engine.kv().n_cells() as u64);
     let mut gens: Vec<SeqGen<'static>> = Vec::new();
     let mut slots: Vec<Slot> = Vec::new();
@@ -361,7 +364,9 @@ fn engine_thread(
             }
             metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
             gens.push(sg);
+            tasks += 1;
             slots.push(Slot {
+                task: tasks,
                 events: job.events,
                 stop: p.stop.clone(),
                 n_predict: p.n_predict,
@@ -436,6 +441,9 @@ fn answer_finished(
             } else {
                 FinishReason::Stop
             };
+        let t = &timings;
+        let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
+        log::info!("task {} (slot {}): prompt {prompt} tokens in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", slot.task, sg.seq(), t.prompt_ms, t.gen_tokens, t.gen_ms);
         let _ = slot.events.send(Event::Done { reason, timings });
         release(engine, free, sg.seq());
     }

@@ -118,3 +118,36 @@ fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
         );
     }
 }
+
+/// What an operator reads: a summary of the model at load, then one line per
+/// request with its prompt and generated tokens, tokens per step and times.
+#[test]
+fn the_log_has_a_model_summary_and_a_line_per_request() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-server"))
+        .args(["-m", tiny().to_str().unwrap(), "--port", "0", "-t", "2", "-np", "1", "-c", "512"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map(Result::unwrap);
+    let mut before = Vec::new();
+    let addr = loop {
+        let line = lines.next().expect("the server logs where it listens");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+        before.push(line);
+    };
+    assert!(
+        before.iter().any(|l| l.contains("up to 4 tokens per macro step") && l.contains("1 slots of 512 KV cells")),
+        "{before:?}"
+    );
+    let body = serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 6, "ignore_eos": true});
+    let r = reqwest::blocking::Client::new().post(format!("http://{addr}/v1/completions")).json(&body).send().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let line = lines.find(|l| l.contains("task 1 ")).expect("a line for the request");
+    for part in ["prompt 3 tokens", "6 tokens in", "macro steps", "per step", "Length"] {
+        assert!(line.contains(part), "{part}: {line}");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -101,10 +101,19 @@ fn run(args: Args) -> Result<()> {
         return Ok(());
     }
     let report = quantize::quantize(&opts)?;
-    for r in report.plan.rows.iter().filter(|r| r.fallback.is_some()) {
-        log::warn!("{}: {}; using {}", r.name, r.fallback.as_deref().unwrap_or(""), r.to);
+    // One warning per kind of fallback, not one per tensor (a k-quant mix of
+    // a model with 576-wide rows falls back on some 200 tensors alike).
+    let mut fallbacks: std::collections::BTreeMap<(&str, String), Vec<&str>> = Default::default();
+    for r in &report.plan.rows {
+        if let Some(why) = r.fallback.as_deref() {
+            fallbacks.entry((why, r.to.name().to_string())).or_default().push(&r.name);
+        }
     }
-    let n_fallback = report.plan.rows.iter().filter(|r| r.fallback.is_some()).count();
+    for ((why, to), names) in &fallbacks {
+        let more = if names.len() > 1 { format!(" and {} more", names.len() - 1) } else { String::new() };
+        log::warn!("{} tensor(s) ({}{more}): {why}; using {to}", names.len(), names[0]);
+    }
+    let n_fallback: usize = fallbacks.values().map(Vec::len).sum();
     println!(
         "wrote {} ({}, {:.2} MiB, {:.2} bits per weight, {} tensors fell back) in {:.2} s",
         opts.output.display(),

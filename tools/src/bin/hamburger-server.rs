@@ -114,7 +114,17 @@ fn run(args: Args) -> Result<()> {
         alias: args.alias,
         n_predict: usize::try_from(args.n_predict).ok(),
     };
+    let confidence = cfg.step.confidence;
     let scheduler = Scheduler::start(cfg)?;
+    let info = &scheduler.info;
+    log::info!(
+        "model {}: {} tokens of vocabulary, up to {} tokens per macro step; {} slots of {} KV cells, confidence {confidence} unless a request sets it",
+        info.name,
+        info.n_vocab,
+        info.max_steps,
+        args.parallel,
+        info.n_ctx_slot
+    );
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async {
         let addr = format!("{}:{}", args.host, args.port);
