@@ -141,6 +141,18 @@ impl<'m> Engine<'m> {
         self.has_features[seq] = false;
     }
 
+    /// Keeps `seq`'s entries that cover only its first `n` tokens (a new
+    /// prompt that starts with them reuses them) and forgets the rest;
+    /// returns the tokens kept: `n`, or less when a merged entry straddles
+    /// token `n`. The next input of `seq` continues at that position.
+    pub fn keep_prefix(&mut self, seq: SeqId, n: usize) -> usize {
+        let kept = self.kv.keep_prefix(seq, n.min(self.next_pos[seq]));
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = kept;
+        self.has_features[seq] = false;
+        kept
+    }
+
     fn check_tokens<'a>(&self, tokens: impl IntoIterator<Item = &'a u32>) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         match tokens.into_iter().find(|&&t| t as usize >= n_vocab) {

@@ -133,6 +133,23 @@ impl KvCache {
         }
     }
 
+    /// Keeps the entries of `seq` that cover only its first `n` tokens and
+    /// frees the others; returns the tokens the kept entries cover: `n`, or
+    /// less when a merged entry straddles token `n` (an entry's position is
+    /// that of its last token, so it is dropped and its tokens must be fed
+    /// again).
+    pub fn keep_prefix(&mut self, seq: SeqId, n: usize) -> usize {
+        let mut kept = 0;
+        for c in &mut self.cells {
+            match *c {
+                Some(cell) if cell.seq == seq && cell.pos as usize >= n => *c = None,
+                Some(cell) if cell.seq == seq => kept = kept.max(cell.pos as usize + 1),
+                _ => {}
+            }
+        }
+        kept
+    }
+
     /// One past the last occupied cell: the cells a graph must attend.
     pub fn used_window(&self) -> usize {
         self.cells.iter().rposition(Option::is_some).map_or(0, |i| i + 1)
@@ -230,6 +247,34 @@ mod tests {
         assert_eq!(kv.find_free(3), Some(vec![0, 2, 4]));
         kv.release(3);
         assert_eq!(kv.n_cells_of(1), 1);
+    }
+
+    #[test]
+    fn a_prefix_keeps_the_entries_that_end_before_the_cut() {
+        let mut kv = cache(8);
+        // Sequence 0: prompt tokens 0, 1, 2 (one entry each), then a merged
+        // entry of tokens 3..=5 (at position 5) and one of 6..=7 (at 7).
+        for (cell, pos) in [(0, 0), (1, 1), (2, 2), (4, 5), (6, 7)] {
+            kv.occupy(cell, 0, pos);
+        }
+        kv.occupy(3, 1, 4);
+        // A cut inside the merged entry drops it: only tokens 0..3 remain.
+        assert_eq!(kv.positions_of(0), vec![0, 1, 2, 5, 7]);
+        assert_eq!(kv.keep_prefix(0, 4), 3);
+        assert_eq!(kv.positions_of(0), vec![0, 1, 2]);
+        assert_eq!(kv.n_cells_of(1), 1, "another sequence's cells stay");
+        // A cut at an entry's end keeps it; a cut at 0 keeps nothing.
+        assert_eq!(kv.keep_prefix(0, 3), 3);
+        assert_eq!(kv.keep_prefix(0, 2), 2);
+        assert_eq!(kv.keep_prefix(0, 0), 0);
+        assert_eq!((kv.n_cells_of(0), kv.n_used()), (0, 1));
+    }
+
+    impl KvCache {
+        /// The positions of `seq`'s entries, in cell order.
+        fn positions_of(&self, seq: SeqId) -> Vec<i32> {
+            self.cells.iter().flatten().filter(|c| c.seq == seq).map(|c| c.pos).collect()
+        }
     }
 
     #[test]

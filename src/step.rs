@@ -127,6 +127,10 @@ pub struct MacroStep {
 pub struct Timings {
     /// Prompt tokens processed.
     pub prompt_tokens: usize,
+    /// Prompt tokens before those, whose KV entries an earlier generation
+    /// left in the sequence and that were not processed again (a server's
+    /// prompt-prefix reuse).
+    pub cached_tokens: usize,
     /// Milliseconds spent on the prompt.
     pub prompt_ms: f64,
     /// Tokens generated (after truncation).

@@ -91,6 +91,8 @@ pub struct Common {
     pub max_steps: Option<u64>,
     /// Generate past end-of-generation tokens (llama-server's extension, for benchmarks).
     pub ignore_eos: Option<bool>,
+    /// Reuse the KV entries of a slot whose cells hold the prompt's start (llama-server's; default true).
+    pub cache_prompt: Option<bool>,
 }
 
 /// `stream_options`.
@@ -355,6 +357,7 @@ impl Common {
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),
+            cache_prompt: self.cache_prompt.unwrap_or(true),
         })
     }
 }
@@ -379,16 +382,19 @@ pub fn finish_reason(r: FinishReason) -> &'static str {
 /// The `usage` object.
 pub fn usage(t: &Timings) -> Value {
     json!({
-        "prompt_tokens": t.prompt_tokens,
+        "prompt_tokens": t.cached_tokens + t.prompt_tokens,
         "completion_tokens": t.gen_tokens,
-        "total_tokens": t.prompt_tokens + t.gen_tokens,
+        "total_tokens": t.cached_tokens + t.prompt_tokens + t.gen_tokens,
     })
 }
 
-/// The `timings` object: llama-server's fields plus HAMburger's macro steps.
+/// The `timings` object: llama-server's fields (`prompt_n` the prompt tokens
+/// processed, `cache_n` those reused from the slot's cells) plus HAMburger's
+/// macro steps.
 pub fn timings(t: &Timings) -> Value {
     let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     json!({
+        "cache_n": t.cached_tokens,
         "prompt_n": t.prompt_tokens,
         "prompt_ms": t.prompt_ms,
         "prompt_per_second": per_second(t.prompt_tokens, t.prompt_ms),

@@ -25,12 +25,13 @@ pub const COMMON: &[&str] = &[
     "confidence",
     "max_steps",
     "ignore_eos",
+    "cache_prompt",
 ];
 
 /// Fields real clients send that change nothing here: end-user ids, stored
-/// metadata, prompt caching and service tiers have no meaning for one local
-/// model without storage, and `parallel_tool_calls` none without tools.
-pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls", "cache_prompt", "service_tier"];
+/// metadata and service tiers have no meaning for one local model without
+/// storage, and `parallel_tool_calls` none without tools.
+pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls", "service_tier"];
 
 /// A field refused unless it holds its neutral value (what a client sends when
 /// it does not use the feature).

@@ -12,8 +12,10 @@ pub struct Metrics {
     pub rejected: AtomicU64,
     /// Requests ended because their client left.
     pub cancelled: AtomicU64,
-    /// Prompt tokens of admitted requests.
+    /// Prompt tokens of admitted requests that were processed.
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens of admitted requests whose KV entries were reused from their slot's cells.
+    pub prompt_tokens_cached: AtomicU64,
     /// Tokens of finished answers.
     pub generated_tokens: AtomicU64,
     /// Macro steps of finished answers: `tokens_per_step` divides
@@ -51,7 +53,7 @@ impl Metrics {
         let finished_steps = get(&self.finished_macro_steps);
         let tokens_per_step =
             if finished_steps == 0 { 0.0 } else { get(&self.generated_tokens) as f64 / finished_steps as f64 };
-        let rows: [(&str, &str, &str, String); 12] = [
+        let rows: [(&str, &str, &str, String); 13] = [
             ("requests_total", "counter", "Requests accepted.", get(&self.requests).to_string()),
             (
                 "requests_rejected_total",
@@ -61,6 +63,12 @@ impl Metrics {
             ),
             ("requests_cancelled_total", "counter", "Requests whose client left.", get(&self.cancelled).to_string()),
             ("prompt_tokens_total", "counter", "Prompt tokens processed.", get(&self.prompt_tokens).to_string()),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Prompt tokens whose KV entries were reused (prompt-prefix reuse).",
+                get(&self.prompt_tokens_cached).to_string(),
+            ),
             ("tokens_generated_total", "counter", "Tokens generated.", get(&self.generated_tokens).to_string()),
             ("macro_steps_total", "counter", "Macro steps of all sequences.", steps.to_string()),
             (

@@ -221,5 +221,49 @@ fn a_client_that_leaves_frees_its_slot_and_a_full_queue_answers_503() {
     drop(conn);
     eventually("the slot freed", || s.metric("requests_cancelled_total") == 1.0);
     assert_eq!(waiting.join().unwrap(), 200);
-    eventually("nothing running", || s.metric("requests_processing") == 0.0 && s.metric("kv_cells_used") == 0.0);
+    // Idle, the slot keeps the cells of its last prompt (for prompt-prefix reuse), no more.
+    eventually("nothing running", || s.metric("requests_processing") == 0.0);
+    assert!(
+        s.metric("kv_cells_used") <= 6.0,
+        "the slot holds the last request's entries (prompt and steps), not the stream's"
+    );
+}
+
+#[test]
+fn a_prompt_that_extends_an_earlier_one_reuses_its_cells_and_answers_the_same() {
+    let s = TestServer::start(2, 8, None);
+    let body = |prompt: &str, cache: bool| json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "cache_prompt": cache});
+    let first = "The three primary colors are red, yellow and blue. Mixing two of them";
+    let (status, a) = s.post("/v1/completions", &body(first, true));
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["timings"]["cache_n"], 0, "a fresh server holds nothing");
+    let n_first = a["usage"]["prompt_tokens"].as_u64().unwrap();
+
+    // The second prompt extends the first: its slot holds the first's entries.
+    let second = format!("{first} gives a secondary color, and mixing all three");
+    let (_, warm) = s.post("/v1/completions", &body(&second, true));
+    let (_, cold) = s.post("/v1/completions", &body(&second, false));
+    let cache_n = warm["timings"]["cache_n"].as_u64().unwrap();
+    assert!(cache_n >= n_first - 1, "{cache_n} of the first prompt's {n_first} tokens reused");
+    assert_eq!(cold["timings"]["cache_n"], 0, "cache_prompt false processes the whole prompt");
+    assert_eq!(warm["usage"]["prompt_tokens"], cold["usage"]["prompt_tokens"], "usage counts the whole prompt");
+    let n_second = warm["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(warm["timings"]["prompt_n"].as_u64().unwrap(), n_second - cache_n);
+    assert_eq!(warm["choices"][0]["text"], cold["choices"][0]["text"], "greedy: the same answer");
+
+    // A chat's second turn reuses the first turn and its answer (but the
+    // merged entry that holds the answer's last step, never fed).
+    let turn = |messages: &Value| json!({"messages": messages, "max_tokens": 16, "temperature": 0});
+    let mut messages = json!([{"role": "user", "content": "Name a fruit that is yellow."}]);
+    let (_, t1) = s.post("/v1/chat/completions", &turn(&messages));
+    let n_turn1 = t1["usage"]["prompt_tokens"].as_u64().unwrap();
+    messages.as_array_mut().unwrap().push(t1["choices"][0]["message"].clone());
+    messages.as_array_mut().unwrap().push(json!({"role": "user", "content": "And a red one?"}));
+    let (status, t2) = s.post("/v1/chat/completions", &turn(&messages));
+    assert_eq!(status, 200, "{t2}");
+    assert!(t2["timings"]["cache_n"].as_u64().unwrap() >= n_turn1, "{t2}");
+    assert!(!t2["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
+
+    let reused = [&a, &warm, &cold, &t1, &t2].iter().map(|v| v["timings"]["cache_n"].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(s.metric("prompt_tokens_cached_total"), reused as f64);
 }

@@ -1,7 +1,8 @@
 //! The engine thread's loop. Each iteration takes the newly queued jobs,
 //! drops the waiting and running requests whose client left (so a client
 //! that leaves is noticed within one macro step), admits waiting jobs into
-//! free slots (one sequence each), ends the requests past their deadline,
+//! free slots (one sequence each; the slot whose KV cells hold the longest
+//! start of the prompt, whose entries are kept), ends the requests past their deadline,
 //! runs ONE macro step over every running request (prompt chunks of new
 //! requests mixed with the merged inputs of running ones, then their micro
 //! steps, batched), and delivers each request the text of its step and, when
@@ -15,11 +16,11 @@ use std::time::Instant;
 
 use hamburger::chat::ChatTemplate;
 use hamburger::generate::{self, DecodeConfig};
-use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
 
 use super::request::Request;
+use super::slots::Slots;
 use super::{Job, ModelInfo, SchedulerConfig, StartError};
 use crate::metrics::{self, Metrics};
 
@@ -48,7 +49,7 @@ pub(super) fn run(
         decode,
         running: Vec::new(),
         waiting: VecDeque::new(),
-        free: (0..cfg.engine.n_seq).rev().collect(),
+        slots: Slots::new(cfg.engine.n_seq),
         tasks: 0,
     };
     let mut open = true;
@@ -95,7 +96,8 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
 }
 
 /// The engine thread's state: the engine, the requests running in its
-/// slots, the jobs waiting for one, and the free slots.
+/// slots, the jobs waiting for one, and the free slots with what their
+/// cells hold.
 struct EngineLoop<'t, 'm> {
     info: &'t ModelInfo,
     m: &'t Metrics,
@@ -103,8 +105,8 @@ struct EngineLoop<'t, 'm> {
     decode: DecodeConfig,
     running: Vec<Request<'t>>,
     waiting: VecDeque<Job>,
-    /// Slots (engine sequences) no request runs in; the last is taken first.
-    free: Vec<SeqId>,
+    /// Slots (engine sequences) no request runs in.
+    slots: Slots,
     /// Requests admitted since the server started.
     tasks: u64,
 }
@@ -133,23 +135,27 @@ impl<'t> EngineLoop<'t, '_> {
         metrics::add(&self.m.cancelled, gone);
         for i in (0..self.running.len()).rev() {
             if self.running[i].client_left() {
-                let seq = self.running.swap_remove(i).seq();
-                self.release(seq);
+                let r = self.running.swap_remove(i);
+                self.slots.give_back(r.seq(), r.held(&self.engine));
                 metrics::add(&self.m.cancelled, 1);
             }
         }
     }
 
-    /// Admits waiting jobs, oldest first, into the free slots.
+    /// Admits waiting jobs, oldest first, into the free slots: each keeps
+    /// the entries of the longest start of its prompt that its slot's cells
+    /// hold (all but the prompt's last token, whose output the first step
+    /// needs) and feeds the rest.
     fn admit(&mut self) {
-        while let Some(seq) = self.free.last().copied().filter(|_| !self.waiting.is_empty()) {
+        while self.slots.any_free() && !self.waiting.is_empty() {
             let job = self.waiting.pop_front().expect("a waiting job");
-            self.free.pop();
+            let (seq, common) = self.slots.take(&job.prompt, job.params.cache_prompt).expect("a free slot");
             self.m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            self.engine.clear_seq(seq);
-            metrics::add(&self.m.prompt_tokens, job.prompt.len() as u64);
+            let cached = self.engine.keep_prefix(seq, common.min(job.prompt.len().saturating_sub(1)));
+            metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
+            metrics::add(&self.m.prompt_tokens_cached, cached as u64);
             self.tasks += 1;
-            self.running.push(Request::admit(self.tasks, seq, job, &self.info.tokenizer));
+            self.running.push(Request::admit(self.tasks, seq, job, cached, &self.info.tokenizer));
         }
     }
 
@@ -169,7 +175,8 @@ impl<'t> EngineLoop<'t, '_> {
             for r in std::mem::take(&mut self.running) {
                 let seq = r.seq();
                 r.fail(&e.to_string());
-                self.release(seq);
+                self.engine.clear_seq(seq);
+                self.slots.give_back(seq, Vec::new());
             }
         }
     }
@@ -181,18 +188,12 @@ impl<'t> EngineLoop<'t, '_> {
             self.running[i].send_text(self.info, &self.engine);
             if self.running[i].is_done() {
                 let r = self.running.swap_remove(i);
-                let seq = r.seq();
+                let (seq, held) = (r.seq(), r.held(&self.engine));
                 r.answer(self.info, self.m);
-                self.release(seq);
+                self.slots.give_back(seq, held);
             }
         }
         metrics::set(&self.m.processing, self.running.len() as u64);
         metrics::set(&self.m.kv_cells_used, self.engine.kv().n_used() as u64);
-    }
-
-    /// Frees sequence `seq`'s cells and its slot.
-    fn release(&mut self, seq: SeqId) {
-        self.engine.clear_seq(seq);
-        self.free.push(seq);
     }
 }

@@ -8,10 +8,13 @@
 //! * `engine_loop`: the thread's loop (take jobs, drop the cancelled, admit,
 //!   step, deliver);
 //! * `request`: one running request, the single owner of its generation,
-//!   stop state, text and event channel.
+//!   stop state, text and event channel;
+//! * `slots`: the free slots and the tokens their KV cells hold, for
+//!   prompt-prefix reuse.
 
 mod engine_loop;
 mod request;
+mod slots;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -89,6 +92,10 @@ pub struct JobParams {
     pub stop: Vec<String>,
     /// Generate past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Reuse the KV entries of the free slot whose cells hold the longest
+    /// start of the prompt (llama-server's `cache_prompt`); otherwise the
+    /// whole prompt is processed.
+    pub cache_prompt: bool,
     /// Send the text of every macro step as it comes; otherwise only the
     /// whole text at the end (no wake-up of the HTTP side per step).
     pub stream: bool,

@@ -22,6 +22,9 @@ pub(super) struct Request<'t> {
     task: u64,
     /// Its decoding: prompt still to feed, sampler, budget and generated tokens.
     gen: SeqGen<'static>,
+    /// The whole prompt, its first `cached` tokens' entries reused from the slot's cells.
+    prompt: Vec<u32>,
+    cached: usize,
     events: UnboundedSender<Event>,
     stop: Vec<String>,
     n_predict: usize,
@@ -44,17 +47,23 @@ pub(super) struct Request<'t> {
 }
 
 impl<'t> Request<'t> {
-    /// Admits `job` as task number `task` into sequence `seq` (whose cells
-    /// the caller has cleared), its text decoded with `tokenizer`.
-    pub(super) fn admit(task: u64, seq: SeqId, job: Job, tokenizer: &'t Tokenizer) -> Request<'t> {
+    /// Admits `job` as task number `task` into sequence `seq`, whose cells
+    /// hold the entries of the prompt's first `cached` tokens and nothing
+    /// else; its text is decoded with `tokenizer`.
+    pub(super) fn admit(task: u64, seq: SeqId, job: Job, cached: usize, tokenizer: &'t Tokenizer) -> Request<'t> {
         let p = job.params;
-        let mut gen = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(p.rule);
+        let (before, rest) = job.prompt.split_at(cached);
+        let mut gen = SeqGen::new(seq, rest, p.n_predict, Sampler::new(p.sampler))
+            .continuing(Vec::new(), before.to_vec())
+            .with_rule(p.rule);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
         }
         Request {
             task,
             gen,
+            prompt: job.prompt,
+            cached,
             events: job.events,
             stop: p.stop,
             n_predict: p.n_predict,
@@ -84,6 +93,15 @@ impl<'t> Request<'t> {
     /// Whether its generation has ended (and only its last events remain to send).
     pub(super) fn is_done(&self) -> bool {
         self.gen.is_done()
+    }
+
+    /// The tokens whose entries its slot's cells hold: the prompt, then the
+    /// generated tokens as they were fed (all but the last step's).
+    pub(super) fn held(&self, engine: &Engine) -> Vec<u32> {
+        let output = &self.gen.generation().output_ids;
+        let mut held: Vec<u32> = self.prompt.iter().chain(output).copied().collect();
+        held.truncate(engine.next_pos(self.seq()));
+        held
     }
 
     /// The macro steps it has run.
@@ -151,6 +169,7 @@ impl<'t> Request<'t> {
         let mut timings = generation.timings.clone();
         let ended_by_eog = !self.ignore_eos && generation.output_ids.last().is_some_and(|t| info.eog.contains(t));
         timings.gen_tokens = self.n_tokens_to_stop.unwrap_or(timings.gen_tokens);
+        timings.cached_tokens = self.cached;
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
         let reason =
@@ -161,7 +180,7 @@ impl<'t> Request<'t> {
             };
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
-        log::info!("task {} (slot {}): prompt {prompt} tokens in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.prompt_ms, t.gen_tokens, t.gen_ms);
+        log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms);
         let _ = self.events.send(Event::Done { reason, timings });
     }
 
