@@ -118,8 +118,17 @@ pub enum FinishReason {
 /// What the engine thread tells a request.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// One macro step's new text.
-    Text(String),
+    /// New text of a streaming request: one macro step's, unless text was
+    /// held back (a tail that may become a stop string, an incomplete UTF-8
+    /// character) and now goes out with a later step's.
+    Text {
+        /// The text.
+        text: String,
+        /// Generated tokens since the previous `Text` (a step's tokens).
+        tokens: usize,
+        /// Macro steps since the previous `Text` (1 unless text was held).
+        steps: usize,
+    },
     /// The end, with the statistics.
     Done {
         /// Why it ended.
@@ -275,6 +284,9 @@ struct Slot<'t> {
     text: String,
     /// Bytes of `text` already sent.
     sent: usize,
+    /// Tokens and macro steps whose text was already sent.
+    sent_tokens: usize,
+    sent_steps: usize,
     stopped_by_string: bool,
     /// The tokens up to the one that completed the stop string (those after
     /// it, in the same macro step, are not part of the answer).
@@ -377,6 +389,8 @@ fn engine_thread(
                 decoded_ids: 0,
                 text: String::new(),
                 sent: 0,
+                sent_tokens: 0,
+                sent_steps: 0,
                 stopped_by_string: false,
                 n_tokens_to_stop: None,
                 timed_out: false,
@@ -501,7 +515,14 @@ fn send_text(info: &ModelInfo, sg: &mut SeqGen, slot: &mut Slot, engine: &Engine
         end -= held;
     }
     if (slot.stream || sg.is_done()) && end > slot.sent && text.is_char_boundary(slot.sent) {
-        let _ = slot.events.send(Event::Text(text[slot.sent..end].to_string()));
-        slot.sent = end;
+        let tokens = slot.n_tokens_to_stop.unwrap_or(sg.generation().output_ids.len());
+        let steps = sg.generation().timings.macro_steps;
+        let (new_tokens, new_steps) = (tokens - slot.sent_tokens, steps - slot.sent_steps);
+        let _ = slot.events.send(Event::Text {
+            text: text[slot.sent..end].to_string(),
+            tokens: new_tokens,
+            steps: new_steps,
+        });
+        (slot.sent, slot.sent_tokens, slot.sent_steps) = (end, tokens, steps);
     }
 }
