@@ -516,7 +516,7 @@ fn send_text(info: &ModelInfo, sg: &mut SeqGen, slot: &mut Slot, engine: &Engine
     }
     if (slot.stream || sg.is_done()) && end > slot.sent && text.is_char_boundary(slot.sent) {
         let tokens = slot.n_tokens_to_stop.unwrap_or(sg.generation().output_ids.len());
-        let steps = sg.generation().timings.macro_steps;
+        let steps = sg.generation().macro_steps.len();
         let (new_tokens, new_steps) = (tokens - slot.sent_tokens, steps - slot.sent_steps);
         let _ = slot.events.send(Event::Text {
             text: text[slot.sent..end].to_string(),

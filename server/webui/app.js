@@ -93,9 +93,10 @@ async function send(text) {
     if (delta) {
       first ??= performance.now();
       const span = document.createElement("span");
-      span.className = "step s" + (chunks++ % 2);
       const k = obj.hamburger?.tokens ?? 0, n = obj.hamburger?.macro_steps ?? 0;
+      span.className = "step s" + (chunks++ % 2) + (k > n ? " multi" : "");
       span.dataset.tokens = String(k);
+      span.dataset.steps = String(n);
       span.title = k + (k === 1 ? " token" : " tokens") + (n > 1 ? " in " + n + " macro steps" : " in one macro step");
       span.textContent = delta;
       content.append(span);

@@ -81,14 +81,21 @@ fn a_two_turn_chat_in_chromium_shows_the_apis_answers_step_by_step() {
         // Each chunk (a macro step's text) is its own shaded span, shades alternating.
         let steps = page["steps"].as_u64().unwrap();
         assert!(steps > 1, "turn {n}: {turn}");
-        assert_eq!(page["shades"], serde_json::json!(["step s0", "step s1"]), "turn {n}");
+        assert_eq!(page["shades"], serde_json::json!(["s0", "s1"]), "turn {n}");
         // The live counter ends at the server's count; the chunks' counts add up to
         // it but for an end-of-generation token, which has no text of its own.
         let api_tokens = turn["api_tokens"].as_u64().unwrap();
         assert_eq!(page["stat_tokens"].as_u64().unwrap(), api_tokens, "turn {n}: {turn}");
         let counted: u64 = page["step_tokens"].as_array().unwrap().iter().map(|k| k.as_u64().unwrap()).sum();
         assert!(counted <= api_tokens && api_tokens - counted <= 1, "turn {n}: {counted} of {api_tokens}");
-        // Several tokens in one macro step somewhere, the point of the shading.
+        // Each chunk covers at least one macro step, together at most the answer's.
+        let chunk_steps: Vec<u64> =
+            page["step_steps"].as_array().unwrap().iter().map(|k| k.as_u64().unwrap()).collect();
+        assert!(chunk_steps.iter().all(|&s| s >= 1), "turn {n}: {chunk_steps:?}");
+        assert!(chunk_steps.iter().sum::<u64>() <= turn["api_steps"].as_u64().unwrap(), "turn {n}: {turn}");
+        // Several tokens in one macro step somewhere, the point of the shading,
+        // and those steps marked.
         assert!(counted > steps, "turn {n}: {counted} tokens in {steps} steps");
+        assert!(page["multi"].as_u64().unwrap() > 0, "turn {n}: {turn}");
     }
 }

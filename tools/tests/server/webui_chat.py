@@ -49,7 +49,7 @@ def api_answer(url, messages, args):
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
         answer = json.load(r)
-    return answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"]
+    return answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"], answer["timings"]["macro_steps"]
 
 
 def main():
@@ -83,15 +83,17 @@ def main():
                     text: li.querySelector('.content').textContent,
                     state: li.dataset.state,
                     steps: steps.length,
-                    shades: [...new Set(steps.map((s) => s.className))].sort(),
+                    shades: [...new Set(steps.map((s) => ['s0', 's1'].find((c) => s.classList.contains(c))))].sort(),
+                    multi: steps.filter((s) => s.classList.contains('multi')).length,
                     step_tokens: steps.map((s) => Number(s.dataset.tokens)),
+                    step_steps: steps.map((s) => Number(s.dataset.steps)),
                     stat_tokens: Number(document.getElementById('stat-tokens').textContent),
                     error: document.getElementById('error').textContent,
                 };""")
             messages.append({"role": "user", "content": text})
-            api_text, api_tokens = api_answer(args.url, messages, args)
+            api_text, api_tokens, api_steps = api_answer(args.url, messages, args)
             messages.append({"role": "assistant", "content": page["text"]})
-            turns.append({"page": page, "api": api_text, "api_tokens": api_tokens})
+            turns.append({"page": page, "api": api_text, "api_tokens": api_tokens, "api_steps": api_steps})
         if args.screenshot:
             driver.save_screenshot(args.screenshot)
         json.dump({"turns": turns}, sys.stdout)
