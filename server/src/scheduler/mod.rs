@@ -126,8 +126,17 @@ pub enum FinishReason {
 /// What the engine thread tells a request.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// One macro step's new text.
-    Text(String),
+    /// New text of a streaming request: one macro step's, unless text was
+    /// held back (a tail that may become a stop string, an incomplete UTF-8
+    /// character) and now goes out with a later step's.
+    Text {
+        /// The text.
+        text: String,
+        /// Generated tokens since the previous `Text` (a step's tokens).
+        tokens: usize,
+        /// Macro steps since the previous `Text` (1 unless text was held).
+        steps: usize,
+    },
     /// The end, with the statistics.
     Done {
         /// Why it ended.

@@ -39,6 +39,9 @@ pub(super) struct Request<'t> {
     text: String,
     /// Bytes of `text` already sent.
     sent: usize,
+    /// Tokens and macro steps whose text was already sent.
+    sent_tokens: usize,
+    sent_steps: usize,
     stopped_by_string: bool,
     /// The tokens up to the one that completed the stop string (those after
     /// it, in the same macro step, are not part of the answer).
@@ -74,6 +77,8 @@ impl<'t> Request<'t> {
             decoded_ids: 0,
             text: String::new(),
             sent: 0,
+            sent_tokens: 0,
+            sent_steps: 0,
             stopped_by_string: false,
             n_tokens_to_stop: None,
             timed_out: false,
@@ -157,8 +162,11 @@ impl<'t> Request<'t> {
             end -= held;
         }
         if (self.stream || self.gen.is_done()) && end > self.sent && text.is_char_boundary(self.sent) {
-            let _ = self.events.send(Event::Text(text[self.sent..end].to_string()));
-            self.sent = end;
+            let tokens = self.n_tokens_to_stop.unwrap_or(self.gen.generation().output_ids.len());
+            let steps = self.gen.generation().macro_steps.len();
+            let (new_tokens, new_steps) = (tokens - self.sent_tokens, steps - self.sent_steps);
+            let _ = self.events.send(Event::Text { text: text[self.sent..end].to_string(), tokens: new_tokens, steps: new_steps });
+            (self.sent, self.sent_tokens, self.sent_steps) = (end, tokens, steps);
         }
     }
 

@@ -51,7 +51,8 @@ impl TestServer {
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                let http = server::HttpOptions { api_key: key, timeout: Duration::from_secs(600), cors: false };
+                let http =
+                    server::HttpOptions { api_key: key, timeout: Duration::from_secs(600), cors: false, webui: true };
                 server::serve(listener, scheduler, http, shutdown).await.unwrap();
             });
         });

@@ -72,6 +72,10 @@ struct Args {
     /// answered), so browser front-ends on other origins can call the API.
     #[arg(long)]
     cors: bool,
+    /// Do not serve the chat page at `/` (llama-server's flag); the API is
+    /// served either way.
+    #[arg(long)]
+    no_webui: bool,
 }
 
 async fn shutdown_signal() {
@@ -132,8 +136,15 @@ fn run(args: Args) -> Result<()> {
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local: SocketAddr = listener.local_addr()?;
         log::info!("listening on http://{local} ({} slots)", args.parallel);
-        let http =
-            server::HttpOptions { api_key: args.api_key, timeout: Duration::from_secs(args.timeout), cors: args.cors };
+        if !args.no_webui {
+            log::info!("chat page: http://{local}/ (--no-webui turns it off)");
+        }
+        let http = server::HttpOptions {
+            api_key: args.api_key,
+            timeout: Duration::from_secs(args.timeout),
+            cors: args.cors,
+            webui: !args.no_webui,
+        };
         server::serve(listener, scheduler, http, shutdown_signal()).await.context("serving")
     })
 }
