@@ -77,6 +77,14 @@ pub struct Common {
     pub min_p: Option<f64>,
     /// Random seed.
     pub seed: Option<u64>,
+    /// Lower the logits of tokens by their count among the recent tokens (OpenAI's, -2..=2).
+    pub frequency_penalty: Option<f64>,
+    /// Lower the logits of tokens among the recent tokens (OpenAI's, -2..=2).
+    pub presence_penalty: Option<f64>,
+    /// Divide the positive logits of recent tokens (llama-server's; 1: off).
+    pub repeat_penalty: Option<f64>,
+    /// How many recent tokens the penalties look at (llama-server's; -1: the whole context).
+    pub repeat_last_n: Option<i64>,
     /// Stop strings.
     pub stop: Option<OneOrMany>,
     /// Server-sent events, one chunk per macro step.
@@ -325,10 +333,21 @@ impl Common {
             }
             k => k.map_or(d.top_k, |k| k as usize),
         };
+        let repeat_last_n = match self.repeat_last_n {
+            None => d.repeat_last_n,
+            Some(-1) => info.n_ctx_slot,
+            Some(n) => usize::try_from(n).map_err(|_| {
+                ApiError::field("repeat_last_n", "'repeat_last_n' must be -1 (the whole context) or at least 0")
+            })?,
+        };
         let sampler = SamplerParams {
             temp: as_f32(self.temperature).unwrap_or(d.temp),
             top_p: as_f32(self.top_p).unwrap_or(d.top_p),
             min_p: as_f32(self.min_p).unwrap_or(d.min_p),
+            frequency_penalty: as_f32(self.frequency_penalty).unwrap_or(d.frequency_penalty),
+            presence_penalty: as_f32(self.presence_penalty).unwrap_or(d.presence_penalty),
+            repeat_penalty: as_f32(self.repeat_penalty).unwrap_or(d.repeat_penalty),
+            repeat_last_n,
             top_k,
             seed: self.seed.unwrap_or_else(random_seed),
             ..d

@@ -18,6 +18,10 @@ pub const COMMON: &[&str] = &[
     "top_k",
     "min_p",
     "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
     "stop",
     "stream",
     "stream_options",
@@ -79,7 +83,6 @@ fn text_format(v: &Value) -> bool {
 const CONSTRAINED: &str = "constrained decoding (grammars, JSON schemas) is not supported";
 const TOOLS: &str = "tool calling is not supported";
 const LOGPROBS: &str = "log probabilities are not returned";
-const PENALTY: &str = "penalties are not applied to every token of a macro step";
 
 /// The refused fields, with their neutral values.
 const REFUSED: &[Refused] = &[
@@ -96,9 +99,6 @@ const REFUSED: &[Refused] = &[
     Refused { name: "logit_bias", neutral: null_or_empty, why: "logit biases are not applied" },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
-    Refused { name: "presence_penalty", neutral: null_or_zero, why: PENALTY },
-    Refused { name: "frequency_penalty", neutral: null_or_zero, why: PENALTY },
-    Refused { name: "repeat_penalty", neutral: null_or_one, why: PENALTY },
 ];
 
 /// Checks every top-level field of `body` against the endpoint's own fields

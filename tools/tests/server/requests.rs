@@ -132,9 +132,10 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
         ("logit_bias", json!({"1": 5})),
         ("best_of", json!(2)),
         ("suffix", json!("end")),
-        ("presence_penalty", json!(0.5)),
-        ("frequency_penalty", json!(0.5)),
-        ("repeat_penalty", json!(1.1)),
+        ("presence_penalty", json!(2.5)),
+        ("frequency_penalty", json!(-3)),
+        ("repeat_penalty", json!(0)),
+        ("repeat_last_n", json!(-2)),
         ("no_such_field", json!(1)),
     ] {
         let (status, v) = s.post("/v1/completions", &with(field, value));
@@ -167,6 +168,28 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
     for several in [json!([[1, 2], [3, 4]]), json!(["a", "b"])] {
         let (status, v) = s.post("/v1/completions", &with("prompt", several));
         assert_eq!((status, &v["error"]["param"]), (400, &json!("prompt")), "{v}");
+    }
+}
+
+/// The penalties change a greedy answer of the tiny model (whose macro
+/// steps repeat tokens), and neutral values change nothing.
+#[test]
+fn penalties_are_honoured() {
+    let s = Served::tiny(&["-np", "1", "-c", "512", "--forced-steps", "4"]);
+    let base = json!({"prompt": [1, 2, 3], "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    let (plain, _) = s.complete(&base);
+    for (field, neutral, value) in [
+        ("presence_penalty", json!(0), json!(2)),
+        ("frequency_penalty", json!(0), json!(2)),
+        ("repeat_penalty", json!(1), json!(3)),
+    ] {
+        let mut body = base.clone();
+        body[field] = neutral;
+        assert_eq!(s.complete(&body).0, plain, "{field} neutral");
+        body[field] = value;
+        assert_ne!(s.complete(&body).0, plain, "{field} honoured");
+        body["repeat_last_n"] = json!(0);
+        assert_eq!(s.complete(&body).0, plain, "{field} over no recent token");
     }
 }
 
