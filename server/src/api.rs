@@ -85,6 +85,8 @@ pub struct Common {
     pub repeat_penalty: Option<f64>,
     /// How many recent tokens the penalties look at (llama-server's; -1: the whole context).
     pub repeat_last_n: Option<i64>,
+    /// Added to the logits of token ids (OpenAI's: ids as strings, biases -100..=100).
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// Stop strings.
     pub stop: Option<OneOrMany>,
     /// Server-sent events, one chunk per macro step.
@@ -353,6 +355,7 @@ impl Common {
             ..d
         };
         sampler.validate().map_err(|e| refused(&e))?;
+        let logit_bias = self.logit_bias(info.n_vocab)?;
         let step = StepParams {
             confidence: as_f32(self.confidence).unwrap_or(info.step.confidence),
             max_steps: self.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
@@ -370,11 +373,37 @@ impl Common {
         Ok(JobParams {
             n_predict: max_tokens as usize,
             sampler,
+            logit_bias,
             rule,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),
         })
+    }
+}
+
+impl Common {
+    /// `logit_bias` as the sampler takes it.
+    ///
+    /// # Errors
+    /// A 400 naming `logit_bias` for a key that is not a token id below
+    /// `n_vocab`, or a bias outside -100..=100.
+    fn logit_bias(&self, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else { return Ok(Vec::new()) };
+        map.iter()
+            .map(|(k, &b)| {
+                let token = k.parse::<u32>().ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
+                    ApiError::field("logit_bias", format!("'logit_bias' key '{k}' is not a token id below {n_vocab}"))
+                })?;
+                if !(-100.0..=100.0).contains(&b) {
+                    return Err(ApiError::field(
+                        "logit_bias",
+                        format!("'logit_bias' of '{k}' is {b}: expected -100 to 100"),
+                    ));
+                }
+                Ok((token, b as f32))
+            })
+            .collect()
     }
 }
 

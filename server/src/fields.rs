@@ -22,6 +22,7 @@ pub const COMMON: &[&str] = &[
     "presence_penalty",
     "repeat_penalty",
     "repeat_last_n",
+    "logit_bias",
     "stop",
     "stream",
     "stream_options",
@@ -96,7 +97,6 @@ const REFUSED: &[Refused] = &[
     Refused { name: "logprobs", neutral: null_or_false, why: LOGPROBS },
     Refused { name: "top_logprobs", neutral: null_or_zero, why: LOGPROBS },
     Refused { name: "echo", neutral: null_or_false, why: "the prompt is not echoed" },
-    Refused { name: "logit_bias", neutral: null_or_empty, why: "logit biases are not applied" },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
 ];

@@ -82,6 +82,8 @@ pub struct JobParams {
     pub n_predict: usize,
     /// Sampling.
     pub sampler: SamplerParams,
+    /// Added to the logits of these tokens (`logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
     /// When its macro steps end: the server's rule with the request's `confidence` and `max_steps`.
     pub rule: StepRule,
     /// Texts that end the generation (not included in it).
@@ -358,7 +360,8 @@ fn engine_thread(
             m.queue_depth.fetch_sub(1, Ordering::Relaxed);
             engine.clear_seq(seq);
             let p = &job.params;
-            let mut sg = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(p.rule);
+            let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias.clone());
+            let mut sg = SeqGen::new(seq, &job.prompt, p.n_predict, sampler).with_rule(p.rule);
             if p.ignore_eos {
                 sg = sg.ignoring_eog();
             }

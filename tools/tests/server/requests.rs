@@ -129,7 +129,7 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
         ("logprobs", json!(true)),
         ("top_logprobs", json!(2)),
         ("echo", json!(true)),
-        ("logit_bias", json!({"1": 5})),
+        ("logit_bias", json!({"x": 5})),
         ("best_of", json!(2)),
         ("suffix", json!("end")),
         ("presence_penalty", json!(2.5)),
@@ -171,10 +171,10 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
     }
 }
 
-/// The penalties change a greedy answer of the tiny model (whose macro
+/// The penalties and a logit bias change a greedy answer of the tiny model (whose macro
 /// steps repeat tokens), and neutral values change nothing.
 #[test]
-fn penalties_are_honoured() {
+fn penalties_and_logit_bias_are_honoured() {
     let s = Served::tiny(&["-np", "1", "-c", "512", "--forced-steps", "4"]);
     let base = json!({"prompt": [1, 2, 3], "max_tokens": 24, "temperature": 0, "ignore_eos": true});
     let (plain, _) = s.complete(&base);
@@ -190,6 +190,18 @@ fn penalties_are_honoured() {
         assert_ne!(s.complete(&body).0, plain, "{field} honoured");
         body["repeat_last_n"] = json!(0);
         assert_eq!(s.complete(&body).0, plain, "{field} over no recent token");
+    }
+    // A bias of 100 makes every token, micro tokens included, the one biased.
+    let mut body = base.clone();
+    body["logit_bias"] = json!({"300": 100});
+    let (text, v) = s.complete(&body);
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+    let (_, want) = s.post("/detokenize", &json!({"tokens": vec![300; 24]}));
+    assert_eq!(text, want["content"].as_str().unwrap());
+    for bad in [json!({"-1": 1}), json!({"99999999": 1}), json!({"300": 101})] {
+        body["logit_bias"] = bad;
+        let (status, v) = s.post("/v1/completions", &body);
+        assert_eq!((status, &v["error"]["param"]), (400, &json!("logit_bias")), "{v}");
     }
 }
 
