@@ -352,7 +352,6 @@ impl Common {
             repeat_last_n,
             top_k,
             seed: self.seed.unwrap_or_else(random_seed),
-            ..d
         };
         sampler.validate().map_err(|e| refused(&e))?;
         let logit_bias = self.logit_bias(info.n_vocab)?;
