@@ -3,7 +3,7 @@
 //! own knobs are extension fields: `confidence` and `max_steps`.
 
 use hamburger::chat::Message;
-use hamburger::{Param, ParamError, SamplerParams, StepParams, Timings};
+use hamburger::{Param, ParamError, SamplerParams, StepParams, Timings, MAX_TOP_LOGPROBS};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -85,6 +85,10 @@ pub struct Common {
     pub repeat_penalty: Option<f64>,
     /// How many recent tokens the penalties look at (llama-server's; -1: the whole context).
     pub repeat_last_n: Option<i64>,
+    /// Return each token's log-probability.
+    pub logprobs: Option<Logprobs>,
+    /// Alternatives beside each token's log-probability (chat).
+    pub top_logprobs: Option<u64>,
     /// Added to the logits of token ids (OpenAI's: ids as strings, biases -100..=100).
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// Stop strings.
@@ -101,6 +105,16 @@ pub struct Common {
     pub max_steps: Option<u64>,
     /// Generate past end-of-generation tokens (llama-server's extension, for benchmarks).
     pub ignore_eos: Option<bool>,
+}
+
+/// `logprobs`: chat's flag, or the legacy completions' count of alternatives.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    /// Chat: return each token's log-probability (`top_logprobs` alternatives).
+    Flag(bool),
+    /// Completions: return each token's log-probability and this many alternatives.
+    Count(u64),
 }
 
 /// `stream_options`.
@@ -355,6 +369,7 @@ impl Common {
         };
         sampler.validate().map_err(|e| refused(&e))?;
         let logit_bias = self.logit_bias(info.n_vocab)?;
+        let logprobs = self.logprobs()?;
         let step = StepParams {
             confidence: as_f32(self.confidence).unwrap_or(info.step.confidence),
             max_steps: self.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
@@ -373,6 +388,7 @@ impl Common {
             n_predict: max_tokens as usize,
             sampler,
             logit_bias,
+            logprobs,
             rule,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
@@ -382,6 +398,32 @@ impl Common {
 }
 
 impl Common {
+    /// How many alternatives to return beside each token's log-probability;
+    /// `None`: no log-probabilities.
+    ///
+    /// # Errors
+    /// A 400 naming the field: more than [`MAX_TOP_LOGPROBS`] alternatives,
+    /// `top_logprobs` without `logprobs: true`, or log-probabilities asked of a
+    /// stream (not streamed yet).
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let top = self.top_logprobs.filter(|&n| n > 0);
+        let (field, n) = match (self.logprobs, top) {
+            (None | Some(Logprobs::Flag(false)), None) => return Ok(None),
+            (None | Some(Logprobs::Flag(false)), Some(_)) => {
+                return Err(ApiError::field("top_logprobs", "'top_logprobs' needs 'logprobs': true"))
+            }
+            (Some(Logprobs::Flag(true)), n) => ("top_logprobs", n.unwrap_or(0)),
+            (Some(Logprobs::Count(n)), _) => ("logprobs", n),
+        };
+        if n > MAX_TOP_LOGPROBS as u64 {
+            return Err(ApiError::field(field, format!("'{field}' must be at most {MAX_TOP_LOGPROBS}")));
+        }
+        if self.stream() {
+            return Err(ApiError::field("logprobs", "'logprobs' are not streamed yet: ask without 'stream'"));
+        }
+        Ok(Some(n as usize))
+    }
+
     /// `logit_bias` as the sampler takes it.
     ///
     /// # Errors

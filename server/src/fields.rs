@@ -23,6 +23,8 @@ pub const COMMON: &[&str] = &[
     "repeat_penalty",
     "repeat_last_n",
     "logit_bias",
+    "logprobs",
+    "top_logprobs",
     "stop",
     "stream",
     "stream_options",
@@ -55,10 +57,6 @@ fn null_or_false(v: &Value) -> bool {
     v.is_null() || v == &Value::Bool(false) || v.as_u64() == Some(0)
 }
 
-fn null_or_zero(v: &Value) -> bool {
-    v.is_null() || v.as_f64() == Some(0.0)
-}
-
 fn null_or_one(v: &Value) -> bool {
     v.is_null() || v.as_f64() == Some(1.0)
 }
@@ -83,7 +81,6 @@ fn text_format(v: &Value) -> bool {
 
 const CONSTRAINED: &str = "constrained decoding (grammars, JSON schemas) is not supported";
 const TOOLS: &str = "tool calling is not supported";
-const LOGPROBS: &str = "log probabilities are not returned";
 
 /// The refused fields, with their neutral values.
 const REFUSED: &[Refused] = &[
@@ -94,8 +91,6 @@ const REFUSED: &[Refused] = &[
     Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
     Refused { name: "functions", neutral: null_or_empty, why: TOOLS },
     Refused { name: "function_call", neutral: null_or_none, why: TOOLS },
-    Refused { name: "logprobs", neutral: null_or_false, why: LOGPROBS },
-    Refused { name: "top_logprobs", neutral: null_or_zero, why: LOGPROBS },
     Refused { name: "echo", neutral: null_or_false, why: "the prompt is not echoed" },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },

@@ -7,10 +7,12 @@
 //! * [`api`]: request bodies, their checks, the usage and timings objects;
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
+//! * [`logprobs`]: per-token log-probabilities in chat's and completions' shapes.
 
 pub mod api;
 pub mod error;
 pub mod fields;
+pub mod logprobs;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;

@@ -22,7 +22,9 @@ use hamburger::chat::ChatTemplate;
 use hamburger::generate::{self, DecodeConfig, SeqGen};
 use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::{TextStream, Tokenizer};
-use hamburger::{Engine, EngineParams, LoadOptions, Model, Sampler, SamplerParams, StepParams, StepRule, Timings};
+use hamburger::{
+    Engine, EngineParams, LoadOptions, Model, Sampler, SamplerParams, StepParams, StepRule, Timings, TokenLogprob,
+};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
@@ -84,6 +86,8 @@ pub struct JobParams {
     pub sampler: SamplerParams,
     /// Added to the logits of these tokens (`logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
+    /// Return each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
     /// When its macro steps end: the server's rule with the request's `confidence` and `max_steps`.
     pub rule: StepRule,
     /// Texts that end the generation (not included in it).
@@ -128,6 +132,8 @@ pub enum Event {
         reason: FinishReason,
         /// The statistics.
         timings: Timings,
+        /// Each counted token's log-probability, when the request asked.
+        logprobs: Vec<TokenLogprob>,
     },
     /// The generation failed.
     Failed(String),
@@ -365,6 +371,9 @@ fn engine_thread(
             if p.ignore_eos {
                 sg = sg.ignoring_eog();
             }
+            if let Some(top) = p.logprobs {
+                sg = sg.with_logprobs(top);
+            }
             metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
             gens.push(sg);
             tasks += 1;
@@ -447,7 +456,9 @@ fn answer_finished(
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
         log::info!("task {} (slot {}): prompt {prompt} tokens in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", slot.task, sg.seq(), t.prompt_ms, t.gen_tokens, t.gen_ms);
-        let _ = slot.events.send(Event::Done { reason, timings });
+        let steps = &sg.generation().macro_steps;
+        let logprobs = steps.iter().flat_map(|s| s.logprobs.iter().cloned()).take(timings.gen_tokens).collect();
+        let _ = slot.events.send(Event::Done { reason, timings, logprobs });
         release(engine, free, sg.seq());
     }
 }

@@ -126,7 +126,7 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
         ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
         ("tool_choice", json!("auto")),
         ("functions", json!([{"name": "f"}])),
-        ("logprobs", json!(true)),
+        ("logprobs", json!(21)),
         ("top_logprobs", json!(2)),
         ("echo", json!(true)),
         ("logit_bias", json!({"x": 5})),
@@ -202,6 +202,59 @@ fn penalties_and_logit_bias_are_honoured() {
         body["logit_bias"] = bad;
         let (status, v) = s.post("/v1/completions", &body);
         assert_eq!((status, &v["error"]["param"]), (400, &json!("logit_bias")), "{v}");
+    }
+}
+
+/// Greedy answers with log-probabilities: one per counted token, the chosen
+/// token the most likely of its alternatives, in OpenAI's chat and legacy
+/// completion shapes; asking for them changes no token.
+#[test]
+fn log_probabilities_in_chat_and_completion_shapes() {
+    let s = Served::smollm2(&["-np", "1", "-c", "512"]);
+    let chat = json!({"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 12,
+        "temperature": 0});
+    let (_, plain) = s.post("/v1/chat/completions", &chat);
+    let mut asked = chat.clone();
+    asked["logprobs"] = json!(true);
+    asked["top_logprobs"] = json!(3);
+    let (status, v) = s.post("/v1/chat/completions", &asked);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"], plain["choices"][0]["message"]);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    for c in content {
+        let top = c["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{c}");
+        assert_eq!((&top[0]["token"], &top[0]["logprob"]), (&c["token"], &c["logprob"]), "greedy: {c}");
+        assert!(c["logprob"].as_f64().unwrap() <= 0.0 && top[1]["logprob"].as_f64() <= top[0]["logprob"].as_f64());
+        assert_eq!(c["bytes"].as_array().unwrap().len(), c["token"].as_str().unwrap().len());
+    }
+    assert!(plain["choices"][0]["logprobs"].is_null());
+
+    let body = json!({"prompt": "The three primary colors are", "max_tokens": 10, "temperature": 0, "logprobs": 2});
+    let (text, v) = s.complete(&body);
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.len(), 10);
+    assert_eq!(tokens.concat(), text);
+    let offsets: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).zip(&tokens).all(|(w, t)| w[1] - w[0] == t.len() as u64));
+    for (i, t) in tokens.iter().enumerate() {
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!(top.len() <= 2 && top.contains_key(*t), "{top:?}");
+        assert_eq!(top[*t], lp["token_logprobs"][i]);
+    }
+    for (field, value, param) in [
+        ("logprobs", json!(21), "logprobs"),
+        ("top_logprobs", json!(3), "top_logprobs"),
+        ("stream", json!(true), "logprobs"),
+    ] {
+        let mut bad = if field == "top_logprobs" { chat.clone() } else { body.clone() };
+        bad[field] = value;
+        let path = if field == "top_logprobs" { "/v1/chat/completions" } else { "/v1/completions" };
+        let (status, v) = s.post(path, &bad);
+        assert_eq!((status, &v["error"]["param"]), (400, &json!(param)), "{field}: {v}");
     }
 }
 
