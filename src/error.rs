@@ -114,6 +114,10 @@ pub enum Param {
     MinP,
     /// The repeat penalty.
     RepeatPenalty,
+    /// The frequency penalty.
+    FrequencyPenalty,
+    /// The presence penalty.
+    PresencePenalty,
     /// The device a model runs on ([`crate::LoadOptions::device`]).
     Device,
     /// The offload devices' shares of the offloaded layers.
@@ -138,6 +142,8 @@ impl Param {
             Param::TensorSplit => "tensor_split",
             Param::MinP => "min_p",
             Param::RepeatPenalty => "repeat_penalty",
+            Param::FrequencyPenalty => "frequency_penalty",
+            Param::PresencePenalty => "presence_penalty",
         }
     }
 }

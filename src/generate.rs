@@ -13,7 +13,7 @@ use crate::graph::base::Wants;
 use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, TokenLogprob};
 use crate::step::{Generation, MacroStep, StepParams, StepRule};
 use crate::{Error, Model, Result};
 
@@ -71,8 +71,12 @@ pub struct SeqGen<'a> {
     rule: Option<StepRule>,
     /// Generate past end-of-generation tokens (a benchmark request).
     ignore_eog: bool,
-    /// Tokens of the context so far (for repetition penalties).
+    /// Tokens of the context so far, the current macro step's included (for
+    /// repetition penalties).
     history: Vec<u32>,
+    /// Alternatives to report beside each token's log-probability; `None`:
+    /// no log-probabilities (and no logits read for them).
+    logprobs: Option<usize>,
     on_step: Option<OnStep<'a>>,
     gen: Generation,
     done: bool,
@@ -94,6 +98,7 @@ impl<'a> SeqGen<'a> {
             rule: None,
             ignore_eog: false,
             history: prompt.to_vec(),
+            logprobs: None,
             on_step: None,
             gen: Generation::default(),
             done: false,
@@ -117,6 +122,13 @@ impl<'a> SeqGen<'a> {
     /// Decodes with `rule` instead of the loop's (a request's own confidence or step cap).
     pub fn with_rule(self, rule: StepRule) -> SeqGen<'a> {
         SeqGen { rule: Some(rule), ..self }
+    }
+
+    /// Records each token's log-probability with the `top` most likely
+    /// alternatives ([`MacroStep::logprobs`]): the base's distribution for a
+    /// macro step's first token, the micro decoder's for the others.
+    pub fn with_logprobs(self, top: usize) -> SeqGen<'a> {
+        SeqGen { logprobs: Some(top), ..self }
     }
 
     /// Generates past end-of-generation tokens, whatever the loop's setting.
@@ -171,11 +183,24 @@ impl<'a> SeqGen<'a> {
         self.n_predict.saturating_sub(self.gen.output_ids.len())
     }
 
-    fn sample(&mut self, out: &StepOut) -> u32 {
-        match &out.logits {
+    /// Whether this sequence needs the logits read (to sample or for log-probabilities).
+    fn wants_logits(&self) -> bool {
+        !self.done && (!self.sampler.is_greedy() || self.logprobs.is_some())
+    }
+
+    /// Picks the next token of the current macro step from `out` and adds it
+    /// to the history (so that the step's later tokens are penalized for it),
+    /// recording its log-probability in `step` when asked.
+    fn sample(&mut self, out: &StepOut, step: &mut MacroStep) -> u32 {
+        let token = match &out.logits {
             Some(l) if !self.sampler.is_greedy() => self.sampler.sample(l, &self.history),
             _ => out.argmax,
+        };
+        if let (Some(top), Some(l)) = (self.logprobs, &out.logits) {
+            step.logprobs.push(TokenLogprob::new(l, token, top));
         }
+        self.history.push(token);
+        token
     }
 
     /// Ends the sequence, filling the statistics that describe its end.
@@ -199,7 +224,8 @@ impl<'a> SeqGen<'a> {
         let eog = step.tokens.iter().position(|&t| self.is_eog(cfg, t));
         let kept = &step.tokens[..eog.map_or(step.tokens.len(), |i| i + 1)];
         self.gen.output_ids.extend_from_slice(kept);
-        self.history.extend_from_slice(kept);
+        // The history already holds the step's tokens (see `sample`); drop those cut.
+        self.history.truncate(self.history.len() - (step.tokens.len() - kept.len()));
         self.merged = kept.to_vec();
         let go_on = self.on_step.as_mut().is_none_or(|f| f(kept));
         self.gen.macro_steps.push(step);
@@ -254,7 +280,7 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
         budget -= take;
         fed.push((i, take));
     }
-    let want_logits = cfg.keep_logits || seqs.iter().any(|s| !s.done && !s.sampler.is_greedy());
+    let want_logits = cfg.keep_logits || seqs.iter().any(|s| s.wants_logits());
     let stop_head = seqs.iter().any(|s| !s.done && s.rule(cfg).needs_stop_head());
     let features = seqs.iter().any(|s| !s.done && s.rule(cfg).may_continue());
     let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?;
@@ -296,7 +322,7 @@ fn micro_steps(
         for (a, mut out) in current {
             let (i, step) = &mut steps[a];
             let sg = &mut seqs[*i];
-            let token = sg.sample(&out);
+            let token = sg.sample(&out, step);
             step.tokens.push(token);
             step.p_stop.push(out.p_stop);
             if cfg.keep_logits {

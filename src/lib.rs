@@ -39,6 +39,6 @@ pub use graph::micro::MicroWants;
 pub use graph::StepOut;
 pub use model::Model;
 pub use placement::{DeviceChoice, LoadOptions};
-pub use sampling::{Sampler, SamplerParams};
+pub use sampling::{Sampler, SamplerParams, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use session::{Session, SessionParams};
 pub use step::{Generation, MacroStep, StepParams, StepRule, Timings};

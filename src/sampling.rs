@@ -1,5 +1,7 @@
-//! Token sampling, applied to every micro token: repeat penalty, then greedy
-//! or top-k / top-p / min-p / temperature, llama.cpp's order.
+//! Token sampling, applied to every micro token: logit biases, then the
+//! repeat, frequency and presence penalties over the last `repeat_last_n`
+//! tokens, then greedy or top-k / top-p / min-p / temperature, llama.cpp's
+//! order. Also the log-probabilities a client may ask for beside each token.
 
 use rand::{Rng, SeedableRng};
 
@@ -19,7 +21,13 @@ pub struct SamplerParams {
     pub min_p: f32,
     /// Divide positive logits (multiply negative ones) of recent tokens (1: off).
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// Subtract this times a token's count among the recent tokens from its
+    /// logit (OpenAI's `frequency_penalty`; 0: off).
+    pub frequency_penalty: f32,
+    /// Subtract this from the logit of every token among the recent tokens
+    /// (OpenAI's `presence_penalty`; 0: off).
+    pub presence_penalty: f32,
+    /// How many recent tokens (prompt included) the penalties look at (0: none).
     pub repeat_last_n: usize,
     /// Seed of the random generator.
     pub seed: u64,
@@ -33,6 +41,8 @@ impl Default for SamplerParams {
             top_p: 0.95,
             min_p: 0.05,
             repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             repeat_last_n: 64,
             seed: 0,
         }
@@ -49,14 +59,17 @@ impl SamplerParams {
     ///
     /// # Errors
     /// Naming the first parameter out of range: `temp` negative, `top_p` or
-    /// `min_p` outside 0..=1, `repeat_penalty` not above 0, or any of them
-    /// not a finite number.
+    /// `min_p` outside 0..=1, `repeat_penalty` not above 0, the frequency or
+    /// presence penalty outside -2..=2 (OpenAI's range), or any of them not a
+    /// finite number.
     pub fn validate(&self) -> Result<(), ParamError> {
         let checks = [
             (Param::Temp, self.temp, self.temp >= 0.0, "a finite number >= 0"),
             (Param::TopP, self.top_p, (0.0..=1.0).contains(&self.top_p), "a number from 0 to 1"),
             (Param::MinP, self.min_p, (0.0..=1.0).contains(&self.min_p), "a number from 0 to 1"),
             (Param::RepeatPenalty, self.repeat_penalty, self.repeat_penalty > 0.0, "a finite number above 0"),
+            (Param::FrequencyPenalty, self.frequency_penalty, self.frequency_penalty.abs() <= 2.0, PENALTY_RANGE),
+            (Param::PresencePenalty, self.presence_penalty, self.presence_penalty.abs() <= 2.0, PENALTY_RANGE),
         ];
         match checks.into_iter().find(|&(_, x, ok, _)| !(x.is_finite() && ok)) {
             Some((param, x, _, want)) => Err(ParamError::new(&[param], format!("{param} {x}: expected {want}"))),
@@ -65,16 +78,26 @@ impl SamplerParams {
     }
 }
 
+const PENALTY_RANGE: &str = "a number from -2 to 2";
+
 /// A seeded sampler.
 pub struct Sampler {
     p: SamplerParams,
+    /// Added to the logits of these tokens before anything else (OpenAI's `logit_bias`).
+    logit_bias: Vec<(u32, f32)>,
     rng: rand::rngs::StdRng,
 }
 
 impl Sampler {
     /// A sampler with settings `p`.
     pub fn new(p: SamplerParams) -> Sampler {
-        Sampler { p, rng: rand::rngs::StdRng::seed_from_u64(p.seed) }
+        Sampler { p, logit_bias: Vec::new(), rng: rand::rngs::StdRng::seed_from_u64(p.seed) }
+    }
+
+    /// Adds `bias` to the logit of each token listed (`-inf` bans a token).
+    /// A token beyond the vocabulary changes nothing.
+    pub fn with_logit_bias(self, logit_bias: Vec<(u32, f32)>) -> Sampler {
+        Sampler { logit_bias, ..self }
     }
 
     /// The settings.
@@ -85,20 +108,25 @@ impl Sampler {
     /// Whether sampling is a plain argmax (then the graph's argmax suffices and
     /// the logits need not be read).
     pub fn is_greedy(&self) -> bool {
-        self.p.temp <= 0.0 && self.p.repeat_penalty == 1.0
+        self.p.temp <= 0.0 && !self.penalizes() && self.logit_bias.is_empty()
     }
 
-    /// Picks the next token from `logits`, given the tokens so far.
+    /// Whether any penalty is on.
+    fn penalizes(&self) -> bool {
+        self.p.repeat_penalty != 1.0 || self.p.frequency_penalty != 0.0 || self.p.presence_penalty != 0.0
+    }
+
+    /// Picks the next token from `logits`, given the tokens so far (the
+    /// prompt, the tokens generated, and those of the current macro step).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let mut logits = logits.to_vec();
-        if self.p.repeat_penalty != 1.0 {
-            let start = history.len().saturating_sub(self.p.repeat_last_n);
-            let mut seen = std::collections::HashSet::new();
-            for &t in &history[start..] {
-                if let Some(l) = logits.get_mut(t as usize).filter(|_| seen.insert(t)) {
-                    *l = if *l > 0.0 { *l / self.p.repeat_penalty } else { *l * self.p.repeat_penalty };
-                }
+        for &(t, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += bias;
             }
+        }
+        if self.penalizes() {
+            self.penalize(&mut logits, history);
         }
         if self.p.temp <= 0.0 {
             return argmax(&logits);
@@ -131,6 +159,60 @@ impl Sampler {
             r -= p;
         }
         cand.last().map_or(0, |c| c.0)
+    }
+}
+
+impl Sampler {
+    /// llama.cpp's penalties over the last `repeat_last_n` tokens of
+    /// `history`: each token seen there `c` times has its logit divided (if
+    /// positive, else multiplied) by the repeat penalty, then lowered by
+    /// `c * frequency_penalty + presence_penalty`.
+    fn penalize(&self, logits: &mut [f32], history: &[u32]) {
+        let start = history.len().saturating_sub(self.p.repeat_last_n);
+        let mut counts = std::collections::HashMap::<u32, usize>::new();
+        for &t in &history[start..] {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, c) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 { *l / self.p.repeat_penalty } else { *l * self.p.repeat_penalty };
+                *l -= c as f32 * self.p.frequency_penalty + self.p.presence_penalty;
+            }
+        }
+    }
+}
+
+/// The most alternatives a client may ask for beside each token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A token's log-probability under the model's distribution (the raw
+/// logits, before biases, penalties, temperature and truncation, as the
+/// OpenAI API and vLLM report them), with the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token chosen.
+    pub token: u32,
+    /// Its natural log-probability.
+    pub logprob: f32,
+    /// The `top` most likely tokens and their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// The log-probability of `token` under `logits`, with the `top` most
+    /// likely alternatives (at most [`MAX_TOP_LOGPROBS`]).
+    pub fn new(logits: &[f32], token: u32, top: usize) -> TokenLogprob {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let log_sum = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+        let logprob = |t: u32| logits.get(t as usize).map_or(f32::NEG_INFINITY, |&l| l - log_sum);
+        let mut best: Vec<u32> = (0..logits.len() as u32).collect();
+        let top = top.min(MAX_TOP_LOGPROBS).min(best.len());
+        if top > 0 {
+            best.select_nth_unstable_by(top - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        }
+        best.truncate(top);
+        best.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        TokenLogprob { token, logprob: logprob(token), top: best.into_iter().map(|t| (t, logprob(t))).collect() }
     }
 }
 
@@ -180,6 +262,40 @@ mod tests {
     }
 
     #[test]
+    fn penalties_and_biases_follow_llama_cpp() {
+        let logits = [0.0, 3.0, 1.0, 2.9];
+        let greedy = SamplerParams::greedy();
+        // Token 1 seen twice: 3 - 2 * 0.1 = 2.8 < 2.9.
+        let p = SamplerParams { frequency_penalty: 0.1, ..greedy };
+        assert_eq!(Sampler::new(p).sample(&logits, &[1, 1]), 3);
+        assert_eq!(Sampler::new(p).sample(&logits, &[1]), 1, "once: 2.9 against 2.9, the first wins");
+        // Presence counts once whatever the count.
+        let p = SamplerParams { presence_penalty: 0.2, ..greedy };
+        assert_eq!(Sampler::new(p).sample(&logits, &[1, 1, 1]), 3);
+        // Only the last repeat_last_n tokens count.
+        let p = SamplerParams { presence_penalty: 2.0, repeat_last_n: 1, ..greedy };
+        assert_eq!(Sampler::new(p).sample(&logits, &[1, 0]), 1);
+        assert!(!Sampler::new(p).is_greedy());
+        // A bias moves the choice; -inf bans a token; an id past the vocabulary is harmless.
+        let s = || Sampler::new(greedy);
+        assert_eq!(s().with_logit_bias(vec![(2, 5.0), (99, 1.0)]).sample(&logits, &[]), 2);
+        assert_eq!(s().with_logit_bias(vec![(1, f32::NEG_INFINITY)]).sample(&logits, &[]), 3);
+        assert!(!s().with_logit_bias(vec![(1, 1.0)]).is_greedy() && s().is_greedy());
+    }
+
+    #[test]
+    fn log_probabilities_of_the_raw_distribution() {
+        let logits = [0.0, 3.0, 1.0, 2.9];
+        let lp = TokenLogprob::new(&logits, 2, 2);
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        assert!((lp.logprob - (1.0f32.exp() / z).ln()).abs() < 1e-6);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3]);
+        assert!((lp.top[0].1 - (3.0f32.exp() / z).ln()).abs() < 1e-6);
+        assert!(TokenLogprob::new(&logits, 0, 0).top.is_empty());
+        assert_eq!(TokenLogprob::new(&logits, 0, 99).top.len(), 4, "capped at the vocabulary");
+    }
+
+    #[test]
     fn validation_names_the_parameter_and_takes_top_p_0_to_1() {
         let d = SamplerParams::default();
         for ok in [d, SamplerParams { top_p: 0.0, min_p: 1.0, temp: 0.0, ..d }, SamplerParams { top_p: 1.0, ..d }] {
@@ -194,6 +310,16 @@ mod tests {
                 SamplerParams { repeat_penalty: 0.0, ..d },
                 Param::RepeatPenalty,
                 "repeat_penalty 0: expected a finite number above 0",
+            ),
+            (
+                SamplerParams { frequency_penalty: 2.5, ..d },
+                Param::FrequencyPenalty,
+                "frequency_penalty 2.5: expected a number from -2 to 2",
+            ),
+            (
+                SamplerParams { presence_penalty: f32::NAN, ..d },
+                Param::PresencePenalty,
+                "presence_penalty NaN: expected a number from -2 to 2",
             ),
         ] {
             let e = bad.validate().unwrap_err();

@@ -2,6 +2,7 @@
 //! emits), the settings it is resolved from, and the records a generation returns.
 
 use crate::error::{Param, ParamError};
+use crate::sampling::TokenLogprob;
 
 /// The settings of the stop rule, as a user gives them; resolved once
 /// against the model into a [`StepRule`] ([`StepParams::rule`]).
@@ -120,6 +121,10 @@ pub struct MacroStep {
     pub p_stop: Vec<f32>,
     /// Logits of each micro step (only with `keep_logits`).
     pub logits: Vec<Vec<f32>>,
+    /// Each token's log-probability (only for a sequence that asks,
+    /// [`crate::generate::SeqGen::with_logprobs`]): the first under the base's
+    /// distribution, the others under the micro decoder's.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Timing and cache statistics of a generation.

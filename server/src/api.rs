@@ -3,7 +3,7 @@
 //! own knobs are extension fields: `confidence` and `max_steps`.
 
 use hamburger::chat::Message;
-use hamburger::{Param, ParamError, SamplerParams, StepParams, Timings};
+use hamburger::{Param, ParamError, SamplerParams, StepParams, Timings, MAX_TOP_LOGPROBS};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -77,6 +77,20 @@ pub struct Common {
     pub min_p: Option<f64>,
     /// Random seed.
     pub seed: Option<u64>,
+    /// Lower the logits of tokens by their count among the recent tokens (OpenAI's, -2..=2).
+    pub frequency_penalty: Option<f64>,
+    /// Lower the logits of tokens among the recent tokens (OpenAI's, -2..=2).
+    pub presence_penalty: Option<f64>,
+    /// Divide the positive logits of recent tokens (llama-server's; 1: off).
+    pub repeat_penalty: Option<f64>,
+    /// How many recent tokens the penalties look at (llama-server's; -1: the whole context).
+    pub repeat_last_n: Option<i64>,
+    /// Return each token's log-probability.
+    pub logprobs: Option<Logprobs>,
+    /// Alternatives beside each token's log-probability (chat).
+    pub top_logprobs: Option<u64>,
+    /// Added to the logits of token ids (OpenAI's: ids as strings, biases -100..=100).
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// Stop strings.
     pub stop: Option<OneOrMany>,
     /// Server-sent events, one chunk per macro step.
@@ -93,6 +107,16 @@ pub struct Common {
     pub ignore_eos: Option<bool>,
     /// Reuse the KV entries of a slot whose cells hold the prompt's start (llama-server's; default true).
     pub cache_prompt: Option<bool>,
+}
+
+/// `logprobs`: chat's flag, or the legacy completions' count of alternatives.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    /// Chat: return each token's log-probability (`top_logprobs` alternatives).
+    Flag(bool),
+    /// Completions: return each token's log-probability and this many alternatives.
+    Count(u64),
 }
 
 /// `stream_options`.
@@ -327,15 +351,27 @@ impl Common {
             }
             k => k.map_or(d.top_k, |k| k as usize),
         };
+        let repeat_last_n = match self.repeat_last_n {
+            None => d.repeat_last_n,
+            Some(-1) => info.n_ctx_slot,
+            Some(n) => usize::try_from(n).map_err(|_| {
+                ApiError::field("repeat_last_n", "'repeat_last_n' must be -1 (the whole context) or at least 0")
+            })?,
+        };
         let sampler = SamplerParams {
             temp: as_f32(self.temperature).unwrap_or(d.temp),
             top_p: as_f32(self.top_p).unwrap_or(d.top_p),
             min_p: as_f32(self.min_p).unwrap_or(d.min_p),
+            frequency_penalty: as_f32(self.frequency_penalty).unwrap_or(d.frequency_penalty),
+            presence_penalty: as_f32(self.presence_penalty).unwrap_or(d.presence_penalty),
+            repeat_penalty: as_f32(self.repeat_penalty).unwrap_or(d.repeat_penalty),
+            repeat_last_n,
             top_k,
             seed: self.seed.unwrap_or_else(random_seed),
-            ..d
         };
         sampler.validate().map_err(|e| refused(&e))?;
+        let logit_bias = self.logit_bias(info.n_vocab)?;
+        let logprobs = self.logprobs()?;
         let step = StepParams {
             confidence: as_f32(self.confidence).unwrap_or(info.step.confidence),
             max_steps: self.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
@@ -353,12 +389,65 @@ impl Common {
         Ok(JobParams {
             n_predict: max_tokens as usize,
             sampler,
+            logit_bias,
+            logprobs,
             rule,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),
             cache_prompt: self.cache_prompt.unwrap_or(true),
         })
+    }
+}
+
+impl Common {
+    /// How many alternatives to return beside each token's log-probability;
+    /// `None`: no log-probabilities.
+    ///
+    /// # Errors
+    /// A 400 naming the field: more than [`MAX_TOP_LOGPROBS`] alternatives,
+    /// `top_logprobs` without `logprobs: true`, or log-probabilities asked of a
+    /// stream (not streamed yet).
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let top = self.top_logprobs.filter(|&n| n > 0);
+        let (field, n) = match (self.logprobs, top) {
+            (None | Some(Logprobs::Flag(false)), None) => return Ok(None),
+            (None | Some(Logprobs::Flag(false)), Some(_)) => {
+                return Err(ApiError::field("top_logprobs", "'top_logprobs' needs 'logprobs': true"))
+            }
+            (Some(Logprobs::Flag(true)), n) => ("top_logprobs", n.unwrap_or(0)),
+            (Some(Logprobs::Count(n)), _) => ("logprobs", n),
+        };
+        if n > MAX_TOP_LOGPROBS as u64 {
+            return Err(ApiError::field(field, format!("'{field}' must be at most {MAX_TOP_LOGPROBS}")));
+        }
+        if self.stream() {
+            return Err(ApiError::field("logprobs", "'logprobs' are not streamed yet: ask without 'stream'"));
+        }
+        Ok(Some(n as usize))
+    }
+
+    /// `logit_bias` as the sampler takes it.
+    ///
+    /// # Errors
+    /// A 400 naming `logit_bias` for a key that is not a token id below
+    /// `n_vocab`, or a bias outside -100..=100.
+    fn logit_bias(&self, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else { return Ok(Vec::new()) };
+        map.iter()
+            .map(|(k, &b)| {
+                let token = k.parse::<u32>().ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
+                    ApiError::field("logit_bias", format!("'logit_bias' key '{k}' is not a token id below {n_vocab}"))
+                })?;
+                if !(-100.0..=100.0).contains(&b) {
+                    return Err(ApiError::field(
+                        "logit_bias",
+                        format!("'logit_bias' of '{k}' is {b}: expected -100 to 100"),
+                    ));
+                }
+                Ok((token, b as f32))
+            })
+            .collect()
     }
 }
 

@@ -18,6 +18,13 @@ pub const COMMON: &[&str] = &[
     "top_k",
     "min_p",
     "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
     "stop",
     "stream",
     "stream_options",
@@ -51,10 +58,6 @@ fn null_or_false(v: &Value) -> bool {
     v.is_null() || v == &Value::Bool(false) || v.as_u64() == Some(0)
 }
 
-fn null_or_zero(v: &Value) -> bool {
-    v.is_null() || v.as_f64() == Some(0.0)
-}
-
 fn null_or_one(v: &Value) -> bool {
     v.is_null() || v.as_f64() == Some(1.0)
 }
@@ -79,8 +82,6 @@ fn text_format(v: &Value) -> bool {
 
 const CONSTRAINED: &str = "constrained decoding (grammars, JSON schemas) is not supported";
 const TOOLS: &str = "tool calling is not supported";
-const LOGPROBS: &str = "log probabilities are not returned";
-const PENALTY: &str = "penalties are not applied to every token of a macro step";
 
 /// The refused fields, with their neutral values.
 const REFUSED: &[Refused] = &[
@@ -91,15 +92,9 @@ const REFUSED: &[Refused] = &[
     Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
     Refused { name: "functions", neutral: null_or_empty, why: TOOLS },
     Refused { name: "function_call", neutral: null_or_none, why: TOOLS },
-    Refused { name: "logprobs", neutral: null_or_false, why: LOGPROBS },
-    Refused { name: "top_logprobs", neutral: null_or_zero, why: LOGPROBS },
     Refused { name: "echo", neutral: null_or_false, why: "the prompt is not echoed" },
-    Refused { name: "logit_bias", neutral: null_or_empty, why: "logit biases are not applied" },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
-    Refused { name: "presence_penalty", neutral: null_or_zero, why: PENALTY },
-    Refused { name: "frequency_penalty", neutral: null_or_zero, why: PENALTY },
-    Refused { name: "repeat_penalty", neutral: null_or_one, why: PENALTY },
 ];
 
 /// Checks every top-level field of `body` against the endpoint's own fields

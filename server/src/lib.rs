@@ -8,10 +8,12 @@
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
 //! * [`webui`]: the chat page at `/`, built into the binary;
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
+//! * [`logprobs`]: per-token log-probabilities in chat's and completions' shapes.
 
 pub mod api;
 pub mod error;
 pub mod fields;
+pub mod logprobs;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;

@@ -157,6 +157,10 @@ impl Kind {
 /// A generation answered as `kind`: its id and model name for every chunk.
 struct Answer {
     kind: Kind,
+    /// The model (its tokenizer spells the tokens of `logprobs`).
+    info: Arc<ModelInfo>,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
     id: String,
     model: String,
     created: u64,
@@ -183,6 +187,7 @@ impl Answer {
 async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -> Result<Response, ApiError> {
     check_vocab(&s.info, "prompt", &prompt)?;
     let params = common.job_params(&s.info, prompt.len())?;
+    let logprobs = params.logprobs.is_some();
     let (events, rx) = unbounded_channel();
     let deadline = Instant::now() + s.timeout;
     s.submitter.submit(Job { prompt, params, events, deadline }).map_err(|e| match e {
@@ -194,8 +199,14 @@ async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -
         Kind::Completion => "cmpl",
     };
     let n = s.metrics.requests.load(std::sync::atomic::Ordering::Relaxed);
-    let answer =
-        Answer { kind, id: format!("{prefix}-{:x}{n:04x}", now()), model: s.info.name.clone(), created: now() };
+    let answer = Answer {
+        kind,
+        info: s.info.clone(),
+        logprobs,
+        id: format!("{prefix}-{:x}{n:04x}", now()),
+        model: s.info.name.clone(),
+        created: now(),
+    };
     Ok(if common.stream() { stream(answer, rx, common.include_usage()) } else { collect(answer, rx).await })
 }
 
@@ -223,8 +234,15 @@ async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
     loop {
         match next_event(&mut rx).await {
             Ok(Event::Text { text: t, .. }) => text.push_str(&t),
-            Ok(Event::Done { reason, timings }) => {
-                return Json(finished(&a, Some(&text), reason, &timings, false)).into_response()
+            Ok(Event::Done { reason, timings, logprobs }) => {
+                let mut v = finished(&a, Some(&text), reason, &timings, false);
+                if a.logprobs {
+                    v["choices"][0]["logprobs"] = match a.kind {
+                        Kind::Chat => crate::logprobs::chat(&logprobs, &a.info.tokenizer),
+                        Kind::Completion => crate::logprobs::completion(&logprobs, &a.info.tokenizer),
+                    };
+                }
+                return Json(v).into_response();
             }
             Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
             Err(e) => return e.into_response(),
@@ -258,7 +276,7 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> R
                     v["hamburger"] = json!({"tokens": tokens, "macro_steps": steps});
                     (v, false, None)
                 }
-                Ok(Event::Done { reason, timings }) => {
+                Ok(Event::Done { reason, timings, .. }) => {
                     (finished(&a, None, reason, &timings, true), true, include_usage.then(|| a.usage_chunk(&timings)))
                 }
                 Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),

@@ -126,6 +126,8 @@ pub fn flag(p: Param) -> &'static str {
         Param::TopP => "--top-p",
         Param::MinP => "--min-p",
         Param::RepeatPenalty => "--repeat-penalty",
+        Param::FrequencyPenalty => "--frequency-penalty",
+        Param::PresencePenalty => "--presence-penalty",
         Param::Device => "--device",
         Param::TensorSplit => "--tensor-split",
     }
@@ -217,6 +219,7 @@ impl SamplingArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
+            ..SamplerParams::default()
         };
         p.validate()?;
         Ok(p)

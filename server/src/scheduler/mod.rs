@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use hamburger::chat::ChatTemplate;
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{EngineParams, LoadOptions, SamplerParams, StepParams, StepRule, Timings};
+use hamburger::{EngineParams, LoadOptions, SamplerParams, StepParams, StepRule, Timings, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
@@ -86,6 +86,10 @@ pub struct JobParams {
     pub n_predict: usize,
     /// Sampling.
     pub sampler: SamplerParams,
+    /// Added to the logits of these tokens (`logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Return each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
     /// When its macro steps end: the server's rule with the request's `confidence` and `max_steps`.
     pub rule: StepRule,
     /// Texts that end the generation (not included in it).
@@ -143,6 +147,8 @@ pub enum Event {
         reason: FinishReason,
         /// The statistics.
         timings: Timings,
+        /// Each counted token's log-probability, when the request asked.
+        logprobs: Vec<TokenLogprob>,
     },
     /// The generation failed.
     Failed(String),

@@ -56,11 +56,14 @@ impl<'t> Request<'t> {
     pub(super) fn admit(task: u64, seq: SeqId, job: Job, cached: usize, tokenizer: &'t Tokenizer) -> Request<'t> {
         let p = job.params;
         let (before, rest) = job.prompt.split_at(cached);
-        let mut gen = SeqGen::new(seq, rest, p.n_predict, Sampler::new(p.sampler))
-            .continuing(Vec::new(), before.to_vec())
-            .with_rule(p.rule);
+        let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
+        let mut gen =
+            SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Vec::new(), before.to_vec()).with_rule(p.rule);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
+        }
+        if let Some(top) = p.logprobs {
+            gen = gen.with_logprobs(top);
         }
         Request {
             task,
@@ -165,7 +168,11 @@ impl<'t> Request<'t> {
             let tokens = self.n_tokens_to_stop.unwrap_or(self.gen.generation().output_ids.len());
             let steps = self.gen.generation().macro_steps.len();
             let (new_tokens, new_steps) = (tokens - self.sent_tokens, steps - self.sent_steps);
-            let _ = self.events.send(Event::Text { text: text[self.sent..end].to_string(), tokens: new_tokens, steps: new_steps });
+            let _ = self.events.send(Event::Text {
+                text: text[self.sent..end].to_string(),
+                tokens: new_tokens,
+                steps: new_steps,
+            });
             (self.sent, self.sent_tokens, self.sent_steps) = (end, tokens, steps);
         }
     }
@@ -189,7 +196,9 @@ impl<'t> Request<'t> {
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
         log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms);
-        let _ = self.events.send(Event::Done { reason, timings });
+        let steps = &generation.macro_steps;
+        let logprobs = steps.iter().flat_map(|s| s.logprobs.iter().cloned()).take(timings.gen_tokens).collect();
+        let _ = self.events.send(Event::Done { reason, timings, logprobs });
     }
 
     /// Tells the client its generation failed with `error`.

@@ -126,15 +126,16 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
         ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
         ("tool_choice", json!("auto")),
         ("functions", json!([{"name": "f"}])),
-        ("logprobs", json!(true)),
+        ("logprobs", json!(21)),
         ("top_logprobs", json!(2)),
         ("echo", json!(true)),
-        ("logit_bias", json!({"1": 5})),
+        ("logit_bias", json!({"x": 5})),
         ("best_of", json!(2)),
         ("suffix", json!("end")),
-        ("presence_penalty", json!(0.5)),
-        ("frequency_penalty", json!(0.5)),
-        ("repeat_penalty", json!(1.1)),
+        ("presence_penalty", json!(2.5)),
+        ("frequency_penalty", json!(-3)),
+        ("repeat_penalty", json!(0)),
+        ("repeat_last_n", json!(-2)),
         ("no_such_field", json!(1)),
     ] {
         let (status, v) = s.post("/v1/completions", &with(field, value));
@@ -167,6 +168,93 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
     for several in [json!([[1, 2], [3, 4]]), json!(["a", "b"])] {
         let (status, v) = s.post("/v1/completions", &with("prompt", several));
         assert_eq!((status, &v["error"]["param"]), (400, &json!("prompt")), "{v}");
+    }
+}
+
+/// The penalties and a logit bias change a greedy answer of the tiny model (whose macro
+/// steps repeat tokens), and neutral values change nothing.
+#[test]
+fn penalties_and_logit_bias_are_honoured() {
+    let s = Served::tiny(&["-np", "1", "-c", "512", "--forced-steps", "4"]);
+    let base = json!({"prompt": [1, 2, 3], "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    let (plain, _) = s.complete(&base);
+    for (field, neutral, value) in [
+        ("presence_penalty", json!(0), json!(2)),
+        ("frequency_penalty", json!(0), json!(2)),
+        ("repeat_penalty", json!(1), json!(3)),
+    ] {
+        let mut body = base.clone();
+        body[field] = neutral;
+        assert_eq!(s.complete(&body).0, plain, "{field} neutral");
+        body[field] = value;
+        assert_ne!(s.complete(&body).0, plain, "{field} honoured");
+        body["repeat_last_n"] = json!(0);
+        assert_eq!(s.complete(&body).0, plain, "{field} over no recent token");
+    }
+    // A bias of 100 makes every token, micro tokens included, the one biased.
+    let mut body = base.clone();
+    body["logit_bias"] = json!({"300": 100});
+    let (text, v) = s.complete(&body);
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+    let (_, want) = s.post("/detokenize", &json!({"tokens": vec![300; 24]}));
+    assert_eq!(text, want["content"].as_str().unwrap());
+    for bad in [json!({"-1": 1}), json!({"99999999": 1}), json!({"300": 101})] {
+        body["logit_bias"] = bad;
+        let (status, v) = s.post("/v1/completions", &body);
+        assert_eq!((status, &v["error"]["param"]), (400, &json!("logit_bias")), "{v}");
+    }
+}
+
+/// Greedy answers with log-probabilities: one per counted token, the chosen
+/// token the most likely of its alternatives, in OpenAI's chat and legacy
+/// completion shapes; asking for them changes no token.
+#[test]
+fn log_probabilities_in_chat_and_completion_shapes() {
+    let s = Served::smollm2(&["-np", "1", "-c", "512"]);
+    let chat = json!({"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 12,
+        "temperature": 0});
+    let (_, plain) = s.post("/v1/chat/completions", &chat);
+    let mut asked = chat.clone();
+    asked["logprobs"] = json!(true);
+    asked["top_logprobs"] = json!(3);
+    let (status, v) = s.post("/v1/chat/completions", &asked);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"], plain["choices"][0]["message"]);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len() as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    for c in content {
+        let top = c["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{c}");
+        assert_eq!((&top[0]["token"], &top[0]["logprob"]), (&c["token"], &c["logprob"]), "greedy: {c}");
+        assert!(c["logprob"].as_f64().unwrap() <= 0.0 && top[1]["logprob"].as_f64() <= top[0]["logprob"].as_f64());
+        assert_eq!(c["bytes"].as_array().unwrap().len(), c["token"].as_str().unwrap().len());
+    }
+    assert!(plain["choices"][0]["logprobs"].is_null());
+
+    let body = json!({"prompt": "The three primary colors are", "max_tokens": 10, "temperature": 0, "logprobs": 2});
+    let (text, v) = s.complete(&body);
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.len(), 10);
+    assert_eq!(tokens.concat(), text);
+    let offsets: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).zip(&tokens).all(|(w, t)| w[1] - w[0] == t.len() as u64));
+    for (i, t) in tokens.iter().enumerate() {
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!(top.len() <= 2 && top.contains_key(*t), "{top:?}");
+        assert_eq!(top[*t], lp["token_logprobs"][i]);
+    }
+    for (field, value, param) in [
+        ("logprobs", json!(21), "logprobs"),
+        ("top_logprobs", json!(3), "top_logprobs"),
+        ("stream", json!(true), "logprobs"),
+    ] {
+        let mut bad = if field == "top_logprobs" { chat.clone() } else { body.clone() };
+        bad[field] = value;
+        let path = if field == "top_logprobs" { "/v1/chat/completions" } else { "/v1/completions" };
+        let (status, v) = s.post(path, &bad);
+        assert_eq!((status, &v["error"]["param"]), (400, &json!(param)), "{field}: {v}");
     }
 }
 
