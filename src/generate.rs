@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use crate::batch::Batch;
+use crate::constraint::{MicroPolicy, SeqConstraint};
 use crate::engine::Engine;
 use crate::graph::base::Wants;
 use crate::graph::micro::MicroWants;
@@ -66,6 +67,8 @@ pub struct SeqGen<'a> {
     fed: usize,
     n_predict: usize,
     sampler: Sampler,
+    /// The structured-output constraint every token of this sequence obeys.
+    constraint: Option<SeqConstraint>,
     /// This sequence's stop rule, when it differs from the loop's.
     rule: Option<StepRule>,
     /// Generate past end-of-generation tokens (a benchmark request).
@@ -90,6 +93,7 @@ impl<'a> SeqGen<'a> {
             fed: 0,
             n_predict,
             sampler,
+            constraint: None,
             rule: None,
             ignore_eog: false,
             history: prompt.to_vec(),
@@ -116,6 +120,11 @@ impl<'a> SeqGen<'a> {
     /// Decodes with `rule` instead of the loop's (a request's own confidence or step cap).
     pub fn with_rule(self, rule: StepRule) -> SeqGen<'a> {
         SeqGen { rule: Some(rule), ..self }
+    }
+
+    /// Constrains every token of the output (base and micro tokens) by `c`.
+    pub fn constrained(self, c: SeqConstraint) -> SeqGen<'a> {
+        SeqGen { constraint: Some(c), ..self }
     }
 
     /// Generates past end-of-generation tokens, whatever the loop's setting.
@@ -170,11 +179,42 @@ impl<'a> SeqGen<'a> {
         self.n_predict.saturating_sub(self.gen.output_ids.len())
     }
 
-    fn sample(&mut self, out: &StepOut) -> u32 {
-        match &out.logits {
-            Some(l) if !self.sampler.is_greedy() => self.sampler.sample(l, &self.history),
-            _ => out.argmax,
-        }
+    /// Whether picking this sequence's tokens reads the logits.
+    fn needs_logits(&self) -> bool {
+        !self.sampler.is_greedy() || self.constraint.is_some()
+    }
+
+    /// Picks the next token of the step from `out`; `first` for the base's
+    /// token. A constrained sequence picks among the allowed tokens, except
+    /// that under [`MicroPolicy::EndStep`] a forbidden micro choice gives
+    /// None: the step ends before it.
+    fn pick(&mut self, out: &StepOut, first: bool) -> Option<u32> {
+        let greedy = self.sampler.is_greedy();
+        let (sampler, history) = (&mut self.sampler, &self.history);
+        let mut sample = |l: &[f32]| if greedy { crate::sampling::argmax(l) } else { sampler.sample(l, history) };
+        let Some(c) = &mut self.constraint else {
+            return Some(match &out.logits {
+                Some(l) if !greedy => sample(l),
+                _ => out.argmax,
+            });
+        };
+        let logits = out.logits.as_deref().expect("a constrained sequence asks for logits");
+        let token = if !first && c.policy() == MicroPolicy::EndStep {
+            Some(sample(logits)).filter(|&t| c.allows(t))?
+        } else {
+            let mut masked = logits.to_vec();
+            c.mask(&mut masked);
+            sample(&masked)
+        };
+        c.commit(token);
+        Some(token)
+    }
+
+    /// The tokens the constraint forces after the step's `n` tokens, which
+    /// join the step without a forward of their own (up to its size and budget).
+    fn forced(&mut self, cfg: &DecodeConfig, n: usize) -> Vec<u32> {
+        let room = self.rule(cfg).max_steps.min(self.remaining()).saturating_sub(n);
+        self.constraint.as_mut().map(|c| c.take_forced(room)).unwrap_or_default()
     }
 
     /// Ends the sequence, filling the statistics that describe its end.
@@ -249,7 +289,7 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
         budget -= take;
         fed.push((i, take));
     }
-    let want_logits = cfg.keep_logits || seqs.iter().any(|s| !s.done && !s.sampler.is_greedy());
+    let want_logits = cfg.keep_logits || seqs.iter().any(|s| !s.done && s.needs_logits());
     let stop_head = seqs.iter().any(|s| !s.done && s.rule(cfg).needs_stop_head());
     let features = seqs.iter().any(|s| !s.done && s.rule(cfg).may_continue());
     let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?;
@@ -291,14 +331,20 @@ fn micro_steps(
         for (a, mut out) in current {
             let (i, step) = &mut steps[a];
             let sg = &mut seqs[*i];
-            let token = sg.sample(&out);
+            let Some(token) = sg.pick(&out, step.tokens.is_empty()) else { continue };
             step.tokens.push(token);
             step.p_stop.push(out.p_stop);
             if cfg.keep_logits {
                 step.logits.push(out.logits.take().unwrap_or_default());
             }
             let n = step.tokens.len();
-            if !sg.step_ends(cfg, n, out.p_stop, token) {
+            let forced = if sg.step_ends(cfg, n, out.p_stop, token) { Vec::new() } else { sg.forced(cfg, n) };
+            if !forced.is_empty() {
+                // Forced tokens end the step: the micro decoder never saw
+                // them, the next base forward takes them merged.
+                step.p_stop.extend(forced.iter().map(|_| 1.0));
+                step.tokens.extend(forced);
+            } else if !sg.step_ends(cfg, n, out.p_stop, token) {
                 next.push((a, sg.seq, token));
             }
         }

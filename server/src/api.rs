@@ -91,6 +91,12 @@ pub struct Common {
     pub max_steps: Option<u64>,
     /// Generate past end-of-generation tokens (llama-server's extension, for benchmarks).
     pub ignore_eos: Option<bool>,
+    /// OpenAI's structured output: `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<Value>,
+    /// llama-server's grammar field, in llguidance's Lark-like syntax (not GBNF).
+    pub grammar: Option<String>,
+    /// llama-server's JSON schema field.
+    pub json_schema: Option<Value>,
 }
 
 /// `stream_options`.
@@ -355,6 +361,7 @@ impl Common {
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),
+            constraint: None,
         })
     }
 }

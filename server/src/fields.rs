@@ -25,6 +25,9 @@ pub const COMMON: &[&str] = &[
     "confidence",
     "max_steps",
     "ignore_eos",
+    "response_format",
+    "grammar",
+    "json_schema",
 ];
 
 /// Fields real clients send that change nothing here: end-user ids, stored
@@ -40,10 +43,6 @@ struct Refused {
     neutral: fn(&Value) -> bool,
     /// Why the feature is missing, for the error message.
     why: &'static str,
-}
-
-fn is_null(v: &Value) -> bool {
-    v.is_null()
 }
 
 fn null_or_false(v: &Value) -> bool {
@@ -72,20 +71,12 @@ fn null_or_none(v: &Value) -> bool {
     v.is_null() || v == "none"
 }
 
-fn text_format(v: &Value) -> bool {
-    v.is_null() || v.get("type").is_some_and(|t| t == "text")
-}
-
-const CONSTRAINED: &str = "constrained decoding (grammars, JSON schemas) is not supported";
 const TOOLS: &str = "tool calling is not supported";
 const LOGPROBS: &str = "log probabilities are not returned";
 const PENALTY: &str = "penalties are not applied to every token of a macro step";
 
 /// The refused fields, with their neutral values.
 const REFUSED: &[Refused] = &[
-    Refused { name: "response_format", neutral: text_format, why: CONSTRAINED },
-    Refused { name: "grammar", neutral: is_null, why: CONSTRAINED },
-    Refused { name: "json_schema", neutral: is_null, why: CONSTRAINED },
     Refused { name: "tools", neutral: null_or_empty, why: TOOLS },
     Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
     Refused { name: "functions", neutral: null_or_empty, why: TOOLS },

@@ -6,6 +6,7 @@
 //!   tokenize, detokenize, metrics), the API key, Server-Sent Events;
 //! * [`api`]: request bodies, their checks, the usage and timings objects;
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
+//! * [`structured`]: `response_format`, `grammar` and `json_schema` compiled into a constraint;
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
 
 pub mod api;
@@ -14,6 +15,7 @@ pub mod fields;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
+pub mod structured;
 
 use std::future::Future;
 use std::net::SocketAddr;

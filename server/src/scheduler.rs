@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use hamburger::chat::ChatTemplate;
+use hamburger::constraint::{Constraint, Grammars};
 use hamburger::generate::{self, DecodeConfig, SeqGen};
 use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::{TextStream, Tokenizer};
@@ -67,6 +68,8 @@ pub struct ModelInfo {
     pub step: StepParams,
     /// The embedded tokenizer.
     pub tokenizer: Tokenizer,
+    /// The compiler of requests' constraints (None: the tokenizer cannot serve them).
+    pub grammars: Option<Grammars>,
     /// The chat template, if the model has one.
     pub chat_template: Option<ChatTemplate>,
     /// The end-of-generation tokens.
@@ -91,6 +94,8 @@ pub struct JobParams {
     /// Send the text of every macro step as it comes; otherwise only the
     /// whole text at the end (no wake-up of the HTTP side per step).
     pub stream: bool,
+    /// The structured-output constraint (`response_format`, `grammar`, `json_schema`).
+    pub constraint: Option<Constraint>,
 }
 
 /// One request for the engine thread.
@@ -309,6 +314,9 @@ fn engine_thread(
             n_vocab: model.hp.n_vocab,
             max_steps: model.hp.max_steps,
             step: cfg.step,
+            grammars: Grammars::new(&tokenizer, &model.vocab.eog)
+                .inspect_err(|e| log::warn!("structured output is off: {e}"))
+                .ok(),
             tokenizer,
             chat_template,
             eog: model.vocab.eog.clone(),
@@ -361,6 +369,9 @@ fn engine_thread(
             let mut sg = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(p.rule);
             if p.ignore_eos {
                 sg = sg.ignoring_eog();
+            }
+            if let Some(c) = &p.constraint {
+                sg = sg.constrained(c.start());
             }
             metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
             gens.push(sg);
