@@ -8,6 +8,7 @@ use std::borrow::BorrowMut;
 use std::time::Instant;
 
 use crate::batch::Batch;
+use crate::constraint::{MicroPolicy, SeqConstraint};
 use crate::engine::Engine;
 use crate::graph::base::Wants;
 use crate::graph::micro::MicroWants;
@@ -67,6 +68,8 @@ pub struct SeqGen<'a> {
     fed: usize,
     n_predict: usize,
     sampler: Sampler,
+    /// The structured-output constraint every token of this sequence obeys.
+    constraint: Option<SeqConstraint>,
     /// This sequence's stop rule, when it differs from the loop's.
     rule: Option<StepRule>,
     /// Generate past end-of-generation tokens (a benchmark request).
@@ -95,6 +98,7 @@ impl<'a> SeqGen<'a> {
             fed: 0,
             n_predict,
             sampler,
+            constraint: None,
             rule: None,
             ignore_eog: false,
             history: prompt.to_vec(),
@@ -129,6 +133,11 @@ impl<'a> SeqGen<'a> {
     /// macro step's first token, the micro decoder's for the others.
     pub fn with_logprobs(self, top: usize) -> SeqGen<'a> {
         SeqGen { logprobs: Some(top), ..self }
+    }
+
+    /// Constrains every token of the output (base and micro tokens) by `c`.
+    pub fn constrained(self, c: SeqConstraint) -> SeqGen<'a> {
+        SeqGen { constraint: Some(c), ..self }
     }
 
     /// Generates past end-of-generation tokens, whatever the loop's setting.
@@ -183,24 +192,58 @@ impl<'a> SeqGen<'a> {
         self.n_predict.saturating_sub(self.gen.output_ids.len())
     }
 
-    /// Whether this sequence needs the logits read (to sample or for log-probabilities).
+    /// Whether this sequence needs the logits read (to sample, to mask, or
+    /// for log-probabilities).
     fn wants_logits(&self) -> bool {
-        !self.done && (!self.sampler.is_greedy() || self.logprobs.is_some())
+        !self.done && (!self.sampler.is_greedy() || self.logprobs.is_some() || self.constraint.is_some())
     }
 
     /// Picks the next token of the current macro step from `out` and adds it
-    /// to the history (so that the step's later tokens are penalized for it),
-    /// recording its log-probability in `step` when asked.
-    fn sample(&mut self, out: &StepOut, step: &mut MacroStep) -> u32 {
-        let token = match &out.logits {
-            Some(l) if !self.sampler.is_greedy() => self.sampler.sample(l, &self.history),
-            _ => out.argmax,
+    /// to the history (so that the step's later tokens are penalized for
+    /// it), recording its log-probability in `step` when asked. A constrained
+    /// sequence picks among the allowed tokens, except that under
+    /// [`MicroPolicy::EndStep`] a forbidden micro choice gives None: the step
+    /// ends before it.
+    fn pick(&mut self, out: &StepOut, step: &mut MacroStep) -> Option<u32> {
+        let first = step.tokens.is_empty();
+        let greedy = self.sampler.is_greedy();
+        let (sampler, history) = (&mut self.sampler, &self.history);
+        let mut sample = |l: &[f32]| if greedy { crate::sampling::argmax(l) } else { sampler.sample(l, history) };
+        let token = match (&mut self.constraint, &out.logits) {
+            (None, Some(l)) if !greedy => sample(l),
+            (None, _) => out.argmax,
+            (Some(c), logits) => {
+                let logits = logits.as_deref().expect("a constrained sequence asks for logits");
+                let token = if !first && c.policy() == MicroPolicy::EndStep {
+                    Some(sample(logits)).filter(|&t| c.allows(t))?
+                } else {
+                    let mut masked = logits.to_vec();
+                    c.mask(&mut masked);
+                    sample(&masked)
+                };
+                c.commit(token);
+                token
+            }
         };
         if let (Some(top), Some(l)) = (self.logprobs, &out.logits) {
             step.logprobs.push(TokenLogprob::new(l, token, top));
         }
         self.history.push(token);
-        token
+        Some(token)
+    }
+
+    /// The tokens the constraint forces after the step's tokens, which join
+    /// the step without a forward of their own (up to its size and budget);
+    /// they enter the history, and are certain (log-probability 0) when
+    /// log-probabilities are recorded.
+    fn forced(&mut self, cfg: &DecodeConfig, step: &mut MacroStep) -> Vec<u32> {
+        let room = self.rule(cfg).max_steps.min(self.remaining()).saturating_sub(step.tokens.len());
+        let forced = self.constraint.as_mut().map(|c| c.take_forced(room)).unwrap_or_default();
+        self.history.extend_from_slice(&forced);
+        if self.logprobs.is_some() {
+            step.logprobs.extend(forced.iter().map(|&t| TokenLogprob { token: t, logprob: 0.0, top: vec![(t, 0.0)] }));
+        }
+        forced
     }
 
     /// Ends the sequence, filling the statistics that describe its end.
@@ -322,14 +365,20 @@ fn micro_steps(
         for (a, mut out) in current {
             let (i, step) = &mut steps[a];
             let sg = &mut seqs[*i];
-            let token = sg.sample(&out, step);
+            let Some(token) = sg.pick(&out, step) else { continue };
             step.tokens.push(token);
             step.p_stop.push(out.p_stop);
             if cfg.keep_logits {
                 step.logits.push(out.logits.take().unwrap_or_default());
             }
             let n = step.tokens.len();
-            if !sg.step_ends(cfg, n, out.p_stop, token) {
+            let forced = if sg.step_ends(cfg, n, out.p_stop, token) { Vec::new() } else { sg.forced(cfg, step) };
+            if !forced.is_empty() {
+                // Forced tokens end the step: the micro decoder never saw
+                // them, the next base forward takes them merged.
+                step.p_stop.extend(forced.iter().map(|_| 1.0));
+                step.tokens.extend(forced);
+            } else if !sg.step_ends(cfg, n, out.p_stop, token) {
                 next.push((a, sg.seq, token));
             }
         }

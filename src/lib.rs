@@ -14,6 +14,7 @@ pub mod arch;
 pub mod batch;
 pub mod budget;
 pub mod chat;
+pub mod constraint;
 pub mod engine;
 mod error;
 pub mod generate;

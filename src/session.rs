@@ -4,6 +4,7 @@
 //! (teacher forcing in sweeps, tests, benchmarks).
 
 use crate::budget::EngineParams;
+use crate::constraint::Constraint;
 use crate::engine::Engine;
 use crate::error::{Param, ParamError};
 use crate::generate::{self, DecodeConfig, SeqGen};
@@ -74,6 +75,8 @@ pub struct Session<'m> {
     history: Vec<u32>,
     /// Picks the tokens (`params.sampling`'s).
     sampler: Sampler,
+    /// The constraint each generation's output obeys (started anew per call).
+    constraint: Option<Constraint>,
 }
 
 impl<'m> Session<'m> {
@@ -94,6 +97,7 @@ impl<'m> Session<'m> {
             params,
             pending: Vec::new(),
             history: Vec::new(),
+            constraint: None,
         })
     }
 
@@ -213,6 +217,12 @@ impl<'m> Session<'m> {
         Ok(outs)
     }
 
+    /// Constrains the output of every later [`Session::generate`] call (each
+    /// output on its own, from the grammar's start) by `c`; None lifts it.
+    pub fn set_constraint(&mut self, c: Option<Constraint>) {
+        self.constraint = c;
+    }
+
     /// Generates up to `n_predict` tokens after `prompt` (which continues the
     /// conversation so far). `on_step` sees each macro step's kept tokens as
     /// soon as it completes and may return false to stop.
@@ -229,7 +239,10 @@ impl<'m> Session<'m> {
         let pending = std::mem::take(&mut self.pending);
         let history = std::mem::take(&mut self.history);
         let lent = std::mem::replace(&mut self.sampler, Sampler::new(SamplerParams::greedy()));
-        let seq = SeqGen::new(SEQ, prompt, n_predict, lent).continuing(pending, history).on_step(&mut on_step);
+        let mut seq = SeqGen::new(SEQ, prompt, n_predict, lent).continuing(pending, history).on_step(&mut on_step);
+        if let Some(c) = &self.constraint {
+            seq = seq.constrained(c.start());
+        }
         let mut seqs = [seq];
         let result = generate::run(&mut self.engine, &self.cfg, &mut seqs);
         let [seq] = seqs;

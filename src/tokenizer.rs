@@ -5,8 +5,11 @@ use crate::model::Model;
 use crate::{Error, Result};
 
 /// The model's tokenizer.
+#[derive(Clone)]
 pub struct Tokenizer {
     hf: tokenizers::Tokenizer,
+    /// The JSON it was built from (the byte form of each token comes from it).
+    json: std::sync::Arc<str>,
     bos: Option<u32>,
     add_bos: bool,
     /// The model's vocabulary size: ids the tokenizer produces must be below it.
@@ -39,7 +42,7 @@ impl Tokenizer {
         serde_json::from_str::<serde::de::IgnoredAny>(json)
             .map_err(|e| Error::Tokenizer(format!("the tokenizer JSON is malformed: {e}")))?;
         let hf = tokenizers::Tokenizer::from_bytes(json.as_bytes()).map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok(Tokenizer { hf, bos, add_bos, n_vocab })
+        Ok(Tokenizer { hf, json: json.into(), bos, add_bos, n_vocab })
     }
 
     /// Tokenizes `text`; special tokens written in the text are recognised. With
@@ -74,6 +77,16 @@ impl Tokenizer {
     /// generated text leaves out.
     pub fn special_ids(&self) -> Vec<u32> {
         self.hf.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
+    }
+
+    /// The vocabulary size of the model this tokenizer serves.
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// The JSON the tokenizer was built from.
+    pub fn json(&self) -> &str {
+        &self.json
     }
 
     /// The text of one special token, such as the BOS for chat templates.

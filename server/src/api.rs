@@ -107,6 +107,12 @@ pub struct Common {
     pub ignore_eos: Option<bool>,
     /// Reuse the KV entries of a slot whose cells hold the prompt's start (llama-server's; default true).
     pub cache_prompt: Option<bool>,
+    /// OpenAI's structured output: `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<Value>,
+    /// llama-server's grammar field, in llguidance's Lark-like syntax (not GBNF).
+    pub grammar: Option<String>,
+    /// llama-server's JSON schema field.
+    pub json_schema: Option<Value>,
 }
 
 /// `logprobs`: chat's flag, or the legacy completions' count of alternatives.
@@ -396,6 +402,7 @@ impl Common {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),
             cache_prompt: self.cache_prompt.unwrap_or(true),
+            constraint: None,
         })
     }
 }

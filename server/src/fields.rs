@@ -33,6 +33,9 @@ pub const COMMON: &[&str] = &[
     "max_steps",
     "ignore_eos",
     "cache_prompt",
+    "response_format",
+    "grammar",
+    "json_schema",
 ];
 
 /// Fields real clients send that change nothing here: end-user ids, stored
@@ -48,10 +51,6 @@ struct Refused {
     neutral: fn(&Value) -> bool,
     /// Why the feature is missing, for the error message.
     why: &'static str,
-}
-
-fn is_null(v: &Value) -> bool {
-    v.is_null()
 }
 
 fn null_or_false(v: &Value) -> bool {
@@ -76,18 +75,10 @@ fn null_or_none(v: &Value) -> bool {
     v.is_null() || v == "none"
 }
 
-fn text_format(v: &Value) -> bool {
-    v.is_null() || v.get("type").is_some_and(|t| t == "text")
-}
-
-const CONSTRAINED: &str = "constrained decoding (grammars, JSON schemas) is not supported";
 const TOOLS: &str = "tool calling is not supported";
 
 /// The refused fields, with their neutral values.
 const REFUSED: &[Refused] = &[
-    Refused { name: "response_format", neutral: text_format, why: CONSTRAINED },
-    Refused { name: "grammar", neutral: is_null, why: CONSTRAINED },
-    Refused { name: "json_schema", neutral: is_null, why: CONSTRAINED },
     Refused { name: "tools", neutral: null_or_empty, why: TOOLS },
     Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
     Refused { name: "functions", neutral: null_or_empty, why: TOOLS },

@@ -7,6 +7,7 @@
 //! * [`api`]: request bodies, their checks, the usage and timings objects;
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
 //! * [`webui`]: the chat page at `/`, built into the binary;
+//! * [`structured`]: `response_format`, `grammar` and `json_schema` compiled into a constraint;
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
 //! * [`logprobs`]: per-token log-probabilities in chat's and completions' shapes.
 
@@ -17,6 +18,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
+pub mod structured;
 pub mod webui;
 
 use std::future::Future;

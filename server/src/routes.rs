@@ -186,8 +186,12 @@ impl Answer {
 /// Queues the job of `prompt` and answers it, streamed or not.
 async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -> Result<Response, ApiError> {
     check_vocab(&s.info, "prompt", &prompt)?;
-    let params = common.job_params(&s.info, prompt.len())?;
+    let mut params = common.job_params(&s.info, prompt.len())?;
     let logprobs = params.logprobs.is_some();
+    if crate::structured::spec(common)?.is_some() {
+        let (info, common) = (s.info.clone(), common.clone());
+        params.constraint = blocking(move || crate::structured::compile(&info, &common)).await?;
+    }
     let (events, rx) = unbounded_channel();
     let deadline = Instant::now() + s.timeout;
     s.submitter.submit(Job { prompt, params, events, deadline }).map_err(|e| match e {

@@ -271,7 +271,7 @@ impl PlacementArgs {
 }
 
 /// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-sys`, `-fa`,
-/// `-ctk`/`-ctv`, `-ngl`, `-ts`, `-np`) into the long ones our tools define.
+/// `-ctk`/`-ctv`, `-ngl`, `-ts`, `-np`, `-jf`) into the long ones our tools define.
 pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     args.into_iter()
         .map(|a| match a.as_str() {
@@ -282,6 +282,7 @@ pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
             "-ngl" => "--n-gpu-layers".into(),
             "-ts" => "--tensor-split".into(),
             "-np" => "--parallel".into(),
+            "-jf" => "--json-schema-file".into(),
             _ => a,
         })
         .collect()

@@ -5,6 +5,7 @@
 //!   parameters named as our flags), the logger, the flags several binaries
 //!   share (placement, stop rule, sampling, flash attention) and their parsers;
 //! * [`devices`]: the device listing of `--list-devices`;
+//! * [`grammar`]: the structured-output flags (`--grammar`, `--json-schema`);
 //! * [`bench`]: llama-bench-style measurements of our engine against libllama;
 //! * [`eval`]: a trained model against its base on real prompts (speed and
 //!   the base's log-likelihood of the outputs), and the base's entropies;
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod compare;
 pub mod devices;
 pub mod eval;
+pub mod grammar;
 pub mod logits;
 pub mod plot;
 pub mod sweep;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hamburger::chat::ChatTemplate;
+use hamburger::constraint::Grammars;
 use hamburger::generate::{self, DecodeConfig};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
@@ -85,6 +86,9 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         n_predict: cfg.n_predict,
         n_ctx_slot: cfg.engine.n_ctx / cfg.engine.n_seq,
         n_vocab: model.hp.n_vocab,
+        grammars: Grammars::new(&tokenizer, &model.vocab.eog)
+            .inspect_err(|e| log::warn!("structured output is off: {e}"))
+            .ok(),
         max_steps: model.hp.max_steps,
         step: cfg.step,
         tokenizer,

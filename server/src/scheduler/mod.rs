@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use hamburger::chat::ChatTemplate;
+use hamburger::constraint::{Constraint, Grammars};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{EngineParams, LoadOptions, SamplerParams, StepParams, StepRule, Timings, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
@@ -71,6 +72,8 @@ pub struct ModelInfo {
     pub step: StepParams,
     /// The embedded tokenizer.
     pub tokenizer: Tokenizer,
+    /// The compiler of requests' constraints (None: the tokenizer cannot serve them).
+    pub grammars: Option<Grammars>,
     /// The chat template, if the model has one.
     pub chat_template: Option<ChatTemplate>,
     /// The end-of-generation tokens.
@@ -103,6 +106,8 @@ pub struct JobParams {
     /// Send the text of every macro step as it comes; otherwise only the
     /// whole text at the end (no wake-up of the HTTP side per step).
     pub stream: bool,
+    /// The structured-output constraint (`response_format`, `grammar`, `json_schema`).
+    pub constraint: Option<Constraint>,
 }
 
 /// One request for the engine thread.

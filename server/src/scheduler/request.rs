@@ -65,6 +65,9 @@ impl<'t> Request<'t> {
         if let Some(top) = p.logprobs {
             gen = gen.with_logprobs(top);
         }
+        if let Some(c) = &p.constraint {
+            gen = gen.constrained(c.start());
+        }
         Request {
             task,
             gen,

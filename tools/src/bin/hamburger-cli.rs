@@ -49,6 +49,8 @@ struct Args {
     decode: tools::cli::DecodeArgs,
     #[command(flatten)]
     sampling: tools::cli::SamplingArgs,
+    #[command(flatten)]
+    grammar: tools::grammar::GrammarArgs,
     /// Interactive chat with the model's chat template (also -cnv).
     #[arg(long = "chat", visible_alias = "conversation")]
     chat: bool,
@@ -127,6 +129,10 @@ fn run(args: Args) -> Result<()> {
     let path = args.model.as_deref().context("-m MODEL is required")?;
     let model = hamburger::Model::open(path, &args.placement.load_options())?;
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
+    if args.grammar.is_set() {
+        let tok = Tokenizer::from_model(&model)?;
+        session.set_constraint(Some(args.grammar.constraint(&tok, &model.vocab.eog)?));
+    }
     if args.chat {
         return chat(&args, &model, &mut session);
     }
