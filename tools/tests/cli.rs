@@ -102,3 +102,20 @@ fn golden_cases_through_the_cli_at_temp_0() {
         assert_eq!(got, case.steps, "case {ci}: (macro step, token) sequence through hamburger-cli");
     }
 }
+
+/// llama-cli's chat mode: -p is the first user turn, -st ends after it, and
+/// -r hands the turn back as soon as the reply contains the reverse prompt.
+#[test]
+fn chat_takes_p_as_first_turn_single_turn_and_reverse_prompt() {
+    let m = model();
+    let base = ["-m", &m, "--temp", "0", "--confidence", "1.01", "-n", "32", "-t", "2"];
+    let with = |extra: &[&str], stdin: &str| cli(&[&base[..], extra].concat(), stdin);
+    let (out, _) = with(&["-cnv", "-p", "What is the capital of France?", "-st"], "And of Germany?\n");
+    assert_eq!(out.matches("> ").count(), 1, "one turn, stdin unread: {out}");
+    assert!(out.contains("> What is the capital of France?\n") && out.contains("Paris"), "{out}");
+    let (out, _) = with(&["-cnv", "-p", "What is the capital of France?"], "");
+    assert!(out.contains("Paris") && out.matches("> ").count() == 2, "the -p turn, then end of input: {out}");
+    let (out, _) = with(&["-st", "-p", "What is the capital of France?", "-r", "Paris"], "");
+    let reply = out.split("France?\n").nth(1).unwrap();
+    assert!(reply.contains("Paris") && reply.trim().len() < 40, "stops at the reverse prompt: {out}");
+}

@@ -291,3 +291,30 @@ fn print_csv(rows: &[serde_json::Value]) {
         println!("{}", cells.join(","));
     }
 }
+
+/// `-fa` takes what llama-bench takes (0/1) and what the other llama.cpp
+/// tools take (on/off/auto).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flash_attn(value: &str) -> Result<FlashAttn, clap::Error> {
+        let args = ["hamburger-bench", "-m", "m.gguf", "-fa", value].map(String::from);
+        Args::try_parse_from(tools::cli::llama_style_args(args)).map(|a| a.flash_attn)
+    }
+
+    #[test]
+    fn flash_attn_as_llama_bench_takes_it() {
+        for (value, want) in [
+            ("1", FlashAttn::On),
+            ("0", FlashAttn::Off),
+            ("on", FlashAttn::On),
+            ("off", FlashAttn::Off),
+            ("auto", FlashAttn::Auto),
+        ] {
+            assert_eq!(flash_attn(value).unwrap(), want, "-fa {value}");
+        }
+        assert!(FlashAttn::Auto.enabled() && !FlashAttn::Off.enabled());
+        assert!(flash_attn("2").is_err());
+    }
+}
