@@ -36,8 +36,9 @@ struct Args {
     /// Tokens to generate (-1: until end of generation or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
-    /// Context size in KV entries (0: the model's training context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = EngineParams::default().n_ctx)]
+    /// Context size in KV entries (0, the default: the model's training
+    /// context, as llama.cpp takes it).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
     /// Prompt tokens per base forward.
     #[arg(short = 'b', long = "batch-size", default_value_t = EngineParams::default().n_batch)]
@@ -134,11 +135,42 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     })
 }
 
-/// The budget for one generation: -n, or whatever the context has left.
-fn budget(args: &Args, session: &Session, prompt_len: usize) -> usize {
-    match args.n_predict {
-        n if n >= 0 => n as usize,
-        _ => session.params().engine.n_ctx.saturating_sub(session.n_slots() + prompt_len + 1),
+/// The budget of one generation: -n, or what the context has left when
+/// that is less (llama.cpp stops at a full context rather than refusing).
+struct Budget {
+    /// Tokens to generate at most.
+    n_predict: usize,
+    /// Whether the context, not -n, set `n_predict`.
+    by_context: bool,
+    /// The context's size, for the notice.
+    n_ctx: usize,
+}
+
+impl Budget {
+    /// The budget for `prompt_len` more prompt tokens.
+    ///
+    /// # Errors
+    /// When the prompt itself does not fit the context.
+    fn new(args: &Args, session: &Session, prompt_len: usize) -> Result<Budget> {
+        let n_ctx = session.params().engine.n_ctx;
+        let used = session.n_slots() + prompt_len + 1;
+        if used > n_ctx {
+            bail!("the prompt ({prompt_len} tokens, {} in context before it) does not fit the context of {n_ctx} entries: raise -c", session.n_slots());
+        }
+        let room = n_ctx - used;
+        let n_predict = usize::try_from(args.n_predict).map_or(room, |n| n.min(room));
+        Ok(Budget { n_predict, by_context: args.n_predict < 0 || n_predict < args.n_predict as usize, n_ctx })
+    }
+
+    /// Tells on stderr, in one line, that `gen` stopped at a full context.
+    fn notice(&self, gen: &Generation) {
+        if self.by_context && gen.output_ids.len() >= self.n_predict {
+            eprintln!(
+                "hamburger-cli: stopped at a full context ({} entries, -c) after {} tokens; raise -c for a longer answer",
+                self.n_ctx,
+                gen.output_ids.len()
+            );
+        }
     }
 }
 
@@ -225,7 +257,7 @@ fn run(args: Args) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let n_predict = budget(&args, &session, prompt_ids.len());
+    let budget = Budget::new(&args, &session, prompt_ids.len())?;
     let mut out = std::io::stdout().lock();
     if !args.json && !args.no_display_prompt {
         if let Some(t) = &tokenizer {
@@ -233,7 +265,7 @@ fn run(args: Args) -> Result<()> {
         }
     }
     let mut printer = StepPrinter::new(tokenizer.as_ref(), args.color);
-    let gen = session.generate(&prompt_ids, n_predict, |tokens| {
+    let gen = session.generate(&prompt_ids, budget.n_predict, |tokens| {
         let text = printer.text(&model, tokens);
         if !args.json {
             printer.print(&mut out, &text);
@@ -247,6 +279,7 @@ fn run(args: Args) -> Result<()> {
         writeln!(out)?;
         eprint!("{}", report(&gen));
     }
+    budget.notice(&gen);
     Ok(())
 }
 
@@ -294,7 +327,6 @@ fn visible(model: &Model, tokens: &[u32]) -> Vec<u32> {
 }
 
 fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Value {
-    let t = &gen.timings;
     let mut kept = gen.output_ids.len();
     let steps: Vec<Vec<u32>> = gen
         .macro_steps
@@ -310,15 +342,8 @@ fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Valu
         "output_ids": gen.output_ids,
         "macro_steps": steps,
         "text": text,
-        "timings": {
-            "prompt_tokens": t.prompt_tokens,
-            "prompt_ms": t.prompt_ms,
-            "gen_tokens": t.gen_tokens,
-            "gen_ms": t.gen_ms,
-            "macro_steps": t.macro_steps,
-            "tokens_per_step": t.tokens_per_step(),
-            "kv_entries": t.kv_entries,
-        }
+        // The server's timings object: one schema for both tools.
+        "timings": server::api::timings(&gen.timings),
     })
 }
 
@@ -390,13 +415,14 @@ fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
         let delta = chat.user(&line)?;
         let ids = tok.encode(&delta, first)?;
         first = false;
-        let n_predict = budget(args, session, ids.len());
+        let budget = Budget::new(args, session, ids.len())?;
         let mut printer = StepPrinter::new(Some(&tok), args.color);
-        let gen = session.generate(&ids, n_predict, |tokens| {
+        let gen = session.generate(&ids, budget.n_predict, |tokens| {
             let text = printer.text(model, tokens);
             printer.print(&mut out, &text);
             !reverse_prompt_seen(args, &printer.turn)
         })?;
+        budget.notice(&gen);
         writeln!(out)?;
         let reply = tok.decode(&visible(model, &gen.output_ids));
         chat.assistant(&tok.decode(&gen.output_ids), &reply);
