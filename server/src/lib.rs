@@ -11,6 +11,7 @@
 pub mod api;
 pub mod error;
 pub mod fields;
+pub mod llama_routes;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
@@ -32,6 +33,10 @@ pub struct HttpOptions {
     pub timeout: Duration,
     /// Allow cross-origin requests from any origin (CORS).
     pub cors: bool,
+    /// The model file's path, as `/props` shows it.
+    pub model_path: String,
+    /// The slots (sequences decoded together), as `/props` shows them.
+    pub total_slots: usize,
 }
 
 /// Serves `scheduler` on `listener` until `shutdown` resolves or the engine
@@ -54,6 +59,8 @@ pub async fn serve(
         api_key: http.api_key,
         timeout: http.timeout,
         cors: http.cors,
+        model_path: http.model_path,
+        total_slots: http.total_slots,
         alive: scheduler.alive.clone(),
     };
     let mut alive = scheduler.alive.clone();

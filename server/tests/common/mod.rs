@@ -51,7 +51,13 @@ impl TestServer {
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                let http = server::HttpOptions { api_key: key, timeout: Duration::from_secs(60), cors: false };
+                let http = server::HttpOptions {
+                    api_key: key,
+                    timeout: Duration::from_secs(60),
+                    cors: false,
+                    model_path: String::new(),
+                    total_slots: 1,
+                };
                 server::serve(listener, scheduler, http, shutdown).await.unwrap();
             });
         });

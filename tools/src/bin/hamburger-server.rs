@@ -104,6 +104,7 @@ fn run(args: Args) -> Result<()> {
         n_threads: args.threads,
         ..Default::default()
     };
+    let model_path = args.model.clone();
     let cfg = SchedulerConfig {
         model: args.model,
         load: args.placement.load_options(),
@@ -132,8 +133,13 @@ fn run(args: Args) -> Result<()> {
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local: SocketAddr = listener.local_addr()?;
         log::info!("listening on http://{local} ({} slots)", args.parallel);
-        let http =
-            server::HttpOptions { api_key: args.api_key, timeout: Duration::from_secs(args.timeout), cors: args.cors };
+        let http = server::HttpOptions {
+            api_key: args.api_key,
+            timeout: Duration::from_secs(args.timeout),
+            cors: args.cors,
+            model_path: model_path.display().to_string(),
+            total_slots: args.parallel,
+        };
         server::serve(listener, scheduler, http, shutdown_signal()).await.context("serving")
     })
 }

@@ -376,3 +376,41 @@ fn llama_server_flags_keep_their_meaning() {
     let (_, v) = s.complete(&json!({"prompt": [1, 2, 3], "ignore_eos": true, "max_tokens": 9}));
     assert_eq!(v["usage"]["completion_tokens"], 9, "a request's max_tokens wins: {v}");
 }
+
+/// llama-server's operations routes: `/props` tells the settings, slots,
+/// model path and template; `/apply-template` renders a chat; `/completion`
+/// and `/slots` answer with what to use instead; the metrics are also under
+/// llama-server's names, counting what ours count.
+#[test]
+fn llama_server_props_apply_template_and_metrics() {
+    let s = Served::smollm2(&["-np", "2", "-c", "1024", "-n", "7"]);
+    let props: Value = client().get(s.url("/props")).send().unwrap().json().unwrap();
+    assert_eq!(props["total_slots"], 2, "{props}");
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 512, "{props}");
+    assert_eq!(props["default_generation_settings"]["params"]["n_predict"], 7, "{props}");
+    assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"), "{props}");
+    assert!(props["chat_template"].as_str().unwrap().contains("im_start"), "{props}");
+    let (status, v) = s.post("/apply-template", &json!({"messages": [{"role": "user", "content": "Hi"}]}));
+    assert_eq!(status, 200, "{v}");
+    assert!(v["prompt"].as_str().unwrap().ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), "{v}");
+    let (status, v) = s.post("/apply-template", &json!({"messages": []}));
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = s.post("/completion", &json!({"prompt": "Hi", "n_predict": 4}));
+    assert!(status == 404 && v["error"]["message"].as_str().unwrap().contains("/v1/completions"), "{v}");
+    let r = client().get(s.url("/slots")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 501);
+    let (_, answer) = s.complete(&json!({"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0}));
+    let llama = |name: &str| -> f64 {
+        let text = reqwest::blocking::get(s.url("/metrics")).unwrap().text().unwrap();
+        let line =
+            text.lines().find(|l| l.starts_with(&format!("llamacpp:{name} "))).unwrap_or_else(|| panic!("{name}"));
+        line.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    assert_eq!(llama("prompt_tokens_total"), answer["usage"]["prompt_tokens"].as_f64().unwrap());
+    assert_eq!(llama("tokens_predicted_total"), answer["usage"]["completion_tokens"].as_f64().unwrap());
+    // The gauge follows the engine thread's next iteration after the answer.
+    eventually("no request processing", || llama("requests_processing") == 0.0);
+    assert_eq!(llama("requests_deferred"), 0.0);
+    assert!(llama("n_decode_total") >= 1.0);
+    assert!((0.0..=1.0).contains(&llama("kv_cache_usage_ratio")));
+}
