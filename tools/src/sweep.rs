@@ -35,6 +35,9 @@ pub struct SweepArgs {
     /// Prompts, one per line (default: the project's set).
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    /// Use only the first N prompts (default: all), for a quicker sweep.
+    #[arg(long, value_parser = crate::cli::at_least_one)]
+    pub n_prompts: Option<usize>,
     /// CPU threads.
     #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::EngineParams::default().n_threads)]
     pub threads: usize,
@@ -173,8 +176,12 @@ pub fn main(args: SweepArgs) -> Result<()> {
     };
     let reference = Model::open(&args.model, &LoadOptions::default())?;
     let tok = Tokenizer::from_model(&reference)?;
-    let prompts: Vec<Vec<u32>> =
-        text.lines().filter(|l| !l.trim().is_empty()).map(|l| tok.encode(l, true)).collect::<Result<_, _>>()?;
+    let prompts: Vec<Vec<u32>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(args.n_prompts.unwrap_or(usize::MAX))
+        .map(|l| tok.encode(l, true))
+        .collect::<Result<_, _>>()?;
     anyhow::ensure!(!prompts.is_empty(), "no prompts");
     let bar = quant::stream::progress_bar(true, (args.types.len() + 1) as u64, "sweep");
     bar.set_message("reference runs");
@@ -214,16 +221,17 @@ pub fn main(args: SweepArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     std::fs::write(args.out.join("sweep.csv"), sweep_table::csv(&rows)).context("sweep.csv")?;
-    std::fs::write(args.out.join("sweep.md"), markdown(&rows, &args)).context("sweep.md")?;
+    let report = markdown(&rows, &args, refs.len());
+    std::fs::write(args.out.join("sweep.md"), &report).context("sweep.md")?;
     crate::plot::write_svg(&args.out.join("sweep.svg"), &rows)?;
-    print!("{}", markdown(&rows, &args));
+    print!("{report}");
     Ok(())
 }
 
 /// The Markdown report: the settings, then the table.
-fn markdown(rows: &[SweepRow], args: &SweepArgs) -> String {
+fn markdown(rows: &[SweepRow], args: &SweepArgs, n_prompts: usize) -> String {
     let settings = format!(
-        "Sweep of `{}`: {} threads, pp{} / tg{} at confidence {}, quality over {} tokens per prompt.\n\n",
+        "Sweep of `{}`: {} threads, pp{} / tg{} at confidence {}, quality over {n_prompts} prompts of {} tokens.\n\n",
         args.model.display(),
         args.threads,
         args.pp,
