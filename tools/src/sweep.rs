@@ -38,7 +38,7 @@ pub struct SweepArgs {
     /// Use only the first N prompts (default: all), for a quicker sweep.
     #[arg(long, value_parser = crate::cli::at_least_one)]
     pub n_prompts: Option<usize>,
-    /// CPU threads.
+    /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
     #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::EngineParams::default().n_threads)]
     pub threads: usize,
     /// Tokens generated per prompt for the quality measures.

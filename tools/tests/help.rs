@@ -77,3 +77,22 @@ fn the_readme_llama_cpp_table_parses_with_each_binary() {
         }
     }
 }
+
+/// Every tool's thread default is the same: the cores the system reports.
+#[test]
+fn every_tool_defaults_to_the_same_threads() {
+    let cores = std::thread::available_parallelism().unwrap().get().to_string();
+    let tools: [(&str, &[&str]); 4] = [
+        (env!("CARGO_BIN_EXE_hamburger-server"), &[]),
+        (env!("CARGO_BIN_EXE_hamburger-bench"), &[]),
+        (env!("CARGO_BIN_EXE_hamburger-eval"), &["run"]),
+        (env!("CARGO_BIN_EXE_hamburger-quantize"), &["sweep"]),
+    ];
+    for (path, sub) in tools {
+        let out = Command::new(path).args(sub).arg("--help").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let threads = text.split("--threads").nth(1).unwrap_or_else(|| panic!("{path}: no --threads"));
+        let default = threads.split("[default: ").nth(1).unwrap().split(']').next().unwrap();
+        assert_eq!(default, cores, "{path} {sub:?}");
+    }
+}

@@ -24,7 +24,8 @@ struct Args {
     /// Generation lengths of the tg tests (0: none).
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
-    /// CPU threads; a list sweeps them (`-t 2,4,8,16`), every test at each count.
+    /// CPU threads; a list sweeps them (`-t 2,4,8,16`), every test at each count
+    /// (default: every core the system reports, the same in every tool).
     #[arg(short = 't', long, value_delimiter = ',', value_parser = tools::cli::thread_count, default_values_t = [EngineParams::default().n_threads])]
     threads: Vec<usize>,
     /// Repetitions of each test (after one warm-up).

@@ -47,7 +47,7 @@ struct Args {
     /// as -b is here; the smaller of the two is used.
     #[arg(long = "ubatch-size")]
     ubatch_size: Option<usize>,
-    /// CPU threads (default: all cores).
+    /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
     #[arg(short = 't', long, value_parser = tools::cli::thread_count)]
     threads: Option<usize>,
     #[command(flatten)]

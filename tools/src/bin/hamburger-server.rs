@@ -59,7 +59,7 @@ struct Args {
     /// Key clients must send as `Authorization: Bearer KEY`.
     #[arg(long)]
     api_key: Option<String>,
-    /// CPU threads.
+    /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
     #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = EngineParams::default().n_threads)]
     threads: usize,
     #[command(flatten)]
