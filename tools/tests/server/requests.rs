@@ -388,6 +388,7 @@ fn llama_server_props_apply_template_and_metrics() {
     assert_eq!(props["total_slots"], 2, "{props}");
     assert_eq!(props["default_generation_settings"]["n_ctx"], 512, "{props}");
     assert_eq!(props["default_generation_settings"]["params"]["n_predict"], 7, "{props}");
+    assert_eq!(props["default_generation_settings"]["params"]["confidence"], 0.3, "{props}");
     assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"), "{props}");
     assert!(props["chat_template"].as_str().unwrap().contains("im_start"), "{props}");
     let (status, v) = s.post("/apply-template", &json!({"messages": [{"role": "user", "content": "Hi"}]}));
