@@ -4,6 +4,7 @@
 //! last step as one input), then the micro steps of all sequences whose
 //! steps continue, batched, sampling each sequence with its own sampler.
 
+use std::borrow::BorrowMut;
 use std::time::Instant;
 
 use crate::batch::Batch;
@@ -212,9 +213,10 @@ impl<'a> SeqGen<'a> {
 ///
 /// # Errors
 /// As [`macro_step`].
-pub fn run(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) -> Result<()> {
+pub fn run<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [S]) -> Result<()> {
+    let mut seqs: Vec<&mut SeqGen<'a>> = seqs.iter_mut().map(BorrowMut::borrow_mut).collect();
     while seqs.iter().any(|s| !s.done) {
-        macro_step(engine, cfg, seqs)?;
+        macro_step(engine, cfg, &mut seqs)?;
     }
     Ok(())
 }
@@ -222,10 +224,13 @@ pub fn run(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) -> Resu
 /// One macro step of the sequences not done: one base forward over their
 /// pending inputs (at most `n_batch`, earlier sequences first), then, for
 /// each sequence whose inputs are all fed, the micro steps of the macro step.
+/// `seqs` are the sequences themselves or whatever owns one (a server's
+/// running request).
 ///
 /// # Errors
 /// When a sequence has nothing to feed, the cache is full, or a computation fails.
-pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) -> Result<()> {
+pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [S]) -> Result<()> {
+    let mut seqs: Vec<&mut SeqGen<'a>> = seqs.iter_mut().map(BorrowMut::borrow_mut).collect();
     let mut batch = Batch::new();
     let mut budget = cfg.n_batch;
     let mut fed: Vec<(usize, usize)> = Vec::new(); // (sequence index, prompt tokens fed)
@@ -271,7 +276,7 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
             }
         }
     }
-    micro_steps(engine, cfg, seqs, ready, MicroWants { stop_head, logits: want_logits })
+    micro_steps(engine, cfg, &mut seqs, ready, MicroWants { stop_head, logits: want_logits })
 }
 
 /// The micro loops of the sequences in `ready` (index, out_0), batched: at
@@ -280,7 +285,7 @@ pub fn macro_step(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [SeqGen]) 
 fn micro_steps(
     engine: &mut Engine,
     cfg: &DecodeConfig,
-    seqs: &mut [SeqGen],
+    seqs: &mut [&mut SeqGen],
     ready: Vec<(usize, StepOut)>,
     want: MicroWants,
 ) -> Result<()> {

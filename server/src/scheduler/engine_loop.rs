@@ -1,0 +1,198 @@
+//! The engine thread's loop. Each iteration takes the newly queued jobs,
+//! drops the waiting and running requests whose client left (so a client
+//! that leaves is noticed within one macro step), admits waiting jobs into
+//! free slots (one sequence each), ends the requests past their deadline,
+//! runs ONE macro step over every running request (prompt chunks of new
+//! requests mixed with the merged inputs of running ones, then their micro
+//! steps, batched), and delivers each request the text of its step and, when
+//! it has finished, its end. Requests join and leave between macro steps.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hamburger::chat::ChatTemplate;
+use hamburger::generate::{self, DecodeConfig};
+use hamburger::kv_cache::SeqId;
+use hamburger::tokenizer::Tokenizer;
+use hamburger::{Engine, Model};
+
+use super::request::Request;
+use super::{Job, ModelInfo, SchedulerConfig, StartError};
+use crate::metrics::{self, Metrics};
+
+/// Loads the model, says on `ready` whether it loaded, then serves the jobs
+/// of `rx` until every sender is gone and the last request has finished.
+pub(super) fn run(
+    cfg: &SchedulerConfig,
+    rx: &Receiver<Job>,
+    ready: &Sender<Result<Arc<ModelInfo>, StartError>>,
+    m: &Metrics,
+) {
+    let model = match Model::open(&cfg.model, &cfg.load) {
+        Ok(model) => model,
+        Err(e) => return drop(ready.send(Err(StartError::Open(e)))),
+    };
+    let (info, engine, decode) = match setup(cfg, &model) {
+        Ok(x) => x,
+        Err(e) => return drop(ready.send(Err(StartError::Model(cfg.model.clone(), e)))),
+    };
+    let _ = ready.send(Ok(info.clone()));
+    metrics::set(&m.kv_cells_total, engine.kv().n_cells() as u64);
+    let mut lp = EngineLoop {
+        info: &info,
+        m,
+        engine,
+        decode,
+        running: Vec::new(),
+        waiting: VecDeque::new(),
+        free: (0..cfg.engine.n_seq).rev().collect(),
+        tasks: 0,
+    };
+    let mut open = true;
+    while open || !lp.running.is_empty() || !lp.waiting.is_empty() {
+        open = lp.take_jobs(rx, open);
+        lp.drop_cancelled();
+        lp.admit();
+        let now = Instant::now();
+        for r in &mut lp.running {
+            r.end_if_past_deadline(now, &lp.engine);
+        }
+        lp.deliver();
+        if !lp.running.is_empty() {
+            lp.step();
+            lp.deliver();
+        }
+    }
+}
+
+/// The engine, its decode loop's settings and what the HTTP side needs to know of the model.
+fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<ModelInfo>, Engine<'m>, DecodeConfig)> {
+    let decode = DecodeConfig::new(model, &cfg.step, cfg.engine.n_batch)?;
+    let engine = Engine::new(model, &cfg.engine)?;
+    let tokenizer = Tokenizer::from_model(model)?;
+    let chat_template = ChatTemplate::of_model(model, &tokenizer)?.map(|t| match &cfg.template_isolation {
+        Some(isolation) => t.isolated(isolation.clone()),
+        None => t,
+    });
+    let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let hidden = model.vocab.eog.iter().copied().chain(tokenizer.special_ids()).collect();
+    let info = ModelInfo {
+        name: cfg.alias.clone().unwrap_or(if model.name.is_empty() { stem } else { model.name.clone() }),
+        n_predict: cfg.n_predict,
+        n_ctx_slot: cfg.engine.n_ctx / cfg.engine.n_seq,
+        n_vocab: model.hp.n_vocab,
+        max_steps: model.hp.max_steps,
+        step: cfg.step,
+        tokenizer,
+        chat_template,
+        eog: model.vocab.eog.clone(),
+        hidden,
+    };
+    Ok((Arc::new(info), engine, decode))
+}
+
+/// The engine thread's state: the engine, the requests running in its
+/// slots, the jobs waiting for one, and the free slots.
+struct EngineLoop<'t, 'm> {
+    info: &'t ModelInfo,
+    m: &'t Metrics,
+    engine: Engine<'m>,
+    decode: DecodeConfig,
+    running: Vec<Request<'t>>,
+    waiting: VecDeque<Job>,
+    /// Slots (engine sequences) no request runs in; the last is taken first.
+    free: Vec<SeqId>,
+    /// Requests admitted since the server started.
+    tasks: u64,
+}
+
+impl<'t> EngineLoop<'t, '_> {
+    /// Takes the queued jobs (blocking for one only when nothing runs or
+    /// waits); returns whether the queue is still open.
+    fn take_jobs(&mut self, rx: &Receiver<Job>, mut open: bool) -> bool {
+        while open {
+            let idle = self.running.is_empty() && self.waiting.is_empty();
+            match if idle { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() } {
+                Ok(job) => self.waiting.push_back(job),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        open
+    }
+
+    /// Drops the waiting jobs and running requests whose client has gone.
+    fn drop_cancelled(&mut self) {
+        let n_waiting = self.waiting.len();
+        self.waiting.retain(|job| !job.events.is_closed());
+        let gone = (n_waiting - self.waiting.len()) as u64;
+        self.m.queue_depth.fetch_sub(gone, Ordering::Relaxed);
+        metrics::add(&self.m.cancelled, gone);
+        for i in (0..self.running.len()).rev() {
+            if self.running[i].client_left() {
+                let seq = self.running.swap_remove(i).seq();
+                self.release(seq);
+                metrics::add(&self.m.cancelled, 1);
+            }
+        }
+    }
+
+    /// Admits waiting jobs, oldest first, into the free slots.
+    fn admit(&mut self) {
+        while let Some(seq) = self.free.last().copied().filter(|_| !self.waiting.is_empty()) {
+            let job = self.waiting.pop_front().expect("a waiting job");
+            self.free.pop();
+            self.m.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            self.engine.clear_seq(seq);
+            metrics::add(&self.m.prompt_tokens, job.prompt.len() as u64);
+            self.tasks += 1;
+            self.running.push(Request::admit(self.tasks, seq, job, &self.info.tokenizer));
+        }
+    }
+
+    /// Runs one macro step over the running requests; when it fails, every
+    /// one of them is told so and ends.
+    fn step(&mut self) {
+        let forwards = self.engine.n_forwards();
+        let steps_of = |running: &[Request]| running.iter().map(|r| r.macro_steps() as u64).sum::<u64>();
+        let steps_before = steps_of(&self.running);
+        let t = Instant::now();
+        let result = generate::macro_step(&mut self.engine, &self.decode, &mut self.running);
+        log::trace!("macro step over {} sequences: {:.1} ms", self.running.len(), t.elapsed().as_secs_f64() * 1e3);
+        metrics::add(&self.m.base_forwards, (self.engine.n_forwards() - forwards) as u64);
+        metrics::add(&self.m.macro_steps, steps_of(&self.running) - steps_before);
+        if let Err(e) = result {
+            log::error!("macro step failed: {e}");
+            for r in std::mem::take(&mut self.running) {
+                let seq = r.seq();
+                r.fail(&e.to_string());
+                self.release(seq);
+            }
+        }
+    }
+
+    /// Sends every running request its new text, and the finished ones their
+    /// end; their slots become free. Updates the gauges of what runs.
+    fn deliver(&mut self) {
+        for i in (0..self.running.len()).rev() {
+            self.running[i].send_text(self.info, &self.engine);
+            if self.running[i].is_done() {
+                let r = self.running.swap_remove(i);
+                let seq = r.seq();
+                r.answer(self.info, self.m);
+                self.release(seq);
+            }
+        }
+        metrics::set(&self.m.processing, self.running.len() as u64);
+        metrics::set(&self.m.kv_cells_used, self.engine.kv().n_used() as u64);
+    }
+
+    /// Frees sequence `seq`'s cells and its slot.
+    fn release(&mut self, seq: SeqId) {
+        self.engine.clear_seq(seq);
+        self.free.push(seq);
+    }
+}

@@ -1,0 +1,259 @@
+//! The engine thread: continuous batching over ONE [`hamburger::Engine`].
+//! ggml work stays on this thread (the model and engine are not `Send`); the
+//! HTTP side submits [`Job`]s through a bounded queue and receives
+//! [`Event`]s.
+//!
+//! * this module: the jobs, their events, and the handles ([`Scheduler`],
+//!   [`Submitter`]) that start, feed and stop the thread;
+//! * `engine_loop`: the thread's loop (take jobs, drop the cancelled, admit,
+//!   step, deliver);
+//! * `request`: one running request, the single owner of its generation,
+//!   stop state, text and event channel.
+
+mod engine_loop;
+mod request;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use hamburger::chat::ChatTemplate;
+use hamburger::tokenizer::Tokenizer;
+use hamburger::{EngineParams, LoadOptions, SamplerParams, StepParams, StepRule, Timings};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
+
+use crate::metrics::{self, Metrics};
+
+/// How the server runs its model.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// The HAMburger GGUF.
+    pub model: PathBuf,
+    /// Device, offload and repacking.
+    pub load: LoadOptions,
+    /// The engine: one sequence per slot (`n_seq`), `n_ctx` the KV cells of all slots together.
+    pub engine: EngineParams,
+    /// The stop rule of requests that do not set theirs.
+    pub step: StepParams,
+    /// Requests that may wait for a slot; more are refused.
+    pub queue: usize,
+    /// Render the model's chat template in child processes (see `hamburger::chat::Isolation`).
+    pub template_isolation: Option<hamburger::chat::Isolation>,
+    /// The name `/v1/models` and every answer report (llama-server's
+    /// `--alias`); `None`: the model's own.
+    pub alias: Option<String>,
+    /// Tokens a request that sets no `max_tokens` may generate (llama-server's
+    /// `--n-predict`); `None`: until its slot's context is full.
+    pub n_predict: Option<usize>,
+}
+
+/// What the HTTP side needs to know of the model.
+pub struct ModelInfo {
+    /// The model's name (the alias, else `general.name`, else the file stem).
+    pub name: String,
+    /// Tokens a request that sets no `max_tokens` may generate (`None`: the slot's room).
+    pub n_predict: Option<usize>,
+    /// KV cells each slot may use: the longest prompt plus completion (at one token per step).
+    pub n_ctx_slot: usize,
+    /// Vocabulary size.
+    pub n_vocab: usize,
+    /// The most tokens a macro step can emit.
+    pub max_steps: usize,
+    /// The server's stop rule, whose `confidence` and `max_steps` a request may override.
+    pub step: StepParams,
+    /// The embedded tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template, if the model has one.
+    pub chat_template: Option<ChatTemplate>,
+    /// The end-of-generation tokens.
+    pub eog: Vec<u32>,
+    /// The end-of-generation and special tokens: never part of a response's text.
+    pub hidden: HashSet<u32>,
+}
+
+/// A request's generation settings.
+#[derive(Debug, Clone)]
+pub struct JobParams {
+    /// Tokens to generate at most.
+    pub n_predict: usize,
+    /// Sampling.
+    pub sampler: SamplerParams,
+    /// When its macro steps end: the server's rule with the request's `confidence` and `max_steps`.
+    pub rule: StepRule,
+    /// Texts that end the generation (not included in it).
+    pub stop: Vec<String>,
+    /// Generate past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Send the text of every macro step as it comes; otherwise only the
+    /// whole text at the end (no wake-up of the HTTP side per step).
+    pub stream: bool,
+}
+
+/// One request for the engine thread.
+pub struct Job {
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// Its settings.
+    pub params: JobParams,
+    /// Where its events go; a closed channel means the client left.
+    pub events: UnboundedSender<Event>,
+    /// When the generation stops and answers what it has, `finish_reason`
+    /// "length" (llama-server's `t_max_predict_ms`), waiting time included.
+    pub deadline: Instant,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// The token budget, or the deadline.
+    Length,
+}
+
+/// What the engine thread tells a request.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// One macro step's new text.
+    Text(String),
+    /// The end, with the statistics.
+    Done {
+        /// Why it ended.
+        reason: FinishReason,
+        /// The statistics.
+        timings: Timings,
+    },
+    /// The generation failed.
+    Failed(String),
+}
+
+/// Why the engine thread did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The model file could not be opened (the error names it).
+    #[error(transparent)]
+    Open(hamburger::Error),
+    /// The settings do not fit the model or the machine, or its tokenizer or template fails.
+    #[error("{}", .0.display())]
+    Model(PathBuf, #[source] hamburger::Error),
+    /// The thread could not be created.
+    #[error("cannot start the engine thread")]
+    Thread(#[source] std::io::Error),
+    /// The thread ended before it said whether the model loaded.
+    #[error("the engine thread stopped while loading the model")]
+    Stopped,
+}
+
+/// Why a job was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The queue is full.
+    Full,
+    /// The engine thread has stopped.
+    Closed,
+}
+
+/// Queues jobs for the engine thread (one per HTTP handler, cloned).
+#[derive(Clone)]
+pub struct Submitter {
+    jobs: Sender<Job>,
+    /// Jobs that may wait (`queue_depth` counts them).
+    limit: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl Submitter {
+    /// Queues `job`.
+    ///
+    /// # Errors
+    /// When the queue is full or the engine has stopped.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        let r = if self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed) >= self.limit {
+            Err(SubmitError::Full)
+        } else {
+            self.jobs.send(job).map_err(|_| SubmitError::Closed)
+        };
+        match r {
+            Ok(()) => metrics::add(&self.metrics.requests, 1),
+            Err(_) => {
+                self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                if r == Err(SubmitError::Full) {
+                    metrics::add(&self.metrics.rejected, 1);
+                }
+            }
+        }
+        r
+    }
+}
+
+/// The handle of the engine thread.
+pub struct Scheduler {
+    /// Queues jobs.
+    pub submitter: Submitter,
+    /// What the HTTP side needs to know of the model.
+    pub info: Arc<ModelInfo>,
+    /// The counters.
+    pub metrics: Arc<Metrics>,
+    /// True while the engine thread runs; false once it has stopped (or died).
+    pub alive: watch::Receiver<bool>,
+    thread: JoinHandle<()>,
+}
+
+/// Tells [`Scheduler::alive`] that the engine thread stopped, however it
+/// stopped (a panic unwinds through it too).
+struct AliveGuard(watch::Sender<bool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
+}
+
+impl Scheduler {
+    /// Starts the engine thread and loads the model on it.
+    ///
+    /// # Errors
+    /// When the model cannot be opened, the settings do not fit it, or the
+    /// engine cannot be allocated.
+    pub fn start(cfg: SchedulerConfig) -> Result<Scheduler, StartError> {
+        let (jobs, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (alive_tx, alive) = watch::channel(true);
+        let metrics = Arc::new(Metrics::default());
+        let m = metrics.clone();
+        let limit = cfg.queue as u64;
+        let thread = std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || {
+                let _alive = AliveGuard(alive_tx);
+                engine_loop::run(&cfg, &rx, &ready_tx, &m);
+            })
+            .map_err(StartError::Thread)?;
+        match ready_rx.recv() {
+            Ok(Ok(info)) => Ok(Scheduler {
+                submitter: Submitter { jobs, limit, metrics: metrics.clone() },
+                info,
+                metrics,
+                alive,
+                thread,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StartError::Stopped),
+        }
+    }
+
+    /// Stops taking jobs (once every clone of the submitter is gone too),
+    /// lets the running ones finish, and joins the thread.
+    ///
+    /// # Errors
+    /// When the engine thread panicked.
+    pub fn shutdown(self) -> Result<(), String> {
+        drop(self.submitter);
+        self.thread.join().map_err(|_| "the engine thread panicked".to_string())
+    }
+}

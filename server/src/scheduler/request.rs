@@ -1,0 +1,185 @@
+//! One running request: the single owner of everything the engine thread
+//! keeps for it, as llama.cpp's `server_slot` or mistral.rs's `Sequence` do:
+//! its generation (sampler and decode state, a [`SeqGen`]), its stop strings
+//! and what they cut, its deadline, the text it has been sent and the channel
+//! its events go to.
+
+use std::borrow::{Borrow, BorrowMut};
+use std::time::Instant;
+
+use hamburger::generate::SeqGen;
+use hamburger::kv_cache::SeqId;
+use hamburger::tokenizer::{TextStream, Tokenizer};
+use hamburger::{Engine, Sampler};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::{Event, FinishReason, Job, ModelInfo};
+use crate::metrics::{self, Metrics};
+
+/// A request admitted into a slot (one engine sequence), from admission to its last event.
+pub(super) struct Request<'t> {
+    /// The request's number since the server started (in its log line).
+    task: u64,
+    /// Its decoding: prompt still to feed, sampler, budget and generated tokens.
+    gen: SeqGen<'static>,
+    events: UnboundedSender<Event>,
+    stop: Vec<String>,
+    n_predict: usize,
+    stream: bool,
+    ignore_eos: bool,
+    deadline: Instant,
+    /// Turns the generated ids into text, a step at a time.
+    detok: TextStream<'t>,
+    /// Output ids already given to `detok`.
+    decoded_ids: usize,
+    /// The text so far (cut at a stop string).
+    text: String,
+    /// Bytes of `text` already sent.
+    sent: usize,
+    stopped_by_string: bool,
+    /// The tokens up to the one that completed the stop string (those after
+    /// it, in the same macro step, are not part of the answer).
+    n_tokens_to_stop: Option<usize>,
+    timed_out: bool,
+}
+
+impl<'t> Request<'t> {
+    /// Admits `job` as task number `task` into sequence `seq` (whose cells
+    /// the caller has cleared), its text decoded with `tokenizer`.
+    pub(super) fn admit(task: u64, seq: SeqId, job: Job, tokenizer: &'t Tokenizer) -> Request<'t> {
+        let p = job.params;
+        let mut gen = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(p.rule);
+        if p.ignore_eos {
+            gen = gen.ignoring_eog();
+        }
+        Request {
+            task,
+            gen,
+            events: job.events,
+            stop: p.stop,
+            n_predict: p.n_predict,
+            stream: p.stream,
+            ignore_eos: p.ignore_eos,
+            deadline: job.deadline,
+            detok: TextStream::new(tokenizer),
+            decoded_ids: 0,
+            text: String::new(),
+            sent: 0,
+            stopped_by_string: false,
+            n_tokens_to_stop: None,
+            timed_out: false,
+        }
+    }
+
+    /// The engine sequence (slot) it runs in.
+    pub(super) fn seq(&self) -> SeqId {
+        self.gen.seq()
+    }
+
+    /// Whether its client has gone (its event channel is closed).
+    pub(super) fn client_left(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Whether its generation has ended (and only its last events remain to send).
+    pub(super) fn is_done(&self) -> bool {
+        self.gen.is_done()
+    }
+
+    /// The macro steps it has run.
+    pub(super) fn macro_steps(&self) -> usize {
+        self.gen.generation().macro_steps.len()
+    }
+
+    /// Ends the generation with what it has when `now` is past its deadline.
+    pub(super) fn end_if_past_deadline(&mut self, now: Instant, engine: &Engine) {
+        if now >= self.deadline {
+            self.timed_out = true;
+            self.gen.stop(engine);
+        }
+    }
+
+    /// Sends the text generated since the last call (a streaming request's,
+    /// or at the end): end-of-generation and special tokens are left out, a
+    /// stop string ends the generation (and is cut with what follows it, the
+    /// tokens after it uncounted), and a tail that may still become a stop
+    /// string is held back (the [`TextStream`] holds back an incomplete UTF-8
+    /// character until the end).
+    pub(super) fn send_text(&mut self, info: &ModelInfo, engine: &Engine) {
+        if !self.stream && self.stop.is_empty() && !self.gen.is_done() {
+            return;
+        }
+        let visible = |ids: &[u32]| ids.iter().copied().filter(|t| !info.hidden.contains(t)).collect::<Vec<u32>>();
+        let out = &self.gen.generation().output_ids;
+        let first_new = self.decoded_ids;
+        self.text.push_str(&self.detok.push(&visible(&out[first_new..])));
+        self.decoded_ids = out.len();
+        if self.gen.is_done() {
+            self.text.push_str(&self.detok.finish());
+        }
+        let text = &mut self.text;
+        if let Some((at, len)) = self.stop.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s.len()))).min() {
+            text.truncate(at);
+            self.stopped_by_string = true;
+            // The first token whose text completes the stop string ends the answer.
+            let n = (first_new + 1..=out.len()).find(|&n| info.tokenizer.decode(&visible(&out[..n])).len() >= at + len);
+            self.n_tokens_to_stop = Some(n.unwrap_or(out.len()));
+            self.gen.stop(engine);
+        }
+        let mut end = text.len();
+        if !self.gen.is_done() {
+            let held = self
+                .stop
+                .iter()
+                .flat_map(|s| (1..s.len()).filter(move |&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
+                .filter(|prefix| text.ends_with(prefix))
+                .map(str::len)
+                .max()
+                .unwrap_or(0);
+            end -= held;
+        }
+        if (self.stream || self.gen.is_done()) && end > self.sent && text.is_char_boundary(self.sent) {
+            let _ = self.events.send(Event::Text(text[self.sent..end].to_string()));
+            self.sent = end;
+        }
+    }
+
+    /// Answers a finished request: why it ended and its statistics, counting
+    /// the tokens of the answer; logs its line and counts it in `m`.
+    pub(super) fn answer(self, info: &ModelInfo, m: &Metrics) {
+        let generation = self.gen.generation();
+        let mut timings = generation.timings.clone();
+        let ended_by_eog = !self.ignore_eos && generation.output_ids.last().is_some_and(|t| info.eog.contains(t));
+        timings.gen_tokens = self.n_tokens_to_stop.unwrap_or(timings.gen_tokens);
+        metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
+        metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
+        let reason =
+            if self.timed_out || !(self.stopped_by_string || ended_by_eog) && timings.gen_tokens >= self.n_predict {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            };
+        let t = &timings;
+        let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
+        log::info!("task {} (slot {}): prompt {prompt} tokens in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.prompt_ms, t.gen_tokens, t.gen_ms);
+        let _ = self.events.send(Event::Done { reason, timings });
+    }
+
+    /// Tells the client its generation failed with `error`.
+    pub(super) fn fail(self, error: &str) {
+        let _ = self.events.send(Event::Failed(error.to_string()));
+    }
+}
+
+/// The decoding loop ([`hamburger::generate::macro_step`]) runs over the requests themselves.
+impl Borrow<SeqGen<'static>> for Request<'_> {
+    fn borrow(&self) -> &SeqGen<'static> {
+        &self.gen
+    }
+}
+
+impl BorrowMut<SeqGen<'static>> for Request<'_> {
+    fn borrow_mut(&mut self) -> &mut SeqGen<'static> {
+        &mut self.gen
+    }
+}
