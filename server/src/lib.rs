@@ -61,6 +61,7 @@ pub async fn serve(
         cors: http.cors,
         model_path: http.model_path,
         total_slots: http.total_slots,
+        slots: scheduler.slots.clone(),
         alive: scheduler.alive.clone(),
     };
     let mut alive = scheduler.alive.clone();

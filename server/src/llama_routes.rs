@@ -1,7 +1,7 @@
 //! llama-server's own operations routes, for its clients and dashboards:
 //! `/props` (the server's settings), `/apply-template` (a chat rendered to
-//! its prompt), and answers that name what to use instead for `/completion`
-//! (llama-server's native completion) and `/slots` (not served yet).
+//! its prompt), `/slots` (what each slot is doing), and an answer that names
+//! what to use instead of `/completion` (llama-server's native completion).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::api::{self, ChatRequest};
 use crate::error::ApiError;
 use crate::routes::{blocking, body, AppState};
+use crate::scheduler::slots::SlotState;
 
 /// The routes of this module, merged into the server's router.
 pub fn routes() -> Router<AppState> {
@@ -73,11 +74,9 @@ async fn native_completion() -> ApiError {
     )
 }
 
-/// Per-slot state is not served yet (llama-server answers 501 too when its
-/// slots endpoint is off): the counts are in `/props` and `/metrics`.
-async fn slots() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "/slots is not served: /props gives total_slots, /metrics llamacpp:requests_processing the busy ones",
-    )
+/// llama-server's `/slots`: each slot's state as the engine thread last
+/// published it (the running request's task, prompt and generated tokens so
+/// far, and its settings).
+async fn slots(State(s): State<AppState>) -> Json<Vec<SlotState>> {
+    Json(s.slots.snapshot())
 }

@@ -24,6 +24,7 @@ use tower_http::cors::CorsLayer;
 use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, OnePrompt, TokenizeRequest};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::scheduler::slots::SlotBoard;
 use crate::scheduler::{Event, FinishReason, Job, ModelInfo, SubmitError, Submitter};
 use hamburger::Timings;
 
@@ -54,6 +55,8 @@ pub struct AppState {
     pub model_path: String,
     /// The slots (`/props`).
     pub total_slots: usize,
+    /// What each slot is doing (`/slots`).
+    pub slots: Arc<SlotBoard>,
     /// True while the engine thread runs.
     pub alive: watch::Receiver<bool>,
 }

@@ -20,6 +20,7 @@ use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
 
 use super::request::Request;
+use super::slots::SlotBoard;
 use super::{Job, ModelInfo, SchedulerConfig, StartError};
 use crate::metrics::{self, Metrics};
 
@@ -30,6 +31,7 @@ pub(super) fn run(
     rx: &Receiver<Job>,
     ready: &Sender<Result<Arc<ModelInfo>, StartError>>,
     m: &Metrics,
+    slots: &SlotBoard,
 ) {
     let model = match Model::open(&cfg.model, &cfg.load) {
         Ok(model) => model,
@@ -65,6 +67,8 @@ pub(super) fn run(
             lp.step();
             lp.deliver();
         }
+        let n_ctx_slot = info.n_ctx_slot;
+        slots.publish(lp.running.iter().map(|r| r.slot_state(n_ctx_slot)));
     }
 }
 

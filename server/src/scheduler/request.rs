@@ -13,6 +13,7 @@ use hamburger::tokenizer::{TextStream, Tokenizer};
 use hamburger::{Engine, Sampler};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::slots::{SlotParams, SlotState};
 use super::{Event, FinishReason, Job, ModelInfo};
 use crate::metrics::{self, Metrics};
 
@@ -41,6 +42,9 @@ pub(super) struct Request<'t> {
     /// it, in the same macro step, are not part of the answer).
     n_tokens_to_stop: Option<usize>,
     timed_out: bool,
+    /// Its settings and prompt length, as `/slots` shows them.
+    shown: SlotParams,
+    n_prompt: usize,
 }
 
 impl<'t> Request<'t> {
@@ -48,6 +52,7 @@ impl<'t> Request<'t> {
     /// the caller has cleared), its text decoded with `tokenizer`.
     pub(super) fn admit(task: u64, seq: SeqId, job: Job, tokenizer: &'t Tokenizer) -> Request<'t> {
         let p = job.params;
+        let shown = SlotParams::from(&p);
         let mut gen = SeqGen::new(seq, &job.prompt, p.n_predict, Sampler::new(p.sampler)).with_rule(p.rule);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
@@ -68,6 +73,23 @@ impl<'t> Request<'t> {
             stopped_by_string: false,
             n_tokens_to_stop: None,
             timed_out: false,
+            shown,
+            n_prompt: job.prompt.len(),
+        }
+    }
+
+    /// Its slot's state so far, for `/slots` (`n_ctx`: the slot's cells).
+    pub(super) fn slot_state(&self, n_ctx: usize) -> SlotState {
+        let generation = self.gen.generation();
+        SlotState {
+            id: self.seq(),
+            id_task: i64::try_from(self.task).unwrap_or(i64::MAX),
+            n_ctx,
+            is_processing: true,
+            n_prompt_tokens: self.n_prompt,
+            n_decoded: generation.output_ids.len(),
+            n_macro_steps: generation.macro_steps.len(),
+            params: Some(self.shown.clone()),
         }
     }
 

@@ -379,7 +379,7 @@ fn llama_server_flags_keep_their_meaning() {
 
 /// llama-server's operations routes: `/props` tells the settings, slots,
 /// model path and template; `/apply-template` renders a chat; `/completion`
-/// and `/slots` answer with what to use instead; the metrics are also under
+/// answers with what to use instead; the metrics are also under
 /// llama-server's names, counting what ours count.
 #[test]
 fn llama_server_props_apply_template_and_metrics() {
@@ -398,8 +398,6 @@ fn llama_server_props_apply_template_and_metrics() {
     assert_eq!(status, 400, "{v}");
     let (status, v) = s.post("/completion", &json!({"prompt": "Hi", "n_predict": 4}));
     assert!(status == 404 && v["error"]["message"].as_str().unwrap().contains("/v1/completions"), "{v}");
-    let r = client().get(s.url("/slots")).send().unwrap();
-    assert_eq!(r.status().as_u16(), 501);
     let (_, answer) = s.complete(&json!({"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0}));
     let llama = |name: &str| -> f64 {
         let text = reqwest::blocking::get(s.url("/metrics")).unwrap().text().unwrap();
@@ -414,4 +412,42 @@ fn llama_server_props_apply_template_and_metrics() {
     assert_eq!(llama("requests_deferred"), 0.0);
     assert!(llama("n_decode_total") >= 1.0);
     assert!((0.0..=1.0).contains(&llama("kv_cache_usage_ratio")));
+}
+
+/// llama-server's `/slots`: a slot shows its request (task, prompt and
+/// generated tokens so far, settings) while it runs, and is idle again after
+/// the answer; the other slot stays idle throughout.
+#[test]
+fn slots_show_the_running_request_and_are_idle_after() {
+    let s = Served::smollm2(&["-np", "2", "-c", "2048"]);
+    let slots = || client().get(s.url("/slots")).send().unwrap().json::<Value>().unwrap();
+    let idle = slots();
+    assert_eq!(idle.as_array().unwrap().len(), 2, "{idle}");
+    assert!(idle.as_array().unwrap().iter().all(|s| s["is_processing"] == false && s["n_ctx"] == 1024), "{idle}");
+    let body = json!({"prompt": [1, 2, 3, 4], "max_tokens": 300, "stream": true, "ignore_eos": true, "temperature": 0, "confidence": 0.7});
+    let mut reader = BufReader::new(s.open_stream(&body));
+    read_until(&mut reader, "data: ");
+    // The answer is far from its 300 tokens: its slot shows it running.
+    let mut busy = Value::Null;
+    eventually("a slot processing after the first chunk", || {
+        busy = slots();
+        busy.as_array().unwrap().iter().any(|s| s["is_processing"] == true && s["n_decoded"].as_u64() > Some(0))
+    });
+    let running: Vec<&Value> = busy.as_array().unwrap().iter().filter(|s| s["is_processing"] == true).collect();
+    assert_eq!(running.len(), 1, "{busy}");
+    let slot = running[0];
+    assert_eq!(slot["id_task"], 1, "{busy}");
+    assert_eq!(slot["n_prompt_tokens"], 4, "{busy}");
+    assert!(slot["n_decoded"].as_u64().unwrap() < 300, "{busy}");
+    assert_eq!(slot["params"]["n_predict"], 300, "{busy}");
+    assert_eq!(slot["params"]["confidence"], 0.7, "{busy}");
+    assert_eq!(slot["params"]["ignore_eos"], true, "{busy}");
+    read_until(&mut reader, "data: [DONE]");
+    eventually("every slot idle after the answer", || {
+        slots()
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["is_processing"] == false && s["id_task"] == -1 && s["params"].is_null())
+    });
 }
