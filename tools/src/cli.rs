@@ -242,20 +242,33 @@ impl ChatTemplateArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct DecodeArgs {
     /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
-    /// (faster), above 1 decodes exactly like the base model.
-    #[arg(long, default_value_t = StepParams::default().confidence, value_parser = finite, allow_negative_numbers = true)]
-    pub confidence: f32,
+    /// (faster, further from the base), 1 or more one token per step, decoded
+    /// as the base stored in the GGUF (tuned layers and adapters included).
+    /// Default: the model's recommended confidence
+    /// (hamburger.recommended_confidence) when it has one, else 0.8.
+    #[arg(long, value_parser = finite, allow_negative_numbers = true)]
+    pub confidence: Option<f32>,
     /// Most tokens per macro step (0: the model's).
     #[arg(long, default_value_t = StepParams::default().max_steps)]
     pub max_steps: usize,
 }
 
 impl DecodeArgs {
+    /// Takes the model's `recommended` confidence when none was asked for.
+    pub fn default_from_model(&mut self, recommended: Option<f32>) {
+        self.confidence = self.confidence.or(recommended);
+    }
+
+    /// The confidence asked for, else the model's (see [`DecodeArgs::default_from_model`]), else the library's default.
+    pub fn confidence(&self) -> f32 {
+        self.confidence.unwrap_or(StepParams::default().confidence)
+    }
+
     /// The stop rule's settings these flags ask for, with `forced_steps`
     /// (a tool's own flag: one value, or a benchmark's list) and checked when
     /// resolved against a model.
     pub fn step_params(&self, forced_steps: Option<usize>) -> StepParams {
-        StepParams { confidence: self.confidence, max_steps: self.max_steps, forced_steps }
+        StepParams { confidence: self.confidence(), max_steps: self.max_steps, forced_steps }
     }
 }
 

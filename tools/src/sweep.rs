@@ -167,7 +167,7 @@ fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64)
 ///
 /// # Errors
 /// Bad input or any failed quantization or measurement.
-pub fn main(args: SweepArgs) -> Result<()> {
+pub fn main(mut args: SweepArgs) -> Result<()> {
     rayon::ThreadPoolBuilder::new().num_threads(args.threads.max(1)).build_global().ok();
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
     let text = match &args.prompts {
@@ -175,6 +175,7 @@ pub fn main(args: SweepArgs) -> Result<()> {
         None => DEFAULT_PROMPTS.to_string(),
     };
     let reference = Model::open(&args.model, &LoadOptions::default())?;
+    args.decode.default_from_model(reference.recommended_confidence);
     let tok = Tokenizer::from_model(&reference)?;
     let prompts: Vec<Vec<u32>> = text
         .lines()
@@ -236,7 +237,7 @@ fn markdown(rows: &[SweepRow], args: &SweepArgs, n_prompts: usize) -> String {
         args.threads,
         args.pp,
         args.tg,
-        args.decode.confidence,
+        args.decode.confidence(),
         args.n_gen
     );
     settings + &sweep_table::markdown(rows)

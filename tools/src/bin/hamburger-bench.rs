@@ -69,11 +69,13 @@ struct Row {
 }
 
 fn main() -> ExitCode {
-    tools::cli::run_tool("hamburger-bench", "warn", |args: Args| run(&args))
+    tools::cli::run_tool("hamburger-bench", "warn", |args: Args| run(args))
 }
 
-fn run(args: &Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
     let model = hamburger::Model::open(&args.model, &args.placement.load_options())?;
+    args.decode.default_from_model(model.recommended_confidence);
+    let args = &args;
     let forced: Vec<Option<usize>> = match &args.forced_steps {
         Some(k) => k.iter().map(|&k| Some(k)).collect(),
         None => vec![None],
@@ -174,7 +176,7 @@ fn measure(
             let ours = Measurement { samples_ns, tokens_per_step, kv_bytes_per_token, ..Measurement::generation(n) };
             let test = match k {
                 Some(k) => format!("tg{n} k={k}"),
-                None => format!("tg{n} c={}", args.decode.confidence),
+                None => format!("tg{n} c={}", args.decode.confidence()),
             };
             rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
         }
@@ -201,7 +203,7 @@ fn measure(
                 };
                 let test = match k {
                     Some(k) => format!("tg{n} x{p} k={k}"),
-                    None => format!("tg{n} x{p} c={}", args.decode.confidence),
+                    None => format!("tg{n} x{p} c={}", args.decode.confidence()),
                 };
                 rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
             }

@@ -224,7 +224,7 @@ fn reverse_prompt_seen(args: &Args, text: &str) -> bool {
     args.reverse_prompt.iter().any(|r| !r.is_empty() && text.contains(r.as_str()))
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
     check(&args)?;
     if args.list_devices {
         for endpoint in &args.placement.rpc {
@@ -235,6 +235,7 @@ fn run(args: Args) -> Result<()> {
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
     let model = hamburger::Model::open(path, &args.placement.load_options())?;
+    args.decode.default_from_model(model.recommended_confidence);
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
     if args.chat_mode() {
         return chat(&args, &model, &mut session);

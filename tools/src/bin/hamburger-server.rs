@@ -93,7 +93,7 @@ async fn shutdown_signal() {
     log::info!("stopping: no new requests; finishing the ones in flight");
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
     if args.ctx_size < args.parallel {
         anyhow::bail!("-c {} gives {} slots (-np) less than one entry each", args.ctx_size, args.parallel);
     }
@@ -105,6 +105,9 @@ fn run(args: Args) -> Result<()> {
         ..Default::default()
     };
     let model_path = args.model.clone();
+    // A file that cannot be read leaves the library's default: the engine
+    // thread's opening of the model reports why.
+    args.decode.default_from_model(hamburger::model::recommended_confidence_of(&args.model).ok().flatten());
     let cfg = SchedulerConfig {
         model: args.model,
         load: args.placement.load_options(),
