@@ -133,7 +133,7 @@ pub fn init_values(init: Init, seed: u64, index: usize, n: usize) -> Vec<f32> {
 pub fn write_hamburger_json(
     dir: &Path,
     hp: &hamburger::hparams::HParams,
-    recommended_confidence: Option<f32>,
+    recommended_confidence: Option<f64>,
 ) -> Result<(), ConvertError> {
     let mut json = serde_json::json!({
         "max_steps": hp.max_steps,
