@@ -55,6 +55,9 @@ pub enum Key {
     FeatureLayers,
     /// HAMburger: merger attention heads (Hm).
     MergerHeadCount,
+    /// HAMburger: the confidence the model's makers recommend (f32, optional);
+    /// the tools' default when present.
+    RecommendedConfidence,
 }
 
 impl Key {
@@ -77,6 +80,7 @@ impl Key {
             Key::MicroBlockCount => "micro.block_count",
             Key::FeatureLayers => "feature_layers",
             Key::MergerHeadCount => "merger.head_count",
+            Key::RecommendedConfidence => "recommended_confidence",
         }
     }
 

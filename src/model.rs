@@ -7,7 +7,7 @@ use std::rc::Rc;
 use ggml::gguf::{Array, Gguf};
 use ggml::MappedFile;
 
-use crate::arch::{keys, token_type, ARCH_HAMBURGER, END_OF_GENERATION_TEXTS};
+use crate::arch::{keys, token_type, Key, ARCH_HAMBURGER, END_OF_GENERATION_TEXTS};
 use crate::hparams::HParams;
 use crate::placement::{LoadOptions, PlacementPlan};
 use crate::weights::{self, Weights};
@@ -99,6 +99,26 @@ pub struct Model {
     pub size_bytes: u64,
     /// Where the weights are, and so where the caches and graphs go.
     pub plan: PlacementPlan,
+    /// The confidence its makers recommend (`hamburger.recommended_confidence`), if stored.
+    pub recommended_confidence: Option<f32>,
+}
+
+/// The confidence a HAMburger GGUF recommends (`hamburger.recommended_confidence`),
+/// if it stores one: the default of every tool that decodes it.
+///
+/// # Errors
+/// When the value is not a number.
+pub fn recommended_confidence(gguf: &Gguf) -> Result<Option<f32>> {
+    Ok(gguf.get_f64(&Key::RecommendedConfidence.name(ARCH_HAMBURGER))?.map(|c| c as f32))
+}
+
+/// [`recommended_confidence`] of the GGUF at `path`, reading its header only
+/// (for a front-end that needs it before the model loads).
+///
+/// # Errors
+/// When the file cannot be read as a GGUF, or the value is not a number.
+pub fn recommended_confidence_of(path: &Path) -> Result<Option<f32>> {
+    recommended_confidence(&Gguf::open(path)?)
 }
 
 impl Model {
@@ -131,6 +151,7 @@ impl Model {
             weights,
             size_bytes: gguf.tensors.iter().map(|t| t.size).sum(),
             plan,
+            recommended_confidence: recommended_confidence(&gguf)?,
         })
     }
 }

@@ -95,6 +95,9 @@ pub struct HamburgerJson {
     pub feature_layers: Option<Vec<usize>>,
     /// Merger heads.
     pub merger_heads: Option<usize>,
+    /// The confidence to recommend (`hamburger.recommended_confidence`): the
+    /// tools' default for this model; none written when absent.
+    pub recommended_confidence: Option<f32>,
 }
 
 /// Reads and parses a JSON file into `T`.

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use ggml::gguf::{GgufBuilder, Value};
 use ggml::Type;
-use hamburger::arch::{keys, ARCH_HAMBURGER, ARCH_LLAMA};
+use hamburger::arch::{keys, Key, ARCH_HAMBURGER, ARCH_LLAMA};
 use hamburger::hparams::HParams;
 
 pub use error::ConvertError;
@@ -149,6 +149,16 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
         (keys::QUANTIZATION_VERSION.to_string(), Value::U32(2)),
     ];
     metadata.extend(hp.to_metadata(arch));
+    let confidence = opts.overrides.recommended_confidence.or(hjson.recommended_confidence);
+    if let Some(c) = confidence.filter(|_| !opts.base_only) {
+        if !(c.is_finite() && c >= 0.0) {
+            return Err(ConvertError::Config {
+                path: hjson_path,
+                msg: format!("recommended_confidence {c} must be a finite number of 0 or more"),
+            });
+        }
+        metadata.push((Key::RecommendedConfidence.name(arch), Value::F32(c)));
+    }
     metadata.extend(vocab.metadata);
     for (k, v) in &metadata {
         gguf.set(k, v)?;

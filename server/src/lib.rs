@@ -14,6 +14,7 @@
 pub mod api;
 pub mod error;
 pub mod fields;
+pub mod llama_routes;
 pub mod logprobs;
 pub mod metrics;
 pub mod routes;
@@ -40,6 +41,10 @@ pub struct HttpOptions {
     pub cors: bool,
     /// Serve the chat page at `/` (llama-server's web UI; `--no-webui` turns it off).
     pub webui: bool,
+    /// The model file's path, as `/props` shows it.
+    pub model_path: String,
+    /// The slots (sequences decoded together), as `/props` shows them.
+    pub total_slots: usize,
 }
 
 /// Serves `scheduler` on `listener` until `shutdown` resolves or the engine
@@ -63,6 +68,9 @@ pub async fn serve(
         timeout: http.timeout,
         cors: http.cors,
         webui: http.webui,
+        model_path: http.model_path,
+        total_slots: http.total_slots,
+        slots: scheduler.slots.clone(),
         alive: scheduler.alive.clone(),
     };
     let mut alive = scheduler.alive.clone();

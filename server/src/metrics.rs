@@ -95,6 +95,41 @@ impl Metrics {
                 "# HELP hamburger_{name} {help}\n# TYPE hamburger_{name} {kind}\nhamburger_{name} {value}\n"
             );
         }
+        for (name, kind, help, value) in self.llama_server_rows() {
+            let _ =
+                write!(out, "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n");
+        }
         out
+    }
+
+    /// The metrics llama-server's dashboards read, where ours mean the same
+    /// (not `kv_cache_tokens`: a cell here holds a macro step of several tokens).
+    fn llama_server_rows(&self) -> [(&'static str, &'static str, &'static str, String); 6] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (used, total) = (get(&self.kv_cells_used), get(&self.kv_cells_total));
+        let usage = if total == 0 { 0.0 } else { used as f64 / total as f64 };
+        [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed.",
+                get(&self.prompt_tokens).to_string(),
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed.",
+                get(&self.generated_tokens).to_string(),
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of llama_decode() calls (base forwards).",
+                get(&self.base_forwards).to_string(),
+            ),
+            ("requests_processing", "gauge", "Number of requests processing.", get(&self.processing).to_string()),
+            ("requests_deferred", "gauge", "Number of requests deferred.", get(&self.queue_depth).to_string()),
+            ("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.", format!("{usage:.4}")),
+        ]
     }
 }

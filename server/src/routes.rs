@@ -24,6 +24,7 @@ use tower_http::cors::CorsLayer;
 use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, OnePrompt, TokenizeRequest};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::scheduler::slot_board::SlotBoard;
 use crate::scheduler::{Event, FinishReason, Job, ModelInfo, SubmitError, Submitter};
 use hamburger::Timings;
 
@@ -50,6 +51,12 @@ pub struct AppState {
     pub timeout: Duration,
     /// Whether browsers of any origin may call the API (CORS).
     pub cors: bool,
+    /// The model file's path (`/props`).
+    pub model_path: String,
+    /// The slots (`/props`).
+    pub total_slots: usize,
+    /// What each slot is doing (`/slots`).
+    pub slots: Arc<SlotBoard>,
     /// True while the engine thread runs.
     pub alive: watch::Receiver<bool>,
     /// Whether the chat page is served at `/`.
@@ -66,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
+        .merge(crate::llama_routes::routes())
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
         .route("/health", get(health))
         .merge(if webui { crate::webui::routes() } else { Router::new() })
@@ -105,7 +113,7 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The body, or the error (413 over the limit) in OpenAI's shape.
-fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     b.map_err(|r| ApiError::new(r.status(), r.body_text()))
 }
 
@@ -320,7 +328,9 @@ async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Re
 
 /// Runs `f` (a template, the tokenizer: CPU work) on tokio's blocking pool,
 /// so the async workers keep serving other connections meanwhile.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
         Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the request's task failed: {e}")))
     })

@@ -160,6 +160,12 @@ impl ChatTemplate {
         ChatTemplate { isolation: Some(isolation), ..self }
     }
 
+    /// The Jinja source this template was compiled from (llama-server's
+    /// `/props` shows it).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Renders `messages`, ending with the assistant's turn header when `add_generation_prompt`.
     ///
     /// # Errors

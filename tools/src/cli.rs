@@ -155,24 +155,122 @@ impl FlashAttn {
     }
 }
 
+/// llama.cpp flags that have no meaning here: accepted by the parser so that
+/// the error says why in one line instead of "unexpected argument".
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RefusedArgs {
+    /// Not supported: weights are always read from the memory-mapped GGUF
+    /// (--no-repack keeps every CPU weight there).
+    #[arg(long)]
+    pub no_mmap: bool,
+    /// Not supported: the model's pages are not locked in memory.
+    #[arg(long)]
+    pub mlock: bool,
+    /// Not supported unless 0: penalties are not applied to every token of
+    /// a macro step (--repeat-penalty is).
+    #[arg(long, default_value_t = 0.0, value_parser = finite, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Not supported unless 0: as --presence-penalty.
+    #[arg(long, default_value_t = 0.0, value_parser = finite, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+}
+
+impl RefusedArgs {
+    /// Fails, in one line saying why, when a flag without a meaning here was given.
+    ///
+    /// # Errors
+    /// The first such flag.
+    pub fn check(&self) -> anyhow::Result<()> {
+        const PENALTY: &str = "penalties other than --repeat-penalty are not applied to every token of a macro step; \
+                               leave it at 0";
+        if self.no_mmap {
+            anyhow::bail!(
+                "--no-mmap is not supported: weights are always read from the memory-mapped GGUF (drop the flag)"
+            );
+        }
+        if self.mlock {
+            anyhow::bail!("--mlock is not supported: the model's pages are not locked in memory (drop the flag)");
+        }
+        if self.presence_penalty != 0.0 {
+            anyhow::bail!("--presence-penalty {}: {PENALTY}", self.presence_penalty);
+        }
+        if self.frequency_penalty != 0.0 {
+            anyhow::bail!("--frequency-penalty {}: {PENALTY}", self.frequency_penalty);
+        }
+        Ok(())
+    }
+}
+
+/// The chat template to use instead of the model's, as llama.cpp's tools
+/// take it: a built-in name or Jinja source, or a file of Jinja source.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ChatTemplateArgs {
+    /// Chat template instead of the model's: a built-in name (chatml) or
+    /// Jinja source (templates always render as Jinja; --jinja is implied).
+    #[arg(long, conflicts_with = "chat_template_file")]
+    pub chat_template: Option<String>,
+    /// Chat template instead of the model's, read from a Jinja file.
+    #[arg(long)]
+    pub chat_template_file: Option<std::path::PathBuf>,
+    /// Accepted for llama.cpp's scripts: templates always render as Jinja.
+    #[arg(long)]
+    pub jinja: bool,
+}
+
+/// ChatML, the template `--chat-template chatml` names.
+pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+impl ChatTemplateArgs {
+    /// The Jinja source these flags ask for (`None`: the model's template).
+    ///
+    /// # Errors
+    /// An unreadable file, or a name that is neither built in nor Jinja.
+    pub fn source(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.chat_template_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--chat-template-file {}: {e}", path.display()))?;
+            return Ok(Some(text));
+        }
+        match self.chat_template.as_deref() {
+            None => Ok(None),
+            Some("chatml") => Ok(Some(CHATML.to_string())),
+            Some(t) if t.contains("{%") || t.contains("{{") => Ok(Some(t.to_string())),
+            Some(t) => anyhow::bail!("--chat-template {t}: not a built-in template (chatml) nor Jinja source"),
+        }
+    }
+}
+
 /// How macro steps end: the stop rule's flags every tool that decodes shares.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DecodeArgs {
     /// Stop a macro step when 1 - p_stop < C; lower means more tokens per step
-    /// (faster), above 1 decodes exactly like the base model.
-    #[arg(long, default_value_t = StepParams::default().confidence, value_parser = finite, allow_negative_numbers = true)]
-    pub confidence: f32,
+    /// (faster, further from the base), 1 or more one token per step, decoded
+    /// as the base stored in the GGUF (tuned layers and adapters included).
+    /// Default: the model's recommended confidence
+    /// (hamburger.recommended_confidence) when it has one, else 0.8.
+    #[arg(long, value_parser = finite, allow_negative_numbers = true)]
+    pub confidence: Option<f32>,
     /// Most tokens per macro step (0: the model's).
     #[arg(long, default_value_t = StepParams::default().max_steps)]
     pub max_steps: usize,
 }
 
 impl DecodeArgs {
+    /// Takes the model's `recommended` confidence when none was asked for.
+    pub fn default_from_model(&mut self, recommended: Option<f32>) {
+        self.confidence = self.confidence.or(recommended);
+    }
+
+    /// The confidence asked for, else the model's (see [`DecodeArgs::default_from_model`]), else the library's default.
+    pub fn confidence(&self) -> f32 {
+        self.confidence.unwrap_or(StepParams::default().confidence)
+    }
+
     /// The stop rule's settings these flags ask for, with `forced_steps`
     /// (a tool's own flag: one value, or a benchmark's list) and checked when
     /// resolved against a model.
     pub fn step_params(&self, forced_steps: Option<usize>) -> StepParams {
-        StepParams { confidence: self.confidence, max_steps: self.max_steps, forced_steps }
+        StepParams { confidence: self.confidence(), max_steps: self.max_steps, forced_steps }
     }
 }
 
@@ -270,13 +368,18 @@ impl PlacementArgs {
     }
 }
 
-/// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-sys`, `-fa`,
-/// `-ctk`/`-ctv`, `-ngl`, `-ts`, `-np`, `-jf`) into the long ones our tools define.
+/// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-no-cnv`, `-st`,
+/// `-sys`, `-sysf`, `-ub`, `-fa`, `-ctk`/`-ctv`, `-ngl`, `-ts`, `-np`, `-jf`)
+/// into the long ones our tools define.
 pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     args.into_iter()
         .map(|a| match a.as_str() {
             "-cnv" => "--chat".into(),
+            "-no-cnv" => "--no-conversation".into(),
+            "-st" => "--single-turn".into(),
             "-sys" => "--system-prompt".into(),
+            "-sysf" => "--system-prompt-file".into(),
+            "-ub" => "--ubatch-size".into(),
             "-fa" => "--flash-attn".into(),
             "-ctk" | "-ctv" => "--cache-type".into(),
             "-ngl" => "--n-gpu-layers".into(),

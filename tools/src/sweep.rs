@@ -35,7 +35,10 @@ pub struct SweepArgs {
     /// Prompts, one per line (default: the project's set).
     #[arg(long)]
     pub prompts: Option<PathBuf>,
-    /// CPU threads.
+    /// Use only the first N prompts (default: all), for a quicker sweep.
+    #[arg(long, value_parser = crate::cli::at_least_one)]
+    pub n_prompts: Option<usize>,
+    /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
     #[arg(short = 't', long, value_parser = crate::cli::thread_count, default_value_t = hamburger::EngineParams::default().n_threads)]
     pub threads: usize,
     /// Tokens generated per prompt for the quality measures.
@@ -164,7 +167,7 @@ fn measure(path: &Path, name: &str, args: &SweepArgs, refs: &[RefRun], bpw: f64)
 ///
 /// # Errors
 /// Bad input or any failed quantization or measurement.
-pub fn main(args: SweepArgs) -> Result<()> {
+pub fn main(mut args: SweepArgs) -> Result<()> {
     rayon::ThreadPoolBuilder::new().num_threads(args.threads.max(1)).build_global().ok();
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
     let text = match &args.prompts {
@@ -172,9 +175,14 @@ pub fn main(args: SweepArgs) -> Result<()> {
         None => DEFAULT_PROMPTS.to_string(),
     };
     let reference = Model::open(&args.model, &LoadOptions::default())?;
+    args.decode.default_from_model(reference.recommended_confidence);
     let tok = Tokenizer::from_model(&reference)?;
-    let prompts: Vec<Vec<u32>> =
-        text.lines().filter(|l| !l.trim().is_empty()).map(|l| tok.encode(l, true)).collect::<Result<_, _>>()?;
+    let prompts: Vec<Vec<u32>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(args.n_prompts.unwrap_or(usize::MAX))
+        .map(|l| tok.encode(l, true))
+        .collect::<Result<_, _>>()?;
     anyhow::ensure!(!prompts.is_empty(), "no prompts");
     let bar = quant::stream::progress_bar(true, (args.types.len() + 1) as u64, "sweep");
     bar.set_message("reference runs");
@@ -214,21 +222,22 @@ pub fn main(args: SweepArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     std::fs::write(args.out.join("sweep.csv"), sweep_table::csv(&rows)).context("sweep.csv")?;
-    std::fs::write(args.out.join("sweep.md"), markdown(&rows, &args)).context("sweep.md")?;
+    let report = markdown(&rows, &args, refs.len());
+    std::fs::write(args.out.join("sweep.md"), &report).context("sweep.md")?;
     crate::plot::write_svg(&args.out.join("sweep.svg"), &rows)?;
-    print!("{}", markdown(&rows, &args));
+    print!("{report}");
     Ok(())
 }
 
 /// The Markdown report: the settings, then the table.
-fn markdown(rows: &[SweepRow], args: &SweepArgs) -> String {
+fn markdown(rows: &[SweepRow], args: &SweepArgs, n_prompts: usize) -> String {
     let settings = format!(
-        "Sweep of `{}`: {} threads, pp{} / tg{} at confidence {}, quality over {} tokens per prompt.\n\n",
+        "Sweep of `{}`: {} threads, pp{} / tg{} at confidence {}, quality over {n_prompts} prompts of {} tokens.\n\n",
         args.model.display(),
         args.threads,
         args.pp,
         args.tg,
-        args.decode.confidence,
+        args.decode.confidence(),
         args.n_gen
     );
     settings + &sweep_table::markdown(rows)

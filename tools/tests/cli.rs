@@ -102,3 +102,49 @@ fn golden_cases_through_the_cli_at_temp_0() {
         assert_eq!(got, case.steps, "case {ci}: (macro step, token) sequence through hamburger-cli");
     }
 }
+
+/// llama-cli's chat mode: -p is the first user turn, -st ends after it, and
+/// -r hands the turn back as soon as the reply contains the reverse prompt.
+#[test]
+fn chat_takes_p_as_first_turn_single_turn_and_reverse_prompt() {
+    let m = model();
+    let base = ["-m", &m, "--temp", "0", "--confidence", "1.01", "-n", "32", "-t", "2"];
+    let with = |extra: &[&str], stdin: &str| cli(&[&base[..], extra].concat(), stdin);
+    let (out, _) = with(&["-cnv", "-p", "What is the capital of France?", "-st"], "And of Germany?\n");
+    assert_eq!(out.matches("> ").count(), 1, "one turn, stdin unread: {out}");
+    assert!(out.contains("> What is the capital of France?\n") && out.contains("Paris"), "{out}");
+    let (out, _) = with(&["-cnv", "-p", "What is the capital of France?"], "");
+    assert!(out.contains("Paris") && out.matches("> ").count() == 2, "the -p turn, then end of input: {out}");
+    let (out, _) = with(&["-st", "-p", "What is the capital of France?", "-r", "Paris"], "");
+    let reply = out.split("France?\n").nth(1).unwrap();
+    assert!(reply.contains("Paris") && reply.trim().len() < 40, "stops at the reverse prompt: {out}");
+}
+
+/// Runs the CLI expecting failure: (stdout, stderr).
+fn cli_fails(args: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hamburger-cli")).args(args).stdin(Stdio::null()).output().unwrap();
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    (String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// llama.cpp's defaults: the context is the model's (SmolLM2: 8192), -n past
+/// the context stops at a full context with a notice, as -n -1 does, and a
+/// prompt that does not fit is refused before anything is echoed.
+#[test]
+fn context_defaults_to_the_model_and_a_full_context_ends_with_a_notice() {
+    let m = model();
+    let ids = vec!["1"; 9000].join(",");
+    let (out, err) = cli_fails(&["-m", &m, "--prompt-ids", &ids, "-t", "2"]);
+    assert!(out.is_empty() && err.contains("does not fit the context of 8192 entries: raise -c"), "{err}");
+    let (out, err) = cli_fails(&["-m", &m, "-c", "4", "-p", "The capital of France is", "-t", "2"]);
+    assert!(out.is_empty() && err.contains("raise -c"), "no echo before the error: {out}");
+    let notice = "stopped at a full context (64 entries, -c)";
+    for n in ["500", "-1"] {
+        let args =
+            ["-m", &m, "-c", "64", "-n", n, "--ignore-eos", "-p", "The capital of France is", "--temp", "0", "-t", "2"];
+        let (out, err) = cli(&args, "");
+        assert!(out.starts_with("The capital of France is") && err.contains(notice), "-n {n}: {err}");
+    }
+    let (_, err) = cli(&["-m", &m, "-c", "64", "-n", "4", "-p", "Hi", "--temp", "0", "-t", "2"], "");
+    assert!(!err.contains("full context"), "-n within the context: no notice: {err}");
+}

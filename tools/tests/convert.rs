@@ -378,3 +378,21 @@ fn interrupted_conversion_leaves_nothing() {
         testing::process::interrupt_while_writing(child, dir.path(), signal);
     }
 }
+
+/// `--confidence` stores the model's recommended confidence
+/// (`hamburger.recommended_confidence`, read back by the library); none is
+/// stored without it; a negative one is refused naming the flag.
+#[test]
+fn confidence_flag_stores_the_recommended_confidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = tiny_fixture().join("model.safetensors");
+    let (with, without) = (dir.path().join("with.gguf"), dir.path().join("without.gguf"));
+    let (ok, err) = run(&[src.to_str().unwrap(), "-o", with.to_str().unwrap(), "--confidence", "0.9"]);
+    assert!(ok, "{err}");
+    assert_eq!(hamburger::model::recommended_confidence_of(&with).unwrap(), Some(0.9));
+    let (ok, err) = run(&[src.to_str().unwrap(), "-o", without.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(hamburger::model::recommended_confidence_of(&without).unwrap(), None);
+    let (ok, err) = run(&[src.to_str().unwrap(), "-o", without.to_str().unwrap(), "--confidence", "-1"]);
+    assert!(!ok && err.contains("--confidence") && err.lines().count() == 1, "{err}");
+}

@@ -188,7 +188,7 @@ fn cell(rows: &SweepRows, ty: &str, column: &str) -> f64 {
 #[test]
 fn sweep_measures_each_type_against_the_input() {
     let input = converted(&tiny_fixture().join("model.safetensors"), "tiny-st", ggml::Type::F32, false).unwrap();
-    let (dir, rows) = sweep(&input, "Q8_0,Q4_0", &["-n", "8"]);
+    let (dir, rows) = sweep(&input, "Q8_0,Q4_0", &["-n", "8", "--n-prompts", "2"]);
     assert_eq!(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(), ["input", "Q8_0", "Q4_0"]);
     // Real measurements of real files: sizes and bits per weight from the
     // quantized outputs, speeds measured, quality fractions in range.
@@ -209,6 +209,7 @@ fn sweep_measures_each_type_against_the_input() {
     assert!(cell(&rows, "Q8_0", "kl_mean") < cell(&rows, "Q4_0", "kl_mean"), "{rows:?}");
     let md = std::fs::read_to_string(dir.path().join("sweep.md")).unwrap();
     assert!(md.contains("| Q4_0 |") && md.contains("| Q8_0 |"));
+    assert!(md.contains("quality over 2 prompts of 8 tokens"), "--n-prompts: {md}");
     let svg = std::fs::read_to_string(dir.path().join("sweep.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("bits per weight"));
 }

@@ -154,3 +154,27 @@ fn the_log_has_a_model_summary_and_a_line_per_request() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// The server's confidence is the model's recommended one when neither its
+/// `--confidence` nor a request sets one (`/props` reports it), and the
+/// flag's when given.
+#[test]
+fn the_default_confidence_is_the_models_recommended_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("recommends.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+        .arg(tiny_fixture().join("model.safetensors"))
+        .args(["-o", model.to_str().unwrap(), "--confidence", "0.9", "--no-progress"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let props_confidence = |args: &[&str]| {
+        let (mut child, addr) = start_with(&model, args);
+        let props: serde_json::Value = reqwest::blocking::get(format!("http://{addr}/props")).unwrap().json().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        props["default_generation_settings"]["params"]["confidence"].clone()
+    };
+    assert_eq!(props_confidence(&["-np", "1", "-c", "512"]), 0.9);
+    assert_eq!(props_confidence(&["-np", "1", "-c", "512", "--confidence", "0.5"]), 0.5);
+}

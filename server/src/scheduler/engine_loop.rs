@@ -21,6 +21,7 @@ use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
 
 use super::request::Request;
+use super::slot_board::SlotBoard;
 use super::slots::Slots;
 use super::{Job, ModelInfo, SchedulerConfig, StartError};
 use crate::metrics::{self, Metrics};
@@ -32,6 +33,7 @@ pub(super) fn run(
     rx: &Receiver<Job>,
     ready: &Sender<Result<Arc<ModelInfo>, StartError>>,
     m: &Metrics,
+    board: &SlotBoard,
 ) {
     let model = match Model::open(&cfg.model, &cfg.load) {
         Ok(model) => model,
@@ -67,6 +69,8 @@ pub(super) fn run(
             lp.step();
             lp.deliver();
         }
+        let n_ctx_slot = info.n_ctx_slot;
+        board.publish(lp.running.iter().map(|r| r.slot_state(n_ctx_slot)));
     }
 }
 

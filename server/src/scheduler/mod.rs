@@ -10,10 +10,13 @@
 //! * `request`: one running request, the single owner of its generation,
 //!   stop state, text and event channel;
 //! * `slots`: the free slots and the tokens their KV cells hold, for
-//!   prompt-prefix reuse.
+//!   prompt-prefix reuse;
+//! * [`slot_board`]: what each slot is doing, published by the thread once
+//!   per loop iteration for `/slots`.
 
 mod engine_loop;
 mod request;
+pub mod slot_board;
 mod slots;
 
 use std::collections::HashSet;
@@ -32,6 +35,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
 use crate::metrics::{self, Metrics};
+use slot_board::SlotBoard;
 
 /// How the server runs its model.
 #[derive(Debug, Clone)]
@@ -228,6 +232,8 @@ pub struct Scheduler {
     pub metrics: Arc<Metrics>,
     /// True while the engine thread runs; false once it has stopped (or died).
     pub alive: watch::Receiver<bool>,
+    /// What each slot is doing, as the engine thread last published it.
+    pub slots: Arc<SlotBoard>,
     thread: JoinHandle<()>,
 }
 
@@ -254,11 +260,13 @@ impl Scheduler {
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
         let limit = cfg.queue as u64;
+        let slots = Arc::new(SlotBoard::new(cfg.engine.n_seq, cfg.engine.n_ctx / cfg.engine.n_seq.max(1)));
+        let board = slots.clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
                 let _alive = AliveGuard(alive_tx);
-                engine_loop::run(&cfg, &rx, &ready_tx, &m);
+                engine_loop::run(&cfg, &rx, &ready_tx, &m, &board);
             })
             .map_err(StartError::Thread)?;
         match ready_rx.recv() {
@@ -267,6 +275,7 @@ impl Scheduler {
                 info,
                 metrics,
                 alive,
+                slots,
                 thread,
             }),
             Ok(Err(e)) => Err(e),

@@ -13,6 +13,7 @@ use hamburger::tokenizer::{TextStream, Tokenizer};
 use hamburger::{Engine, Sampler};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::slot_board::{SlotParams, SlotState};
 use super::{Event, FinishReason, Job, ModelInfo};
 use crate::metrics::{self, Metrics};
 
@@ -47,6 +48,8 @@ pub(super) struct Request<'t> {
     /// it, in the same macro step, are not part of the answer).
     n_tokens_to_stop: Option<usize>,
     timed_out: bool,
+    /// Its settings, as `/slots` shows them.
+    shown: SlotParams,
 }
 
 impl<'t> Request<'t> {
@@ -55,6 +58,7 @@ impl<'t> Request<'t> {
     /// else; its text is decoded with `tokenizer`.
     pub(super) fn admit(task: u64, seq: SeqId, job: Job, cached: usize, tokenizer: &'t Tokenizer) -> Request<'t> {
         let p = job.params;
+        let shown = SlotParams::from(&p);
         let (before, rest) = job.prompt.split_at(cached);
         let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
         let mut gen =
@@ -88,6 +92,22 @@ impl<'t> Request<'t> {
             stopped_by_string: false,
             n_tokens_to_stop: None,
             timed_out: false,
+            shown,
+        }
+    }
+
+    /// Its slot's state so far, for `/slots` (`n_ctx`: the slot's cells).
+    pub(super) fn slot_state(&self, n_ctx: usize) -> SlotState {
+        let generation = self.gen.generation();
+        SlotState {
+            id: self.seq(),
+            id_task: i64::try_from(self.task).unwrap_or(i64::MAX),
+            n_ctx,
+            is_processing: true,
+            n_prompt_tokens: self.prompt.len(),
+            n_decoded: generation.output_ids.len(),
+            n_macro_steps: generation.macro_steps.len(),
+            params: Some(self.shown.clone()),
         }
     }
 

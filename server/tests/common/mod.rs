@@ -51,8 +51,14 @@ impl TestServer {
                 let shutdown = async move {
                     let _ = stopped.await;
                 };
-                let http =
-                    server::HttpOptions { api_key: key, timeout: Duration::from_secs(600), cors: false, webui: true };
+                let http = server::HttpOptions {
+                    api_key: key,
+                    timeout: Duration::from_secs(600),
+                    cors: false,
+                    webui: true,
+                    model_path: String::new(),
+                    total_slots: 1,
+                };
                 server::serve(listener, scheduler, http, shutdown).await.unwrap();
             });
         });

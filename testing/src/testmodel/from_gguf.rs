@@ -24,6 +24,11 @@ fn bad(path: &Path, msg: impl Into<String>) -> ConvertError {
     ConvertError::Checkpoint { path: path.into(), msg: msg.into() }
 }
 
+/// The confidence `models/smollm2-hamburger/` is run at (docs/training.md:
+/// where it stays closest to its base), stored as the recommended one of a
+/// model with trained grafted modules.
+pub const SHIPPED_CONFIDENCE: f64 = 0.9;
+
 /// Where the grafted modules of a checkpoint made from a GGUF come from.
 #[derive(Debug, Clone, Copy)]
 pub enum Grafted<'a> {
@@ -107,7 +112,8 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
     let bos = id(keys::TOKENIZER_BOS_ID).unwrap_or(1);
     let eos = id(keys::TOKENIZER_EOS_ID).unwrap_or(2);
     write_config(dir, &hp, tied, bos, json!(eos), Json::Null, "float32")?;
-    write_hamburger_json(dir, &hp)?;
+    // The shipped model's trained modules come with the confidence its docs recommend.
+    write_hamburger_json(dir, &hp, trained.as_ref().map(|_| SHIPPED_CONFIDENCE))?;
     write_tokenizer(&gguf, dir)
 }
 

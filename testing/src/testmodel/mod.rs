@@ -126,21 +126,25 @@ pub fn init_values(init: Init, seed: u64, index: usize, n: usize) -> Vec<f32> {
     }
 }
 
-/// Writes the grafted modules' hyper-parameters that the release does not store.
+/// Writes the grafted modules' hyper-parameters that the release does not store, and the confidence to recommend, if any.
 ///
 /// # Errors
 /// On I/O errors.
-pub fn write_hamburger_json(dir: &Path, hp: &hamburger::hparams::HParams) -> Result<(), ConvertError> {
-    writer::write_json(
-        dir,
-        "hamburger.json",
-        &serde_json::json!({
-            "max_steps": hp.max_steps,
-            "micro_layers": hp.n_micro_layer,
-            "feature_layers": hp.feature_layers,
-            "merger_heads": hp.n_merger_head,
-        }),
-    )
+pub fn write_hamburger_json(
+    dir: &Path,
+    hp: &hamburger::hparams::HParams,
+    recommended_confidence: Option<f64>,
+) -> Result<(), ConvertError> {
+    let mut json = serde_json::json!({
+        "max_steps": hp.max_steps,
+        "micro_layers": hp.n_micro_layer,
+        "feature_layers": hp.feature_layers,
+        "merger_heads": hp.n_merger_head,
+    });
+    if let Some(c) = recommended_confidence {
+        json["recommended_confidence"] = c.into();
+    }
+    writer::write_json(dir, "hamburger.json", &json)
 }
 
 /// Writes a Llama `config.json` for `hp`.

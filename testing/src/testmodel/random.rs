@@ -155,7 +155,7 @@ pub fn write(shape: Shape, dir: &Path, seed: u64) -> Result<(), ConvertError> {
         Shape::Smollm2_135m => Json::Null,
     };
     write_config(dir, &hp, true, bos as i64, json!([eos, eot]), rope_scaling, "bfloat16")?;
-    write_hamburger_json(dir, &hp)?;
+    write_hamburger_json(dir, &hp, None)?;
     super::writer::write_json(dir, "tokenizer.json", &synthetic_tokenizer(v, &specials))?;
     super::writer::write_json(
         dir,

@@ -24,7 +24,8 @@ struct Args {
     /// Generation lengths of the tg tests (0: none).
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
-    /// CPU threads; a list sweeps them (`-t 2,4,8,16`), every test at each count.
+    /// CPU threads; a list sweeps them (`-t 2,4,8,16`), every test at each count
+    /// (default: every core the system reports, the same in every tool).
     #[arg(short = 't', long, value_delimiter = ',', value_parser = tools::cli::thread_count, default_values_t = [EngineParams::default().n_threads])]
     threads: Vec<usize>,
     /// Repetitions of each test (after one warm-up).
@@ -68,11 +69,13 @@ struct Row {
 }
 
 fn main() -> ExitCode {
-    tools::cli::run_tool("hamburger-bench", "warn", |args: Args| run(&args))
+    tools::cli::run_tool("hamburger-bench", "warn", |args: Args| run(args))
 }
 
-fn run(args: &Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
     let model = hamburger::Model::open(&args.model, &args.placement.load_options())?;
+    args.decode.default_from_model(model.recommended_confidence);
+    let args = &args;
     let forced: Vec<Option<usize>> = match &args.forced_steps {
         Some(k) => k.iter().map(|&k| Some(k)).collect(),
         None => vec![None],
@@ -173,7 +176,7 @@ fn measure(
             let ours = Measurement { samples_ns, tokens_per_step, kv_bytes_per_token, ..Measurement::generation(n) };
             let test = match k {
                 Some(k) => format!("tg{n} k={k}"),
-                None => format!("tg{n} c={}", args.decode.confidence),
+                None => format!("tg{n} c={}", args.decode.confidence()),
             };
             rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
         }
@@ -200,7 +203,7 @@ fn measure(
                 };
                 let test = match k {
                     Some(k) => format!("tg{n} x{p} k={k}"),
-                    None => format!("tg{n} x{p} c={}", args.decode.confidence),
+                    None => format!("tg{n} x{p} c={}", args.decode.confidence()),
                 };
                 rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
             }
@@ -289,5 +292,32 @@ fn print_csv(rows: &[serde_json::Value]) {
             })
             .collect();
         println!("{}", cells.join(","));
+    }
+}
+
+/// `-fa` takes what llama-bench takes (0/1) and what the other llama.cpp
+/// tools take (on/off/auto).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flash_attn(value: &str) -> Result<FlashAttn, clap::Error> {
+        let args = ["hamburger-bench", "-m", "m.gguf", "-fa", value].map(String::from);
+        Args::try_parse_from(tools::cli::llama_style_args(args)).map(|a| a.flash_attn)
+    }
+
+    #[test]
+    fn flash_attn_as_llama_bench_takes_it() {
+        for (value, want) in [
+            ("1", FlashAttn::On),
+            ("0", FlashAttn::Off),
+            ("on", FlashAttn::On),
+            ("off", FlashAttn::Off),
+            ("auto", FlashAttn::Auto),
+        ] {
+            assert_eq!(flash_attn(value).unwrap(), want, "-fa {value}");
+        }
+        assert!(FlashAttn::Auto.enabled() && !FlashAttn::Off.enabled());
+        assert!(flash_attn("2").is_err());
     }
 }

@@ -36,13 +36,18 @@ struct Args {
     /// Tokens to generate (-1: until end of generation or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
-    /// Context size in KV entries (0: the model's training context).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = EngineParams::default().n_ctx)]
+    /// Context size in KV entries (0, the default: the model's training
+    /// context, as llama.cpp takes it).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     ctx_size: usize,
     /// Prompt tokens per base forward.
     #[arg(short = 'b', long = "batch-size", default_value_t = EngineParams::default().n_batch)]
     batch_size: usize,
-    /// CPU threads (default: all cores).
+    /// llama.cpp's physical batch (also -ub): prompt tokens per base forward
+    /// as -b is here; the smaller of the two is used.
+    #[arg(long = "ubatch-size")]
+    ubatch_size: Option<usize>,
+    /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
     #[arg(short = 't', long, value_parser = tools::cli::thread_count)]
     threads: Option<usize>,
     #[command(flatten)]
@@ -51,12 +56,34 @@ struct Args {
     sampling: tools::cli::SamplingArgs,
     #[command(flatten)]
     grammar: tools::grammar::GrammarArgs,
-    /// Interactive chat with the model's chat template (also -cnv).
-    #[arg(long = "chat", visible_alias = "conversation")]
+    /// Interactive chat with the model's chat template (also -cnv); -p or -f
+    /// is the first user turn.
+    #[arg(long = "chat", visible_alias = "conversation", conflicts_with = "prompt_ids")]
     chat: bool,
+    /// Completion, not chat (also -no-cnv; the default here).
+    #[arg(long = "no-conversation", conflicts_with_all = ["chat", "single_turn"])]
+    no_conversation: bool,
+    /// Chat for one turn, then exit (also -st; implies --chat).
+    #[arg(long = "single-turn", conflicts_with = "prompt_ids")]
+    single_turn: bool,
     /// System prompt for chat mode (also -sys).
-    #[arg(long = "system-prompt")]
+    #[arg(long = "system-prompt", conflicts_with = "system_prompt_file")]
     system_prompt: Option<String>,
+    /// System prompt for chat mode, read from a file (also -sysf).
+    #[arg(long = "system-prompt-file")]
+    system_prompt_file: Option<PathBuf>,
+    /// Stop generating when the text contains PROMPT (in chat mode: hand the
+    /// turn back to the user); repeatable.
+    #[arg(short = 'r', long = "reverse-prompt")]
+    reverse_prompt: Vec<String>,
+    /// Not supported: llama.cpp's interactive mode without a chat template;
+    /// use --chat (-cnv).
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    #[command(flatten)]
+    template: tools::cli::ChatTemplateArgs,
+    #[command(flatten)]
+    refused: tools::cli::RefusedArgs,
     /// Colour the output by macro step.
     #[arg(long)]
     color: bool,
@@ -95,7 +122,7 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     let d = EngineParams::default();
     let engine = EngineParams {
         n_ctx,
-        n_batch: args.batch_size,
+        n_batch: args.n_batch(),
         n_threads: args.threads.unwrap_or(d.n_threads),
         kv_type,
         flash_attn,
@@ -110,15 +137,97 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     })
 }
 
-/// The budget for one generation: -n, or whatever the context has left.
-fn budget(args: &Args, session: &Session, prompt_len: usize) -> usize {
-    match args.n_predict {
-        n if n >= 0 => n as usize,
-        _ => session.params().engine.n_ctx.saturating_sub(session.n_slots() + prompt_len + 1),
+/// The budget of one generation: -n, or what the context has left when
+/// that is less (llama.cpp stops at a full context rather than refusing).
+struct Budget {
+    /// Tokens to generate at most.
+    n_predict: usize,
+    /// Whether the context, not -n, set `n_predict`.
+    by_context: bool,
+    /// The context's size, for the notice.
+    n_ctx: usize,
+}
+
+impl Budget {
+    /// The budget for `prompt_len` more prompt tokens.
+    ///
+    /// # Errors
+    /// When the prompt itself does not fit the context.
+    fn new(args: &Args, session: &Session, prompt_len: usize) -> Result<Budget> {
+        let n_ctx = session.params().engine.n_ctx;
+        let used = session.n_slots() + prompt_len + 1;
+        if used > n_ctx {
+            bail!("the prompt ({prompt_len} tokens, {} in context before it) does not fit the context of {n_ctx} entries: raise -c", session.n_slots());
+        }
+        let room = n_ctx - used;
+        let n_predict = usize::try_from(args.n_predict).map_or(room, |n| n.min(room));
+        Ok(Budget { n_predict, by_context: args.n_predict < 0 || n_predict < args.n_predict as usize, n_ctx })
+    }
+
+    /// Tells on stderr, in one line, that `gen` stopped at a full context.
+    fn notice(&self, gen: &Generation) {
+        if self.by_context && gen.output_ids.len() >= self.n_predict {
+            eprintln!(
+                "hamburger-cli: stopped at a full context ({} entries, -c) after {} tokens; raise -c for a longer answer",
+                self.n_ctx,
+                gen.output_ids.len()
+            );
+        }
     }
 }
 
-fn run(args: Args) -> Result<()> {
+/// Refuses, before the model loads, what this tool cannot do as asked.
+fn check(args: &Args) -> Result<()> {
+    args.refused.check()?;
+    if args.interactive {
+        bail!("-i/--interactive (raw text without a chat template) is not supported: use -cnv for chat");
+    }
+    if args.json && args.chat_mode() {
+        bail!("--json prints one completion; chat mode (-cnv/-st) streams turns: drop one of them");
+    }
+    Ok(())
+}
+
+impl Args {
+    /// Whether the tool chats (-cnv or -st) rather than completes.
+    fn chat_mode(&self) -> bool {
+        self.chat || self.single_turn
+    }
+
+    /// Prompt tokens per base forward: -b, or -ub when smaller (llama.cpp's
+    /// physical batch, which never exceeds its logical one).
+    fn n_batch(&self) -> usize {
+        self.ubatch_size.map_or(self.batch_size, |ub| ub.min(self.batch_size))
+    }
+
+    /// The text of -p or -f, if either was given.
+    fn prompt_text(&self) -> Result<Option<String>> {
+        Ok(match (&self.prompt, &self.file) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("-f {}", f.display()))?),
+            (None, None) => None,
+        })
+    }
+
+    /// The system prompt of -sys or -sysf (a file's final newline dropped).
+    fn system_prompt(&self) -> Result<Option<String>> {
+        match &self.system_prompt_file {
+            Some(f) => {
+                let text = std::fs::read_to_string(f).with_context(|| format!("-sysf {}", f.display()))?;
+                Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
+            }
+            None => Ok(self.system_prompt.clone()),
+        }
+    }
+}
+
+/// Whether `text` (a turn's generated text so far) contains a reverse prompt.
+fn reverse_prompt_seen(args: &Args, text: &str) -> bool {
+    args.reverse_prompt.iter().any(|r| !r.is_empty() && text.contains(r.as_str()))
+}
+
+fn run(mut args: Args) -> Result<()> {
+    check(&args)?;
     if args.list_devices {
         for endpoint in &args.placement.rpc {
             ggml::rpc::add_server(endpoint)?;
@@ -128,12 +237,13 @@ fn run(args: Args) -> Result<()> {
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
     let model = hamburger::Model::open(path, &args.placement.load_options())?;
+    args.decode.default_from_model(model.recommended_confidence);
     let mut session = Session::new(&model, session_params(&args, &model)?)?;
     if args.grammar.is_set() {
         let tok = Tokenizer::from_model(&model)?;
         session.set_constraint(Some(args.grammar.constraint(&tok, &model.vocab.eog)?));
     }
-    if args.chat {
+    if args.chat_mode() {
         return chat(&args, &model, &mut session);
     }
     let (prompt_ids, tokenizer) = match &args.prompt_ids {
@@ -144,10 +254,8 @@ fn run(args: Args) -> Result<()> {
             (ids.clone(), Tokenizer::from_model(&model).ok())
         }
         None => {
-            let text = match (&args.prompt, &args.file) {
-                (Some(p), _) => p.clone(),
-                (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?,
-                (None, None) => bail!("no prompt: give -p, -f, --prompt-ids or --chat"),
+            let Some(text) = args.prompt_text()? else {
+                bail!("no prompt: give -p, -f, --prompt-ids or --chat");
             };
             let tok = Tokenizer::from_model(&model)?;
             (tok.encode(&text, true)?, Some(tok))
@@ -156,19 +264,20 @@ fn run(args: Args) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let n_predict = budget(&args, &session, prompt_ids.len());
+    let budget = Budget::new(&args, &session, prompt_ids.len())?;
     let mut out = std::io::stdout().lock();
     if !args.json && !args.no_display_prompt {
         if let Some(t) = &tokenizer {
             write!(out, "{}", t.decode(&prompt_ids))?;
         }
     }
-    let mut printer = StepPrinter { stream: tokenizer.as_ref().map(TextStream::new), color: args.color, step: 0 };
-    let gen = session.generate(&prompt_ids, n_predict, |tokens| {
+    let mut printer = StepPrinter::new(tokenizer.as_ref(), args.color);
+    let gen = session.generate(&prompt_ids, budget.n_predict, |tokens| {
+        let text = printer.text(&model, tokens);
         if !args.json {
-            printer.print(&mut out, &model, tokens);
+            printer.print(&mut out, &text);
         }
-        true
+        !reverse_prompt_seen(&args, &printer.turn)
     })?;
     if args.json {
         let text = tokenizer.as_ref().map(|t| t.decode(&visible(&model, &gen.output_ids))).unwrap_or_default();
@@ -177,23 +286,37 @@ fn run(args: Args) -> Result<()> {
         writeln!(out)?;
         eprint!("{}", report(&gen));
     }
+    budget.notice(&gen);
     Ok(())
 }
 
-/// Streams each macro step's text as it completes, coloured by step with `--color`.
+/// Streams each macro step's text as it completes, coloured by step with
+/// `--color`, and keeps the turn's text for the reverse prompts.
 struct StepPrinter<'t> {
     /// The detokenizer (`None`: print ids, for models without a tokenizer).
     stream: Option<TextStream<'t>>,
     color: bool,
     step: usize,
+    /// The text generated so far.
+    turn: String,
 }
 
-impl StepPrinter<'_> {
-    fn print(&mut self, out: &mut impl Write, model: &Model, tokens: &[u32]) {
+impl<'t> StepPrinter<'t> {
+    fn new(tokenizer: Option<&'t Tokenizer>, color: bool) -> Self {
+        StepPrinter { stream: tokenizer.map(TextStream::new), color, step: 0, turn: String::new() }
+    }
+
+    /// The text of one macro step's `tokens`, added to the turn's.
+    fn text(&mut self, model: &Model, tokens: &[u32]) -> String {
         let text = match self.stream.as_mut() {
             Some(s) => s.push(&visible(model, tokens)),
             None => tokens.iter().map(|t| format!("{t} ")).collect(),
         };
+        self.turn.push_str(&text);
+        text
+    }
+
+    fn print(&mut self, out: &mut impl Write, text: &str) {
         // Output errors (a closed pipe) end nothing here; generation finishes.
         let _ = if self.color {
             write!(out, "{}{text}{RESET}", PALETTE[self.step % PALETTE.len()])
@@ -211,7 +334,6 @@ fn visible(model: &Model, tokens: &[u32]) -> Vec<u32> {
 }
 
 fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Value {
-    let t = &gen.timings;
     let mut kept = gen.output_ids.len();
     let steps: Vec<Vec<u32>> = gen
         .macro_steps
@@ -227,15 +349,8 @@ fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Valu
         "output_ids": gen.output_ids,
         "macro_steps": steps,
         "text": text,
-        "timings": {
-            "prompt_tokens": t.prompt_tokens,
-            "prompt_ms": t.prompt_ms,
-            "gen_tokens": t.gen_tokens,
-            "gen_ms": t.gen_ms,
-            "macro_steps": t.macro_steps,
-            "tokens_per_step": t.tokens_per_step(),
-            "kv_entries": t.kv_entries,
-        }
+        // The server's timings object: one schema for both tools.
+        "timings": server::api::timings(&gen.timings),
     })
 }
 
@@ -272,38 +387,134 @@ fn report(gen: &Generation) -> String {
 
 fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
     let tok = Tokenizer::from_model(model)?;
-    let template = ChatTemplate::of_model(model, &tok)?
-        .context("the model has no chat template")?
-        .isolated(tools::cli::template_isolation()?);
-    let mut chat = Chat::new(template, args.system_prompt.as_deref());
+    let template = match args.template.source()? {
+        Some(source) => {
+            let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or_default();
+            ChatTemplate::new(&source, &text(model.vocab.bos), &text(model.vocab.eos)).context("--chat-template")?
+        }
+        None => ChatTemplate::of_model(model, &tok)?
+            .context("the model has no chat template: give one with --chat-template")?,
+    }
+    .isolated(tools::cli::template_isolation()?);
+    let mut chat = Chat::new(template, args.system_prompt()?.as_deref());
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     let mut first = true;
     let mut last: Option<Generation> = None;
+    // llama-cli's -p (or -f) is the first user turn.
+    let mut given = args.prompt_text()?;
     loop {
         write!(out, "\n> ")?;
-        out.flush()?;
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 || line.trim() == "/exit" {
-            break;
-        }
-        let delta = chat.user(line.trim_end_matches(['\n', '\r']))?;
+        let line = match given.take() {
+            Some(p) => {
+                writeln!(out, "{p}")?;
+                p
+            }
+            None => {
+                out.flush()?;
+                let mut line = String::new();
+                if stdin.lock().read_line(&mut line)? == 0 || line.trim() == "/exit" {
+                    break;
+                }
+                line.trim_end_matches(['\n', '\r']).to_string()
+            }
+        };
+        let delta = chat.user(&line)?;
         let ids = tok.encode(&delta, first)?;
         first = false;
-        let n_predict = budget(args, session, ids.len());
-        let mut printer = StepPrinter { stream: Some(TextStream::new(&tok)), color: args.color, step: 0 };
-        let gen = session.generate(&ids, n_predict, |tokens| {
-            printer.print(&mut out, model, tokens);
-            true
+        let budget = Budget::new(args, session, ids.len())?;
+        let mut printer = StepPrinter::new(Some(&tok), args.color);
+        let gen = session.generate(&ids, budget.n_predict, |tokens| {
+            let text = printer.text(model, tokens);
+            printer.print(&mut out, &text);
+            !reverse_prompt_seen(args, &printer.turn)
         })?;
+        budget.notice(&gen);
         writeln!(out)?;
         let reply = tok.decode(&visible(model, &gen.output_ids));
         chat.assistant(&tok.decode(&gen.output_ids), &reply);
         last = Some(gen);
+        if args.single_turn {
+            break;
+        }
     }
     writeln!(out)?;
     if let Some(gen) = last {
         eprint!("{}", report(&gen));
     }
     Ok(())
+}
+
+/// llama.cpp's spellings parse to their llama.cpp meanings; flags that have
+/// none here are refused in one line saying why.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        let all = ["hamburger-cli", "-m", "m.gguf"].iter().chain(args).map(|a| a.to_string());
+        Args::try_parse_from(tools::cli::llama_style_args(all))
+    }
+
+    fn refusal(args: &[&str]) -> String {
+        check(&parse(args).unwrap()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn conversation_flags() {
+        let a = parse(&["-no-cnv", "-p", "x"]).unwrap();
+        assert!(a.no_conversation && !a.chat_mode());
+        assert!(parse(&["-no-cnv", "-cnv"]).is_err(), "-no-cnv conflicts with -cnv");
+        let a = parse(&["-st", "-p", "q"]).unwrap();
+        assert!(a.single_turn && a.chat_mode());
+        assert_eq!(a.prompt_text().unwrap().as_deref(), Some("q"), "-p is the first turn");
+        assert!(parse(&["-cnv"]).unwrap().chat_mode());
+        assert!(refusal(&["-cnv", "--json"]).starts_with("--json"));
+        assert!(refusal(&["-st", "--json"]).starts_with("--json"));
+    }
+
+    #[test]
+    fn system_prompt_flags() {
+        assert_eq!(parse(&["-sys", "be brief"]).unwrap().system_prompt().unwrap().as_deref(), Some("be brief"));
+        let file = std::env::temp_dir().join(format!("sysf-{}.txt", std::process::id()));
+        std::fs::write(&file, "from a file\n").unwrap();
+        let f = file.to_str().unwrap();
+        assert_eq!(parse(&["-sysf", f]).unwrap().system_prompt().unwrap().as_deref(), Some("from a file"));
+        assert!(parse(&["-sys", "a", "-sysf", f]).is_err(), "-sys conflicts with -sysf");
+        std::fs::remove_file(&file).unwrap();
+        let missing = parse(&["-sysf", "/nonexistent/sys.txt"]).unwrap().system_prompt().unwrap_err();
+        assert!(format!("{missing:#}").starts_with("-sysf /nonexistent/sys.txt"), "{missing:#}");
+    }
+
+    #[test]
+    fn batch_and_reverse_prompt_flags() {
+        assert_eq!(parse(&["-ub", "64"]).unwrap().n_batch(), 64);
+        assert_eq!(parse(&["-b", "32", "-ub", "64"]).unwrap().n_batch(), 32);
+        assert_eq!(parse(&["-b", "32"]).unwrap().n_batch(), 32);
+        let a = parse(&["-r", "User:", "--reverse-prompt", "###"]).unwrap();
+        assert_eq!(a.reverse_prompt, ["User:", "###"]);
+        assert!(reverse_prompt_seen(&a, "Sure.\nUser: hi") && !reverse_prompt_seen(&a, "Sure."));
+    }
+
+    #[test]
+    fn chat_template_flags() {
+        let a = parse(&["--chat-template", "chatml", "--jinja"]).unwrap();
+        assert_eq!(a.template.source().unwrap().as_deref(), Some(tools::cli::CHATML));
+        let jinja = "{{ messages[0]['content'] }}";
+        assert_eq!(parse(&["--chat-template", jinja]).unwrap().template.source().unwrap().as_deref(), Some(jinja));
+        let e = parse(&["--chat-template", "vicuna-x"]).unwrap().template.source().unwrap_err();
+        assert!(e.to_string().starts_with("--chat-template vicuna-x"), "{e}");
+        assert!(parse(&["--chat-template", "chatml", "--chat-template-file", "t.jinja"]).is_err());
+    }
+
+    #[test]
+    fn flags_without_a_meaning_here_are_refused_saying_why() {
+        assert!(refusal(&["-i"]).contains("use -cnv"));
+        assert!(refusal(&["--interactive"]).contains("use -cnv"));
+        assert!(refusal(&["--no-mmap"]).starts_with("--no-mmap is not supported"));
+        assert!(refusal(&["--mlock"]).starts_with("--mlock is not supported"));
+        assert!(refusal(&["--presence-penalty", "0.5"]).starts_with("--presence-penalty 0.5"));
+        assert!(refusal(&["--frequency-penalty", "-1"]).starts_with("--frequency-penalty -1"));
+        check(&parse(&["--presence-penalty", "0", "--frequency-penalty", "0", "-p", "x"]).unwrap()).unwrap();
+    }
 }

@@ -39,6 +39,12 @@ struct Args {
     /// Most tokens one macro step may emit.
     #[arg(long)]
     max_steps: Option<usize>,
+    /// The confidence to store as the model's recommended one
+    /// (`hamburger.recommended_confidence`), which every tool and the server
+    /// then use when none is asked for; default: `recommended_confidence` of
+    /// hamburger.json if any, else none is stored (the tools use 0.8).
+    #[arg(long, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
+    confidence: Option<f32>,
     /// llama.cpp pre-tokenizer name (gpt-2, llama-bpe, smollm...) when it cannot be recognised.
     #[arg(long)]
     vocab_pre: Option<String>,
@@ -71,6 +77,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             micro_layers: args.micro_layers,
             feature_layers: args.feature_layers,
             merger_heads: args.merger_heads,
+            recommended_confidence: args.confidence,
         },
         vocab_pre: args.vocab_pre,
         progress: !args.no_progress,

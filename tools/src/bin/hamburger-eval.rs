@@ -50,8 +50,8 @@ enum Cmd {
         /// Stop-head confidences, comma-separated (one row each).
         #[arg(long, value_delimiter = ',', default_value = "0.8", value_parser = tools::cli::finite, allow_negative_numbers = true)]
         confidence: Vec<f32>,
-        /// CPU threads.
-        #[arg(short = 't', long, default_value_t = 2, value_parser = tools::cli::thread_count)]
+        /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
+        #[arg(short = 't', long, default_value_t = hamburger::EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
         threads: usize,
         /// Output: md or json.
         #[arg(short = 'o', long, default_value = "md", value_parser = ["md", "json"])]
@@ -69,8 +69,8 @@ enum Cmd {
         /// The base-only GGUF that scores.
         #[arg(long)]
         baseline: PathBuf,
-        /// CPU threads.
-        #[arg(short = 't', long, default_value_t = 2, value_parser = tools::cli::thread_count)]
+        /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
+        #[arg(short = 't', long, default_value_t = hamburger::EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
         threads: usize,
         /// Longest sequence scored; longer ones are cut there.
         #[arg(short = 'c', long, default_value_t = 2048, value_parser = tools::cli::at_least_one)]

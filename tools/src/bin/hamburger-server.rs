@@ -59,7 +59,7 @@ struct Args {
     /// Key clients must send as `Authorization: Bearer KEY`.
     #[arg(long)]
     api_key: Option<String>,
-    /// CPU threads.
+    /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
     #[arg(short = 't', long, value_parser = tools::cli::thread_count, default_value_t = EngineParams::default().n_threads)]
     threads: usize,
     #[command(flatten)]
@@ -97,7 +97,7 @@ async fn shutdown_signal() {
     log::info!("stopping: no new requests; finishing the ones in flight");
 }
 
-fn run(args: Args) -> Result<()> {
+fn run(mut args: Args) -> Result<()> {
     if args.ctx_size < args.parallel {
         anyhow::bail!("-c {} gives {} slots (-np) less than one entry each", args.ctx_size, args.parallel);
     }
@@ -108,6 +108,10 @@ fn run(args: Args) -> Result<()> {
         n_threads: args.threads,
         ..Default::default()
     };
+    let model_path = args.model.clone();
+    // A file that cannot be read leaves the library's default: the engine
+    // thread's opening of the model reports why.
+    args.decode.default_from_model(hamburger::model::recommended_confidence_of(&args.model).ok().flatten());
     let cfg = SchedulerConfig {
         model: args.model,
         load: args.placement.load_options(),
@@ -144,6 +148,8 @@ fn run(args: Args) -> Result<()> {
             timeout: Duration::from_secs(args.timeout),
             cors: args.cors,
             webui: !args.no_webui,
+            model_path: model_path.display().to_string(),
+            total_slots: args.parallel,
         };
         server::serve(listener, scheduler, http, shutdown_signal()).await.context("serving")
     })
