@@ -73,7 +73,7 @@ impl GrammarArgs {
             MicroChoice::EndStep => MicroPolicy::EndStep,
         };
         let grammars = Grammars::new(tok, eog)?;
-        Ok(grammars.compile(&spec, policy, !self.no_grammar_fast_forward).with_context(|| flag.to_string())?)
+        grammars.compile(&spec, policy, !self.no_grammar_fast_forward).with_context(|| flag.to_string())
     }
 }
 
