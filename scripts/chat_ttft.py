@@ -6,17 +6,20 @@ servers (hamburger-server, llama-server), with prompt-prefix reuse
 The chat is scripted: each of the TURNS user turns carries about 200 tokens
 of text and each earlier assistant turn is a fixed answer of about 30
 tokens, so every configuration sees exactly the same prompts (turn 8 sends
-about 1.9 k tokens) and only the last turn's answer is generated, greedily.
+about 1.7 k tokens) and only the last turn's answer is generated, greedily.
 A turn's time to first token is the time from sending the request to the
-first streamed content chunk. Each configuration runs REPEATS chats,
-interleaved (A B C A B C ...) so that a machine whose load drifts weighs on
-all of them alike; the table gives the medians. Every chat's system prompt
+first streamed content chunk. Each configuration runs REPEATS chats; within
+a repeat the configurations' chats advance turn by turn in turns (turn 1 of
+A, B, C, then turn 2 of each ...), so that a machine whose load drifts weighs
+on all of them alike; the table gives the medians. So give each
+configuration a server of its own (with one slot, the other chats' turns
+would take the cells a chat means to reuse). Every chat's system prompt
 carries its own number (the same number of tokens in all), so no chat starts
 from another's cells. Standard library only.
 
     python3 scripts/chat_ttft.py \\
-        --config 'ours, reuse=http://127.0.0.1:8080' \\
-        --config 'ours, no reuse=http://127.0.0.1:8080,nocache' \\
+        --config 'ours reuse=http://127.0.0.1:8080' \\
+        --config 'ours no reuse=http://127.0.0.1:8082,nocache' \\
         --config 'llama-server=http://127.0.0.1:8081' [--turns 8] [--repeats 3] [--max-tokens 32]
 """
 
@@ -83,15 +86,9 @@ def turn(url, messages, max_tokens, cache_prompt):
     return first, prompt_tokens, cached
 
 
-def chat(url, chat_id, turns, max_tokens, cache_prompt):
-    """Runs one scripted chat; returns per turn (ttft ms, prompt tokens, reused tokens)."""
-    messages = [{"role": "system", "content": f"You are a concise assistant. Chat {chat_id:04d}."}]
-    results = []
-    for n in range(1, turns + 1):
-        messages.append({"role": "user", "content": PARAGRAPH.format(n=n)})
-        results.append(turn(url, messages, max_tokens, cache_prompt))
-        messages.append({"role": "assistant", "content": ANSWER.format(n=n)})
-    return results
+def system_message(chat_id):
+    """The chat's system prompt: its own number, the same number of tokens in every chat."""
+    return {"role": "system", "content": f"You are a concise assistant. Chat {chat_id:04d}."}
 
 
 def parse_config(text):
@@ -117,9 +114,17 @@ def main():
     runs = {name: [] for name, _, _ in args.config}
     chat_id = 1000
     for rep in range(args.repeats):
+        # One chat per configuration, advanced turn by turn in turns (A B C A B C ...).
+        chats = []
         for name, url, cache_prompt in args.config:
             chat_id += 1
-            res = chat(url, chat_id, args.turns, args.max_tokens, cache_prompt)
+            chats.append((name, url, cache_prompt, [system_message(chat_id)], []))
+        for n in range(1, args.turns + 1):
+            for name, url, cache_prompt, messages, res in chats:
+                messages.append({"role": "user", "content": PARAGRAPH.format(n=n)})
+                res.append(turn(url, messages, args.max_tokens, cache_prompt))
+                messages.append({"role": "assistant", "content": ANSWER.format(n=n)})
+        for name, _, _, _, res in chats:
             runs[name].append(res)
             print(f"# repeat {rep + 1}, {name}: TTFT ms per turn "
                   + " ".join(f"{ms:.0f}" for ms, _, _ in res)
