@@ -1,18 +1,31 @@
 #!/usr/bin/env python3
-"""Time to first token, turn by turn, of a chat against an OpenAI-compatible
-server (hamburger-server or llama-server), with prompt-prefix reuse on
-(`cache_prompt: true`) and off.
+"""Time to first token, turn by turn, of a chat against OpenAI-compatible
+servers (hamburger-server, llama-server), with prompt-prefix reuse
+(`cache_prompt: true`) and without.
 
-Each of the TURNS user turns carries about 200 tokens of text; the history
-grows by that and by the answer (max_tokens) every turn, so turn 8 sends
-about 1.5 k tokens of history. The answers are streamed and the time to the
-first content chunk is printed per turn. Standard library only.
+The chat is scripted: each of the TURNS user turns carries about 200 tokens
+of text and each earlier assistant turn is a fixed answer of about 30
+tokens, so every configuration sees exactly the same prompts (turn 8 sends
+about 1.7 k tokens) and only the last turn's answer is generated, greedily.
+A turn's time to first token is the time from sending the request to the
+first streamed content chunk. Each configuration runs REPEATS chats; within
+a repeat the configurations' chats advance turn by turn in turns (turn 1 of
+A, B, C, then turn 2 of each ...), so that a machine whose load drifts weighs
+on all of them alike; the table gives the medians. So give each
+configuration a server of its own (with one slot, the other chats' turns
+would take the cells a chat means to reuse). Every chat's system prompt
+carries its own number (the same number of tokens in all), so no chat starts
+from another's cells. Standard library only.
 
-    python3 scripts/chat_ttft.py http://127.0.0.1:8080 [--turns 8] [--max-tokens 32]
+    python3 scripts/chat_ttft.py \\
+        --config 'ours reuse=http://127.0.0.1:8080' \\
+        --config 'ours no reuse=http://127.0.0.1:8082,nocache' \\
+        --config 'llama-server=http://127.0.0.1:8081' [--turns 8] [--repeats 3] [--max-tokens 32]
 """
 
 import argparse
 import json
+import statistics
 import time
 import urllib.request
 
@@ -29,14 +42,22 @@ PARAGRAPH = (
     "century. Please read part {n} and answer briefly: what is the single most important idea in it?"
 )
 
+# The scripted assistant answer to part n (about 30 tokens), kept in the history.
+ANSWER = (
+    "The most important idea in part {n} is that a bridge must carry its loads safely to the ground "
+    "for a long time, so materials, foundations and upkeep matter as much as the span."
+)
 
-def first_token_ms(url, messages, max_tokens, cache_prompt):
-    """Streams one chat answer; returns (ms to the first content chunk, the answer's text)."""
+
+def turn(url, messages, max_tokens, cache_prompt):
+    """Streams one greedy chat answer; returns (ms to the first content chunk,
+    the server's prompt token count, the tokens it reused from its cache)."""
     body = {
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "cache_prompt": cache_prompt,
     }
     req = urllib.request.Request(
@@ -46,7 +67,7 @@ def first_token_ms(url, messages, max_tokens, cache_prompt):
     )
     start = time.perf_counter()
     first = None
-    text = []
+    prompt_tokens = cached = None
     with urllib.request.urlopen(req, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -54,40 +75,71 @@ def first_token_ms(url, messages, max_tokens, cache_prompt):
                 continue
             chunk = json.loads(line[len("data: "):])
             for choice in chunk.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    if first is None:
-                        first = (time.perf_counter() - start) * 1e3
-                    text.append(piece)
-    return (first if first is not None else (time.perf_counter() - start) * 1e3), "".join(text)
+                if (choice.get("delta") or {}).get("content") and first is None:
+                    first = (time.perf_counter() - start) * 1e3
+            if chunk.get("usage"):
+                prompt_tokens = chunk["usage"].get("prompt_tokens")
+            if chunk.get("timings"):
+                cached = chunk["timings"].get("cache_n")
+    if first is None:
+        raise SystemExit(f"{url}: no content chunk came back")
+    return first, prompt_tokens, cached
 
 
-def chat(url, turns, max_tokens, cache_prompt):
-    """Runs one chat of `turns` turns; returns the time to first token of each."""
-    # The two chats' system prompts differ, so that one does not start from the other's cells.
-    run = "with" if cache_prompt else "without"
-    messages = [{"role": "system", "content": f"You are a concise assistant ({run} prompt reuse)."}]
-    times = []
-    for n in range(1, turns + 1):
-        messages.append({"role": "user", "content": PARAGRAPH.format(n=n)})
-        ms, answer = first_token_ms(url, messages, max_tokens, cache_prompt)
-        messages.append({"role": "assistant", "content": answer})
-        times.append(ms)
-    return times
+def system_message(chat_id):
+    """The chat's system prompt: its own number, the same number of tokens in every chat."""
+    return {"role": "system", "content": f"You are a concise assistant. Chat {chat_id:04d}."}
+
+
+def parse_config(text):
+    """'NAME=URL[,nocache]' -> (name, url, cache_prompt)."""
+    name, _, rest = text.partition("=")
+    url, _, flag = rest.partition(",")
+    if not name or not url or flag not in ("", "nocache"):
+        raise argparse.ArgumentTypeError(f"--config {text!r}: expected NAME=URL or NAME=URL,nocache")
+    return name, url, flag != "nocache"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    ap.add_argument("--config", type=parse_config, action="append", required=True,
+                    help="NAME=URL, or NAME=URL,nocache for cache_prompt false; repeatable")
     ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
     args = ap.parse_args()
-    off = chat(args.url, args.turns, args.max_tokens, False)
-    on = chat(args.url, args.turns, args.max_tokens, True)
-    print("| turn | TTFT, reuse off (ms) | TTFT, reuse on (ms) | ratio |")
-    print("|---:|---:|---:|---:|")
-    for i, (a, b) in enumerate(zip(off, on), 1):
-        print(f"| {i} | {a:.0f} | {b:.0f} | {a / b:.1f}x |")
+    # A warm-up turn per server (weights paged in, first-call costs paid), not timed.
+    for i, url in enumerate(dict.fromkeys(url for _, url, _ in args.config)):
+        turn(url, [{"role": "user", "content": f"Warm-up {i}."}], 4, False)
+    runs = {name: [] for name, _, _ in args.config}
+    chat_id = 1000
+    for rep in range(args.repeats):
+        # One chat per configuration, advanced turn by turn in turns (A B C A B C ...).
+        chats = []
+        for name, url, cache_prompt in args.config:
+            chat_id += 1
+            chats.append((name, url, cache_prompt, [system_message(chat_id)], []))
+        for n in range(1, args.turns + 1):
+            for name, url, cache_prompt, messages, res in chats:
+                messages.append({"role": "user", "content": PARAGRAPH.format(n=n)})
+                res.append(turn(url, messages, args.max_tokens, cache_prompt))
+                messages.append({"role": "assistant", "content": ANSWER.format(n=n)})
+        for name, _, _, _, res in chats:
+            runs[name].append(res)
+            print(f"# repeat {rep + 1}, {name}: TTFT ms per turn "
+                  + " ".join(f"{ms:.0f}" for ms, _, _ in res)
+                  + f"; turn {args.turns}: {res[-1][1]} prompt tokens, {res[-1][2]} reused", flush=True)
+    names = [name for name, _, _ in args.config]
+    medians = {n: [statistics.median(r[t][0] for r in runs[n]) for t in range(args.turns)] for n in names}
+    base = names[0]
+    print("| turn | prompt tokens | " + " | ".join(f"TTFT {n} (ms)" for n in names) + " | "
+          + " | ".join(f"{n} / {base}" for n in names[1:]) + " |")
+    print("|---:" * (2 + len(names) + len(names) - 1) + "|")
+    for t in range(args.turns):
+        tokens = runs[base][0][t][1]
+        cells = [f"{medians[n][t]:.0f}" for n in names]
+        ratios = [f"{medians[n][t] / medians[base][t]:.2f}x" for n in names[1:]]
+        print(f"| {t + 1} | {tokens} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
 
 
 if __name__ == "__main__":
