@@ -166,13 +166,6 @@ pub struct RefusedArgs {
     /// Not supported: the model's pages are not locked in memory.
     #[arg(long)]
     pub mlock: bool,
-    /// Not supported unless 0: penalties are not applied to every token of
-    /// a macro step (--repeat-penalty is).
-    #[arg(long, default_value_t = 0.0, value_parser = finite, allow_negative_numbers = true)]
-    pub presence_penalty: f32,
-    /// Not supported unless 0: as --presence-penalty.
-    #[arg(long, default_value_t = 0.0, value_parser = finite, allow_negative_numbers = true)]
-    pub frequency_penalty: f32,
 }
 
 impl RefusedArgs {
@@ -181,8 +174,6 @@ impl RefusedArgs {
     /// # Errors
     /// The first such flag.
     pub fn check(&self) -> anyhow::Result<()> {
-        const PENALTY: &str = "penalties other than --repeat-penalty are not applied to every token of a macro step; \
-                               leave it at 0";
         if self.no_mmap {
             anyhow::bail!(
                 "--no-mmap is not supported: weights are always read from the memory-mapped GGUF (drop the flag)"
@@ -190,12 +181,6 @@ impl RefusedArgs {
         }
         if self.mlock {
             anyhow::bail!("--mlock is not supported: the model's pages are not locked in memory (drop the flag)");
-        }
-        if self.presence_penalty != 0.0 {
-            anyhow::bail!("--presence-penalty {}: {PENALTY}", self.presence_penalty);
-        }
-        if self.frequency_penalty != 0.0 {
-            anyhow::bail!("--frequency-penalty {}: {PENALTY}", self.frequency_penalty);
         }
         Ok(())
     }
@@ -295,6 +280,13 @@ pub struct SamplingArgs {
     /// Tokens the repeat penalty looks back.
     #[arg(long, default_value_t = SamplerParams::default().repeat_last_n)]
     pub repeat_last_n: usize,
+    /// Presence penalty, -2 to 2 (0: off), over the last --repeat-last-n
+    /// tokens, on every token of a macro step.
+    #[arg(long, default_value_t = SamplerParams::default().presence_penalty, value_parser = finite, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Frequency penalty, -2 to 2 (0: off), as --presence-penalty.
+    #[arg(long, default_value_t = SamplerParams::default().frequency_penalty, value_parser = finite, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
     /// Sampling seed (default: random).
     #[arg(long, short = 's')]
     pub seed: Option<u64>,
@@ -316,8 +308,9 @@ impl SamplingArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed,
-            ..SamplerParams::default()
         };
         p.validate()?;
         Ok(p)

@@ -513,8 +513,15 @@ mod tests {
         assert!(refusal(&["--interactive"]).contains("use -cnv"));
         assert!(refusal(&["--no-mmap"]).starts_with("--no-mmap is not supported"));
         assert!(refusal(&["--mlock"]).starts_with("--mlock is not supported"));
-        assert!(refusal(&["--presence-penalty", "0.5"]).starts_with("--presence-penalty 0.5"));
-        assert!(refusal(&["--frequency-penalty", "-1"]).starts_with("--frequency-penalty -1"));
-        check(&parse(&["--presence-penalty", "0", "--frequency-penalty", "0", "-p", "x"]).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_reach_the_sampler() {
+        let a = parse(&["--presence-penalty", "0.5", "--frequency-penalty", "-1", "-p", "x"]).unwrap();
+        check(&a).unwrap();
+        let p = a.sampling.sampler_params().unwrap();
+        assert_eq!((p.presence_penalty, p.frequency_penalty), (0.5, -1.0));
+        let e = parse(&["--presence-penalty", "3", "-p", "x"]).unwrap().sampling.sampler_params().unwrap_err();
+        assert!(e.to_string().contains("presence_penalty"), "{e}");
     }
 }
