@@ -131,7 +131,10 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     // Resuming a finished run does nothing; export writes the original layout.
     run_ok(train_tool().arg("train").arg("--work").arg(&work).arg("--base").arg(&fx).args(["--steps", "12"]));
     let out = dir.path().join("export");
-    run_ok(train_tool().arg("export").arg("--work").arg(&work).arg("--base").arg(&fx).arg("--out").arg(&out));
+    let export = ["--recommended-confidence", "0.9"];
+    run_ok(
+        train_tool().arg("export").arg("--work").arg(&work).arg("--base").arg(&fx).arg("--out").arg(&out).args(export),
+    );
     for f in ["model.safetensors", "grafted.safetensors", "config.json", "tokenizer.json", "hamburger.json"] {
         assert!(out.join(f).exists(), "export lacks {f}");
     }
@@ -171,6 +174,8 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
 
     let gguf = dir.path().join("trained.gguf");
     convert(&out, &gguf, "f32");
+    // The export's recommended confidence reaches the GGUF, the tools' default.
+    assert_eq!(hamburger::model::recommended_confidence_of(&gguf).unwrap(), Some(0.9));
     for case in golden()["cases"].as_array().unwrap().iter().step_by(6) {
         let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
         let conf = case["confidence"].as_f64().unwrap();

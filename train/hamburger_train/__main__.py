@@ -114,6 +114,9 @@ def report_flags(p: argparse.ArgumentParser) -> None:
 def out_flag(p: argparse.ArgumentParser) -> None:
     """Where `export` writes."""
     p.add_argument("--out", type=Path, required=True, help="the checkpoint directory to write")
+    p.add_argument("--recommended-confidence", type=float, metavar="C",
+                   help="the confidence the tools default to for this model (hamburger.json's "
+                        "recommended_confidence, stored in the GGUF by hamburger-convert); default: none")
 
 
 def parser() -> Parser:
@@ -166,7 +169,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     elif stage == "diagnose":
         diagnose.run(a.work, base, a.grafted, a.confidence, a.json)
     elif stage == "export":
-        export.run(a.work, base, a.out, a.snapshot)
+        export.run(a.work, base, a.out, a.snapshot, a.recommended_confidence)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ An export is checked token for token against `hamburger-cli` with
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -35,14 +36,22 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     tmp.replace(path)
 
 
-def run(work: Path, base: Path, out: Path, snapshot: int | None = None) -> None:
+def run(work: Path, base: Path, out: Path, snapshot: int | None = None,
+        recommended_confidence: float | None = None) -> None:
     """Writes the trained model of `work` (its latest state, or the snapshot
-    of step `snapshot`) to `out`."""
+    of step `snapshot`) to `out`; `recommended_confidence` (the stop-head
+    confidence where the model stays close to its base, as `diagnose` shows)
+    goes into `hamburger.json`, whence `hamburger-convert` stores it in the
+    GGUF as every tool's default."""
     state, model = load_trained(work, base, "export", snapshot)
     model.merge_adapters()
     out.mkdir(parents=True, exist_ok=True)
     for f in SIDE_FILES:
         shutil.copyfile(base / f, out / f)
+    if recommended_confidence is not None:
+        side = json.loads((out / "hamburger.json").read_text())
+        side["recommended_confidence"] = recommended_confidence
+        (out / "hamburger.json").write_text(json.dumps(side, indent=2) + "\n")
     sd = model.original_state()
     write_safetensors(sd, out / "model.safetensors")
     grafted = {k: v.to(torch.float16) for k, v in state["grafted"].items()}
