@@ -8,8 +8,10 @@
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
 //! * [`webui`]: the chat page at `/`, built into the binary;
 //! * [`structured`]: `response_format`, `grammar` and `json_schema` compiled into a constraint;
+//! * [`logprobs`]: per-token log-probabilities in chat's and completions' shapes;
+//! * [`llama_routes`]: llama-server's `/props`, `/slots`, `/apply-template`
+//!   and the answer naming the route to use instead of `/completion`;
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
-//! * [`logprobs`]: per-token log-probabilities in chat's and completions' shapes.
 
 pub mod api;
 pub mod error;
