@@ -74,6 +74,10 @@ pub struct SeqGen<'a> {
     rule: Option<StepRule>,
     /// Generate past end-of-generation tokens (a benchmark request).
     ignore_eog: bool,
+    /// The most KV cells the sequence may hold: it ends ("length") when its
+    /// next macro step's merged input would not fit. `None`: no bound but
+    /// the cache's.
+    max_cells: Option<usize>,
     /// Tokens of the context so far, the current macro step's included (for
     /// repetition penalties).
     history: Vec<u32>,
@@ -101,6 +105,7 @@ impl<'a> SeqGen<'a> {
             constraint: None,
             rule: None,
             ignore_eog: false,
+            max_cells: None,
             history: prompt.to_vec(),
             logprobs: None,
             on_step: None,
@@ -143,6 +148,16 @@ impl<'a> SeqGen<'a> {
     /// Generates past end-of-generation tokens, whatever the loop's setting.
     pub fn ignoring_eog(self) -> SeqGen<'a> {
         SeqGen { ignore_eog: true, ..self }
+    }
+
+    /// Bounds the sequence by the KV cells it takes (one per prompt token,
+    /// one per macro step) rather than by its tokens alone: it ends, as at
+    /// its token budget, when a next macro step would need a cell past
+    /// `max_cells`. A server gives each slot its share of the cache this
+    /// way, so that k tokens per step become k times longer answers in the
+    /// same cells.
+    pub fn with_cell_limit(self, max_cells: usize) -> SeqGen<'a> {
+        SeqGen { max_cells: Some(max_cells), ..self }
     }
 
     /// The sequence id.
@@ -272,7 +287,11 @@ impl<'a> SeqGen<'a> {
         self.merged = kept.to_vec();
         let go_on = self.on_step.as_mut().is_none_or(|f| f(kept));
         self.gen.macro_steps.push(step);
-        if eog.is_some() || !go_on || self.remaining() == 0 {
+        let out_of_cells = self.max_cells.is_some_and(|m| engine.kv().n_cells_of(self.seq) >= m);
+        if out_of_cells && eog.is_none() {
+            self.gen.context_full = true;
+        }
+        if eog.is_some() || !go_on || self.remaining() == 0 || out_of_cells {
             self.finish(engine);
         }
     }

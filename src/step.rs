@@ -174,6 +174,9 @@ pub struct Generation {
     pub macro_steps: Vec<MacroStep>,
     /// Statistics.
     pub timings: Timings,
+    /// It ended because its KV cells were full ([`crate::generate::SeqGen::with_cell_limit`]):
+    /// an answer cut for length, like one at its token budget.
+    pub context_full: bool,
 }
 
 #[cfg(test)]

@@ -344,11 +344,15 @@ impl Common {
                 ),
             ));
         }
-        let room = (info.n_ctx_slot - n_prompt) as u64;
+        // The slot's cells bound the answer (one per macro step, the engine
+        // ends it "length" when they are full), not its tokens: at k tokens a
+        // step it may be k times longer than the cells it takes. This is the
+        // most that could ever fit, every step at the model's most tokens.
+        let fits = ((info.n_ctx_slot - n_prompt + 1) * info.max_steps) as u64;
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1")),
-            Some(n) => n.min(room),
-            None => info.n_predict.map_or(room, |n| (n as u64).min(room)),
+            Some(n) => n.min(fits),
+            None => info.n_predict.map_or(fits, |n| (n as u64).min(fits)),
         };
         let d = SamplerParams::default();
         let top_k = match self.top_k {

@@ -267,3 +267,28 @@ fn a_prompt_that_extends_an_earlier_one_reuses_its_cells_and_answers_the_same() 
     let reused = [&a, &warm, &cold, &t1, &t2].iter().map(|v| v["timings"]["cache_n"].as_u64().unwrap()).sum::<u64>();
     assert_eq!(s.metric("prompt_tokens_cached_total"), reused as f64);
 }
+
+/// KV as capacity: a slot's share of the cache bounds an answer by its
+/// macro steps (one cell each), not by its tokens, so at 4 tokens a step an
+/// answer runs far past the slot's cells; at one token a step it ends
+/// "length" when they are full, as llama-server's slot context does.
+#[test]
+fn a_slot_holds_an_answer_as_long_as_its_macro_steps_fit_its_cells() {
+    let s = TestServer::with_cells(1, 64, 8, None);
+    let body = |max_steps: usize| {
+        json!({"prompt": "Count with me:", "max_tokens": 160, "temperature": 0, "ignore_eos": true,
+               "confidence": 0.0, "max_steps": max_steps})
+    };
+    let (status, k4) = s.post("/v1/completions", &body(4));
+    assert_eq!(status, 200, "{k4}");
+    assert_eq!(k4["usage"]["completion_tokens"], 160, "160 tokens in 40 macro steps fit 64 cells: {k4}");
+    assert_eq!(k4["choices"][0]["finish_reason"], "length");
+    assert!(k4["timings"]["kv_entries"].as_u64().unwrap() <= 64, "{}", k4["timings"]);
+
+    let (status, k1) = s.post("/v1/completions", &body(1));
+    assert_eq!(status, 200, "{k1}");
+    let n_prompt = k1["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The prompt's cells, then one per step; the last step's token needs none.
+    assert_eq!(k1["usage"]["completion_tokens"].as_u64().unwrap(), 64 - n_prompt + 1, "{k1}");
+    assert_eq!(k1["choices"][0]["finish_reason"], "length", "cut by the full slot: {k1}");
+}

@@ -163,7 +163,7 @@ impl<'t> EngineLoop<'t, '_> {
             metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
             metrics::add(&self.m.prompt_tokens_cached, cached as u64);
             self.tasks += 1;
-            self.running.push(Request::admit(self.tasks, seq, job, cached, &self.info.tokenizer));
+            self.running.push(Request::admit(self.tasks, seq, job, cached, self.info));
         }
     }
 

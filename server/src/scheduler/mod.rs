@@ -66,7 +66,8 @@ pub struct ModelInfo {
     pub name: String,
     /// Tokens a request that sets no `max_tokens` may generate (`None`: the slot's room).
     pub n_predict: Option<usize>,
-    /// KV cells each slot may use: the longest prompt plus completion (at one token per step).
+    /// KV cells each slot may use (its share of the cache): one per prompt
+    /// token and one per macro step of the answer.
     pub n_ctx_slot: usize,
     /// Vocabulary size.
     pub n_vocab: usize,

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use hamburger::generate::SeqGen;
 use hamburger::kv_cache::SeqId;
-use hamburger::tokenizer::{TextStream, Tokenizer};
+use hamburger::tokenizer::TextStream;
 use hamburger::{Engine, Sampler};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -55,14 +55,17 @@ pub(super) struct Request<'t> {
 impl<'t> Request<'t> {
     /// Admits `job` as task number `task` into sequence `seq`, whose cells
     /// hold the entries of the prompt's first `cached` tokens and nothing
-    /// else; its text is decoded with `tokenizer`.
-    pub(super) fn admit(task: u64, seq: SeqId, job: Job, cached: usize, tokenizer: &'t Tokenizer) -> Request<'t> {
+    /// else. It may take the slot's share of the cache, `info.n_ctx_slot`
+    /// cells (one per macro step, so k tokens a step answer k times longer
+    /// in them); its text is decoded with the model's tokenizer.
+    pub(super) fn admit(task: u64, seq: SeqId, job: Job, cached: usize, info: &'t ModelInfo) -> Request<'t> {
         let p = job.params;
         let shown = SlotParams::from(&p);
         let (before, rest) = job.prompt.split_at(cached);
         let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
         let mut gen =
             SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Vec::new(), before.to_vec()).with_rule(p.rule);
+        gen = gen.with_cell_limit(info.n_ctx_slot);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
         }
@@ -83,7 +86,7 @@ impl<'t> Request<'t> {
             stream: p.stream,
             ignore_eos: p.ignore_eos,
             deadline: job.deadline,
-            detok: TextStream::new(tokenizer),
+            detok: TextStream::new(&info.tokenizer),
             decoded_ids: 0,
             text: String::new(),
             sent: 0,
@@ -211,7 +214,10 @@ impl<'t> Request<'t> {
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
         let reason =
-            if self.timed_out || !(self.stopped_by_string || ended_by_eog) && timings.gen_tokens >= self.n_predict {
+            if self.timed_out
+                || !(self.stopped_by_string || ended_by_eog)
+                    && (timings.gen_tokens >= self.n_predict || generation.context_full)
+            {
                 FinishReason::Length
             } else {
                 FinishReason::Stop

@@ -17,11 +17,16 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Starts a server of `n_slots` slots and a queue of `queue`.
+    /// Starts a server of `n_slots` slots of 512 KV cells and a queue of `queue`.
     pub fn start(n_slots: usize, queue: usize, api_key: Option<&str>) -> TestServer {
+        TestServer::with_cells(n_slots, 512, queue, api_key)
+    }
+
+    /// Starts a server of `n_slots` slots of `cells` KV cells each and a queue of `queue`.
+    pub fn with_cells(n_slots: usize, cells: usize, queue: usize, api_key: Option<&str>) -> TestServer {
         let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
         let engine = EngineParams {
-            n_ctx: 512 * n_slots,
+            n_ctx: cells * n_slots,
             n_seq: n_slots,
             kv_type: ggml::Type::F32,
             flash_attn: false,
