@@ -41,6 +41,10 @@ fn n_choices_sample_apart_each_as_its_own_seed_would() {
     let (status, three) = s.post("/v1/chat/completions", &chat(3, 7));
     assert_eq!(status, 200, "{three}");
     assert_eq!(indices(&three), [0, 1, 2]);
+    // Admitted together, the choices decode in the same macro steps: their
+    // steps share base forwards.
+    let (steps, forwards) = (s.metric("macro_steps_total"), s.metric("base_forwards_total"));
+    assert!(forwards < steps, "{forwards} base forwards for {steps} macro steps of 3 choices");
     let got = texts(&three);
     assert!(got[0] != got[1] && got[1] != got[2] && got[0] != got[2], "sampled choices differ: {got:?}");
     let (_, again) = s.post("/v1/chat/completions", &chat(3, 7));
