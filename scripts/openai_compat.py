@@ -4,6 +4,8 @@
 * the official `openai` Python client: chat and text completions, streamed
   and not (what evalplus's `openai` backend uses: `chat.completions.create`
   with one user message, `max_tokens`, `temperature=0`, `n=1`);
+* `n` choices over a list of prompts, and log-probabilities in a stream,
+  through the client's own types;
 * lm-eval's `local-chat-completions` model: a plain POST of
   {messages, model, max_tokens, temperature, stop, seed} to
   `.../v1/chat/completions`, reading `choices[0].message.content`.
@@ -75,6 +77,31 @@ def main(base: str) -> None:
     assert isinstance(content, str), out
     assert "Question:" not in content, content
     print(f"lm-eval local-chat-completions: {out['choices'][0]['finish_reason']}")
+
+    # n choices and a list of prompts, read through the client's own types
+    many = client.completions.create(
+        model=model, prompt=["The sky is", "Grass is"], n=2, max_tokens=6, temperature=0.9, seed=5
+    )
+    assert [c.index for c in many.choices] == [0, 1, 2, 3], many
+    again = client.completions.create(
+        model=model, prompt=["The sky is", "Grass is"], n=2, max_tokens=6, temperature=0.9, seed=5
+    )
+    assert [c.text for c in again.choices] == [c.text for c in many.choices], (again, many)
+    print(f"completions n=2 over 2 prompts: {len(many.choices)} choices, reproduced with a seed")
+
+    # log-probabilities streamed: the chunks' together are the unstreamed answer's tokens
+    asked = dict(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=12, temperature=0)
+    whole = client.chat.completions.create(logprobs=True, top_logprobs=2, **asked)
+    streamed = []
+    for chunk in client.chat.completions.create(logprobs=True, top_logprobs=2, stream=True, **asked):
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            streamed.extend(chunk.choices[0].logprobs.content)
+    want = whole.choices[0].logprobs.content
+    # The same tokens; their values agree up to float rounding (another slot,
+    # or the prompt's entries reused, sums in another order).
+    assert [t.token for t in streamed] == [t.token for t in want], (streamed, want)
+    assert all(abs(a.logprob - b.logprob) < 1e-3 for a, b in zip(streamed, want)), (streamed, want)
+    print(f"chat logprobs streamed: {len(streamed)} tokens, the unstreamed ones")
 
     try:
         client.chat.completions.create(model=model, messages=[], max_tokens=4)

@@ -97,7 +97,7 @@ pub struct Common {
     pub stream: Option<bool>,
     /// What a stream ends with.
     pub stream_options: Option<StreamOptions>,
-    /// Number of choices (only 1).
+    /// Choices per prompt (each its own job; at most the server's slots).
     pub n: Option<u64>,
     /// HAMburger: stop a macro step when `1 - p_stop < confidence`.
     pub confidence: Option<f64>,
@@ -176,13 +176,13 @@ pub enum Prompt {
     Text(String),
     /// Token ids.
     Ids(Vec<u32>),
-    /// Texts in a list (one is supported).
+    /// Texts in a list, one choice (times `n`) each.
     Texts(Vec<String>),
-    /// Token id lists in a list, as lm-eval's `local-completions` sends (one is supported).
+    /// Token id lists in a list, as lm-eval's `local-completions` sends, one choice (times `n`) each.
     IdLists(Vec<Vec<u32>>),
 }
 
-/// The one prompt a completion runs.
+/// One of the prompts a completion runs.
 #[derive(Debug, Clone)]
 pub enum OnePrompt {
     /// Text, to tokenize.
@@ -192,21 +192,21 @@ pub enum OnePrompt {
 }
 
 impl Prompt {
-    /// The one prompt: its text, or its ids.
+    /// The prompts, in order: each its text or its ids.
     ///
     /// # Errors
-    /// A 400 naming `prompt` for a list of several prompts (or none).
-    pub fn one(self) -> Result<OnePrompt, ApiError> {
-        match self {
-            Prompt::Text(t) => Ok(OnePrompt::Text(t)),
-            Prompt::Ids(ids) => Ok(OnePrompt::Ids(ids)),
-            Prompt::Texts(v) if v.len() == 1 => Ok(OnePrompt::Text(v.into_iter().next().unwrap_or_default())),
-            Prompt::IdLists(v) if v.len() == 1 => Ok(OnePrompt::Ids(v.into_iter().next().unwrap_or_default())),
-            Prompt::Texts(_) | Prompt::IdLists(_) => Err(ApiError::field(
-                "prompt",
-                "only one prompt per request is supported (until n and batched prompts are)",
-            )),
+    /// A 400 naming `prompt` for an empty list.
+    pub fn all(self) -> Result<Vec<OnePrompt>, ApiError> {
+        let all = match self {
+            Prompt::Text(t) => vec![OnePrompt::Text(t)],
+            Prompt::Ids(ids) => vec![OnePrompt::Ids(ids)],
+            Prompt::Texts(v) => v.into_iter().map(OnePrompt::Text).collect(),
+            Prompt::IdLists(v) => v.into_iter().map(OnePrompt::Ids).collect(),
+        };
+        if all.is_empty() {
+            return Err(ApiError::field("prompt", "'prompt' lists no prompt"));
         }
+        Ok(all)
     }
 }
 
@@ -323,15 +323,32 @@ impl Common {
         self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
 
-    /// The job settings for a prompt of `n_prompt` tokens.
+    /// How many choices each prompt gets (`n`, default 1).
     ///
     /// # Errors
-    /// A 400 naming the field: values out of range, `n` other than 1, or a
-    /// prompt that leaves no room in a slot's context.
-    pub fn job_params(&self, info: &ModelInfo, n_prompt: usize) -> Result<JobParams, ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::field("n", "only n = 1 is supported"));
+    /// A 400 naming `n` when it is 0 or more than the server's `n_slots`
+    /// (a prompt's choices decode together, one slot each).
+    pub fn n_choices(&self, n_slots: usize) -> Result<usize, ApiError> {
+        match self.n.map_or(Ok(1), usize::try_from) {
+            Ok(n) if (1..=n_slots).contains(&n) => Ok(n),
+            _ => Err(ApiError::field("n", format!("'n' must be 1 to {n_slots} (the server's slots)"))),
         }
+    }
+
+    /// The sampling seed of a prompt's choice `j`: `seed + j` when the
+    /// request gives a seed (so the choices differ and the request
+    /// reproduces), else a random one each.
+    pub fn seed_of_choice(&self, j: usize) -> u64 {
+        self.seed.map_or_else(random_seed, |s| s.wrapping_add(j as u64))
+    }
+
+    /// The job settings for a prompt of `n_prompt` tokens (its first
+    /// choice's seed: [`Common::seed_of_choice`]).
+    ///
+    /// # Errors
+    /// A 400 naming the field: values out of range, or a prompt that leaves
+    /// no room in a slot's context.
+    pub fn job_params(&self, info: &ModelInfo, n_prompt: usize) -> Result<JobParams, ApiError> {
         if n_prompt == 0 {
             return Err(ApiError::field("prompt", "the prompt is empty"));
         }
@@ -377,7 +394,7 @@ impl Common {
             repeat_penalty: as_f32(self.repeat_penalty).unwrap_or(d.repeat_penalty),
             repeat_last_n,
             top_k,
-            seed: self.seed.unwrap_or_else(random_seed),
+            seed: self.seed_of_choice(0),
         };
         sampler.validate().map_err(|e| refused(&e))?;
         let logit_bias = self.logit_bias(info.n_vocab)?;
@@ -417,8 +434,7 @@ impl Common {
     ///
     /// # Errors
     /// A 400 naming the field: more than [`MAX_TOP_LOGPROBS`] alternatives,
-    /// `top_logprobs` without `logprobs: true`, or log-probabilities asked of a
-    /// stream (not streamed yet).
+    /// or `top_logprobs` without `logprobs: true`.
     fn logprobs(&self) -> Result<Option<usize>, ApiError> {
         let top = self.top_logprobs.filter(|&n| n > 0);
         let (field, n) = match (self.logprobs, top) {
@@ -431,9 +447,6 @@ impl Common {
         };
         if n > MAX_TOP_LOGPROBS as u64 {
             return Err(ApiError::field(field, format!("'{field}' must be at most {MAX_TOP_LOGPROBS}")));
-        }
-        if self.stream() {
-            return Err(ApiError::field("logprobs", "'logprobs' are not streamed yet: ask without 'stream'"));
         }
         Ok(Some(n as usize))
     }
@@ -479,13 +492,9 @@ pub fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
-/// The `usage` object.
-pub fn usage(t: &Timings) -> Value {
-    json!({
-        "prompt_tokens": t.cached_tokens + t.prompt_tokens,
-        "completion_tokens": t.gen_tokens,
-        "total_tokens": t.cached_tokens + t.prompt_tokens + t.gen_tokens,
-    })
+/// The `usage` object of `prompt` and `completion` tokens.
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 /// The `timings` object: llama-server's fields (`prompt_n` the prompt tokens

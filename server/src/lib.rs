@@ -5,6 +5,8 @@
 //! * [`routes`]: the axum routes (chat and text completions, models, health,
 //!   tokenize, detokenize, metrics), the API key, Server-Sent Events;
 //! * [`api`]: request bodies, their checks, the usage and timings objects;
+//! * `choices`: a request's `n` choices per prompt fanned out into jobs
+//!   (a prompt's admitted together), their events merged, their usage summed;
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
 //! * [`webui`]: the chat page at `/`, built into the binary;
 //! * [`structured`]: `response_format`, `grammar` and `json_schema` compiled into a constraint;
@@ -14,6 +16,7 @@
 //! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
 
 pub mod api;
+mod choices;
 pub mod error;
 pub mod fields;
 pub mod llama_routes;

@@ -26,12 +26,13 @@ pub fn chat(lps: &[TokenLogprob], tok: &Tokenizer) -> Value {
 }
 
 /// The legacy completions' `logprobs` object; `text_offset` counts bytes
-/// from the start of the completion's text.
-pub fn completion(lps: &[TokenLogprob], tok: &Tokenizer) -> Value {
+/// from the start of the completion's text, the first token's being `start`
+/// (a stream's later chunk starts where the earlier ones' tokens end).
+pub fn completion(lps: &[TokenLogprob], tok: &Tokenizer, start: usize) -> Value {
     let tokens: Vec<String> = lps.iter().map(|lp| tok.decode(&[lp.token])).collect();
     let offsets: Vec<usize> = tokens
         .iter()
-        .scan(0, |at, t| {
+        .scan(start, |at, t| {
             let o = *at;
             *at += t.len();
             Some(o)

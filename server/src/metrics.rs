@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The server's counters and gauges, shared by the HTTP side and the engine thread.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Requests accepted into the queue.
+    /// Requests accepted into the queue, each choice of one (`n`, a list of prompts) counted.
     pub requests: AtomicU64,
     /// Requests answered 503 because the queue was full.
     pub rejected: AtomicU64,
-    /// Requests ended because their client left.
+    /// Requests (choices) ended because their client left.
     pub cancelled: AtomicU64,
     /// Prompt tokens of admitted requests that were processed.
     pub prompt_tokens: AtomicU64,
@@ -25,7 +25,7 @@ pub struct Metrics {
     pub macro_steps: AtomicU64,
     /// Base forwards run (each shared by the sequences of its batch).
     pub base_forwards: AtomicU64,
-    /// Requests waiting for a slot.
+    /// Requests (choices) waiting for a slot.
     pub queue_depth: AtomicU64,
     /// Requests decoding.
     pub processing: AtomicU64,
@@ -54,7 +54,7 @@ impl Metrics {
         let tokens_per_step =
             if finished_steps == 0 { 0.0 } else { get(&self.generated_tokens) as f64 / finished_steps as f64 };
         let rows: [(&str, &str, &str, String); 13] = [
-            ("requests_total", "counter", "Requests accepted.", get(&self.requests).to_string()),
+            ("requests_total", "counter", "Requests accepted (each choice counted).", get(&self.requests).to_string()),
             (
                 "requests_rejected_total",
                 "counter",

@@ -1,6 +1,7 @@
 //! The HTTP side: axum routes, the API-key check, body limits, CORS, and
-//! turning a job's events into a JSON answer or Server-Sent Events (one chunk
-//! per macro step, comments keeping an idle stream alive, then `data: [DONE]`).
+//! turning a request's choices' events into a JSON answer or Server-Sent
+//! Events (one chunk per choice's macro step, comments keeping an idle stream
+//! alive, then `data: [DONE]`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,17 +17,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::watch;
 use tokio_stream::wrappers::ReceiverStream;
 use tower_http::cors::CorsLayer;
 
 use crate::api::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, OnePrompt, TokenizeRequest};
+use crate::choices::{self, Choices, Totals};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::slot_board::SlotBoard;
-use crate::scheduler::{Event, FinishReason, Job, ModelInfo, SubmitError, Submitter};
-use hamburger::Timings;
+use crate::scheduler::{Event, FinishReason, ModelInfo, Submitter};
+use hamburger::TokenLogprob;
 
 /// Largest request body accepted; a larger one is answered 413.
 pub const BODY_LIMIT: usize = 4 << 20;
@@ -145,18 +146,18 @@ impl Kind {
         }
     }
 
-    /// One choice carrying `text` (a delta when streaming).
-    fn choice(self, text: Option<&str>, finish: Option<&str>, chunk: bool) -> Value {
+    /// Choice `index` carrying `text` (a delta when streaming).
+    fn choice(self, index: usize, text: Option<&str>, finish: Option<&str>, chunk: bool) -> Value {
         match (self, chunk) {
             (Kind::Chat, false) => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+                json!({"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
             }
             (Kind::Chat, true) => {
                 let delta = text.map_or(json!({}), |t| json!({"content": t}));
-                json!({"index": 0, "delta": delta, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "finish_reason": finish})
             }
             (Kind::Completion, _) => {
-                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
             }
         }
     }
@@ -184,28 +185,56 @@ impl Answer {
     }
 
     /// The chunk that ends a stream with `stream_options.include_usage`: no choice, the usage.
-    fn usage_chunk(&self, timings: &Timings) -> Value {
+    fn usage_chunk(&self, totals: &Totals) -> Value {
         let mut v = self.with_choices(json!([]), true);
-        v["usage"] = api::usage(timings);
+        v["usage"] = totals.usage();
+        v
+    }
+
+    /// Sets `choice`'s `logprobs` to those of `lps` when the request asked;
+    /// a completion's `text_offset` starts at `offset`, which moves past the tokens.
+    fn set_logprobs(&self, choice: &mut Value, lps: &[TokenLogprob], offset: &mut usize) {
+        if !self.logprobs {
+            return;
+        }
+        let tok = &self.info.tokenizer;
+        choice["logprobs"] = match self.kind {
+            Kind::Chat => crate::logprobs::chat(lps, tok),
+            Kind::Completion => crate::logprobs::completion(lps, tok, *offset),
+        };
+        *offset += lps.iter().map(|lp| tok.decode(&[lp.token]).len()).sum::<usize>();
+    }
+
+    /// The chunk ending `choice`, and when the request has no choice left
+    /// (`totals` complete), its usage and timings.
+    fn finished(&self, choice: Value, totals: Option<&Totals>) -> Value {
+        let mut v = self.object(choice, true);
+        if let Some(t) = totals {
+            v["usage"] = t.usage();
+            v["timings"] = t.timings();
+        }
         v
     }
 }
 
-/// Queues the job of `prompt` and answers it, streamed or not.
-async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -> Result<Response, ApiError> {
-    check_vocab(&s.info, "prompt", &prompt)?;
-    let mut params = common.job_params(&s.info, prompt.len())?;
-    let logprobs = params.logprobs.is_some();
+/// Queues the jobs of `prompts` (`n` choices each) and answers them, streamed or not.
+async fn generate(s: &AppState, kind: Kind, prompts: Vec<Vec<u32>>, common: &Common) -> Result<Response, ApiError> {
+    let n = common.n_choices(s.info.n_slots)?;
+    let mut jobs = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        check_vocab(&s.info, "prompt", &prompt)?;
+        let params = common.job_params(&s.info, prompt.len())?;
+        jobs.push((prompt, params));
+    }
+    let logprobs = jobs.first().is_some_and(|(_, p)| p.logprobs.is_some());
     if crate::structured::spec(common)?.is_some() {
         let (info, common) = (s.info.clone(), common.clone());
-        params.constraint = blocking(move || crate::structured::compile(&info, &common)).await?;
+        let constraint = blocking(move || crate::structured::compile(&info, &common)).await?;
+        for (_, params) in &mut jobs {
+            params.constraint.clone_from(&constraint);
+        }
     }
-    let (events, rx) = unbounded_channel();
-    let deadline = Instant::now() + s.timeout;
-    s.submitter.submit(Job { prompt, params, events, deadline }).map_err(|e| match e {
-        SubmitError::Full => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is busy: the queue is full"),
-        SubmitError::Closed => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"),
-    })?;
+    let choices = choices::submit(&s.submitter, jobs, n, common, Instant::now() + s.timeout)?;
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
         Kind::Completion => "cmpl",
@@ -219,79 +248,86 @@ async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -
         model: s.info.name.clone(),
         created: now(),
     };
-    Ok(if common.stream() { stream(answer, rx, common.include_usage()) } else { collect(answer, rx).await })
+    Ok(if common.stream() { stream(answer, choices, common.include_usage()) } else { collect(answer, choices).await })
 }
 
-/// The final object (or chunk) of a generation: finish reason, usage, timings.
-fn finished(a: &Answer, text: Option<&str>, reason: FinishReason, timings: &Timings, chunk: bool) -> Value {
-    let mut v = a.object(a.kind.choice(text, Some(api::finish_reason(reason)), chunk), chunk);
-    v["usage"] = api::usage(timings);
-    v["timings"] = api::timings(timings);
-    v
-}
-
-/// The next event of a generation, or the error that ends it. No timeout
-/// here: the engine ends a generation at its deadline and answers it.
-async fn next_event(rx: &mut UnboundedReceiver<Event>) -> Result<Event, ApiError> {
-    match rx.recv().await {
-        Some(Event::Failed(e)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
-        Some(e) => Ok(e),
-        None => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped during the generation")),
-    }
-}
-
-/// Waits for the whole generation and answers it in one object.
-async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
-    let mut text = String::new();
-    loop {
-        match next_event(&mut rx).await {
-            Ok(Event::Text { text: t, .. }) => text.push_str(&t),
-            Ok(Event::Done { reason, timings, logprobs }) => {
-                let mut v = finished(&a, Some(&text), reason, &timings, false);
-                if a.logprobs {
-                    v["choices"][0]["logprobs"] = match a.kind {
-                        Kind::Chat => crate::logprobs::chat(&logprobs, &a.info.tokenizer),
-                        Kind::Completion => crate::logprobs::completion(&logprobs, &a.info.tokenizer),
-                    };
-                }
-                return Json(v).into_response();
+/// Waits for every choice and answers them in one object, in index order.
+async fn collect(a: Answer, mut choices: Choices) -> Response {
+    let n = choices.len();
+    let (mut texts, mut lps, mut reasons) = (vec![String::new(); n], vec![Vec::new(); n], vec![FinishReason::Stop; n]);
+    let mut totals = choices.totals();
+    while !choices.all_done() {
+        match choices.next().await {
+            Ok((i, Event::Text { text, logprobs, .. })) => {
+                texts[i].push_str(&text);
+                lps[i].extend(logprobs);
             }
-            Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
+            Ok((i, Event::Done { reason, timings, logprobs })) => {
+                lps[i].extend(logprobs);
+                reasons[i] = reason;
+                totals.add(i, &timings);
+            }
+            Ok((_, Event::Failed(_))) => unreachable!("Choices::next turns failures into errors"),
             Err(e) => return e.into_response(),
         }
     }
+    let list: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut c = a.kind.choice(i, Some(&texts[i]), Some(api::finish_reason(reasons[i])), false);
+            a.set_logprobs(&mut c, &lps[i], &mut 0);
+            c
+        })
+        .collect();
+    let mut v = a.with_choices(Value::Array(list), false);
+    v["usage"] = totals.usage();
+    v["timings"] = totals.timings();
+    Json(v).into_response()
 }
 
-/// Streams the generation as Server-Sent Events: a task forwards the job's
-/// events as chunks (each text chunk with a non-standard `hamburger` object:
-/// the `tokens` and `macro_steps` it covers, so a client sees the steps) and ends the stream after the last one (then a chunk of
-/// no choice with `usage` when `include_usage`) or an error; when the client
-/// leaves, the task notices at once, ends, and the job's channel closes.
-fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
+/// Streams the choices as Server-Sent Events: a task forwards each choice's
+/// events as chunks carrying its `index` (each text chunk with its tokens'
+/// `logprobs` when asked, and a non-standard `hamburger` object: the
+/// `tokens` and `macro_steps` it covers, so a client sees the steps), one
+/// chunk with each choice's finish reason, the last of them with the
+/// request's usage and timings (then a chunk of no choice with `usage` when
+/// `include_usage`), or an error; when the client leaves, the task notices
+/// at once, ends, and the jobs' channels close.
+fn stream(a: Answer, mut choices: Choices, include_usage: bool) -> Response {
     let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let send = |v: Value| tx.send(Ok(SseEvent::default().data(v.to_string())));
         if matches!(a.kind, Kind::Chat) {
-            let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
-            if send(a.object(role, true)).await.is_err() {
-                return;
+            for i in 0..choices.len() {
+                let role = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
+                if send(a.object(role, true)).await.is_err() {
+                    return;
+                }
             }
         }
+        let mut offsets = vec![0; choices.len()];
+        let mut totals = choices.totals();
         loop {
             let event = tokio::select! {
-                e = next_event(&mut rx) => e,
+                e = choices.next() => e,
                 () = tx.closed() => return,
             };
             let (v, last, usage) = match event {
-                Ok(Event::Text { text, tokens, steps }) => {
-                    let mut v = a.object(a.kind.choice(Some(&text), None, true), true);
+                Ok((i, Event::Text { text, tokens, steps, logprobs })) => {
+                    let mut c = a.kind.choice(i, Some(&text), None, true);
+                    a.set_logprobs(&mut c, &logprobs, &mut offsets[i]);
+                    let mut v = a.object(c, true);
                     v["hamburger"] = json!({"tokens": tokens, "macro_steps": steps});
                     (v, false, None)
                 }
-                Ok(Event::Done { reason, timings, .. }) => {
-                    (finished(&a, None, reason, &timings, true), true, include_usage.then(|| a.usage_chunk(&timings)))
+                Ok((i, Event::Done { reason, timings, logprobs })) => {
+                    totals.add(i, &timings);
+                    let mut c = a.kind.choice(i, None, Some(api::finish_reason(reason)), true);
+                    a.set_logprobs(&mut c, &logprobs, &mut offsets[i]);
+                    let last = choices.all_done();
+                    let usage = (last && include_usage).then(|| a.usage_chunk(&totals));
+                    (a.finished(c, last.then_some(&totals)), last, usage)
                 }
-                Ok(Event::Failed(_)) => unreachable!("next_event turns failures into errors"),
+                Ok((_, Event::Failed(_))) => unreachable!("Choices::next turns failures into errors"),
                 Err(e) => (e.body(), true, None),
             };
             for v in std::iter::once(v).chain(usage) {
@@ -323,7 +359,7 @@ async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Re
         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
     })
     .await?;
-    generate(&s, Kind::Chat, prompt, &common).await
+    generate(&s, Kind::Chat, vec![prompt], &common).await
 }
 
 /// Runs `f` (a template, the tokenizer: CPU work) on tokio's blocking pool,
@@ -338,15 +374,21 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<CompletionRequest>(&body(b)?)?;
-    let prompt = match req.prompt.one()? {
-        OnePrompt::Ids(ids) => ids,
-        OnePrompt::Text(text) => {
-            let info = s.info.clone();
-            blocking(move || info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string())))
-                .await?
-        }
-    };
-    generate(&s, Kind::Completion, prompt, &common).await
+    let prompts = req.prompt.all()?;
+    let info = s.info.clone();
+    let prompts = blocking(move || {
+        prompts
+            .into_iter()
+            .map(|p| match p {
+                OnePrompt::Ids(ids) => Ok(ids),
+                OnePrompt::Text(text) => {
+                    info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))
+                }
+            })
+            .collect()
+    })
+    .await?;
+    generate(&s, Kind::Completion, prompts, &common).await
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {

@@ -1,7 +1,8 @@
 //! The engine thread's loop. Each iteration takes the newly queued jobs,
 //! drops the waiting and running requests whose client left (so a client
-//! that leaves is noticed within one macro step), admits waiting jobs into
-//! free slots (one sequence each; the slot whose KV cells hold the longest
+//! that leaves is noticed within one macro step), admits waiting job groups
+//! (a prompt's `n` choices) into free slots, a group once there is a slot for
+//! each of its jobs (one sequence each; the slot whose KV cells hold the longest
 //! start of the prompt, whose entries are kept), ends the requests past their deadline,
 //! runs ONE macro step over every running request (prompt chunks of new
 //! requests mixed with the merged inputs of running ones, then their micro
@@ -23,14 +24,14 @@ use hamburger::{Engine, Model};
 use super::request::Request;
 use super::slot_board::SlotBoard;
 use super::slots::Slots;
-use super::{Job, ModelInfo, SchedulerConfig, StartError};
+use super::{JobGroup, ModelInfo, SchedulerConfig, StartError};
 use crate::metrics::{self, Metrics};
 
 /// Loads the model, says on `ready` whether it loaded, then serves the jobs
 /// of `rx` until every sender is gone and the last request has finished.
 pub(super) fn run(
     cfg: &SchedulerConfig,
-    rx: &Receiver<Job>,
+    rx: &Receiver<JobGroup>,
     ready: &Sender<Result<Arc<ModelInfo>, StartError>>,
     m: &Metrics,
     board: &SlotBoard,
@@ -89,6 +90,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         name: cfg.alias.clone().unwrap_or(if model.name.is_empty() { stem } else { model.name.clone() }),
         n_predict: cfg.n_predict,
         n_ctx_slot: cfg.engine.n_ctx / cfg.engine.n_seq,
+        n_slots: cfg.engine.n_seq,
         n_vocab: model.hp.n_vocab,
         grammars: Grammars::new(&tokenizer, &model.vocab.eog)
             .inspect_err(|e| log::warn!("structured output is off: {e}"))
@@ -104,7 +106,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
 }
 
 /// The engine thread's state: the engine, the requests running in its
-/// slots, the jobs waiting for one, and the free slots with what their
+/// slots, the job groups waiting for slots, and the free slots with what their
 /// cells hold.
 struct EngineLoop<'t, 'm> {
     info: &'t ModelInfo,
@@ -112,7 +114,7 @@ struct EngineLoop<'t, 'm> {
     engine: Engine<'m>,
     decode: DecodeConfig,
     running: Vec<Request<'t>>,
-    waiting: VecDeque<Job>,
+    waiting: VecDeque<JobGroup>,
     /// Slots (engine sequences) no request runs in.
     slots: Slots,
     /// Requests admitted since the server started.
@@ -122,11 +124,11 @@ struct EngineLoop<'t, 'm> {
 impl<'t> EngineLoop<'t, '_> {
     /// Takes the queued jobs (blocking for one only when nothing runs or
     /// waits); returns whether the queue is still open.
-    fn take_jobs(&mut self, rx: &Receiver<Job>, mut open: bool) -> bool {
+    fn take_jobs(&mut self, rx: &Receiver<JobGroup>, mut open: bool) -> bool {
         while open {
             let idle = self.running.is_empty() && self.waiting.is_empty();
             match if idle { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() } {
-                Ok(job) => self.waiting.push_back(job),
+                Ok(group) => self.waiting.push_back(group),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -136,9 +138,12 @@ impl<'t> EngineLoop<'t, '_> {
 
     /// Drops the waiting jobs and running requests whose client has gone.
     fn drop_cancelled(&mut self) {
-        let n_waiting = self.waiting.len();
-        self.waiting.retain(|job| !job.events.is_closed());
-        let gone = (n_waiting - self.waiting.len()) as u64;
+        let n_waiting: usize = self.waiting.iter().map(Vec::len).sum();
+        for group in &mut self.waiting {
+            group.retain(|job| !job.events.is_closed());
+        }
+        self.waiting.retain(|group| !group.is_empty());
+        let gone = (n_waiting - self.waiting.iter().map(Vec::len).sum::<usize>()) as u64;
         self.m.queue_depth.fetch_sub(gone, Ordering::Relaxed);
         metrics::add(&self.m.cancelled, gone);
         for i in (0..self.running.len()).rev() {
@@ -150,20 +155,23 @@ impl<'t> EngineLoop<'t, '_> {
         }
     }
 
-    /// Admits waiting jobs, oldest first, into the free slots: each keeps
-    /// the entries of the longest start of its prompt that its slot's cells
-    /// hold (all but the prompt's last token, whose output the first step
-    /// needs) and feeds the rest.
+    /// Admits waiting job groups, oldest first, into the free slots, a group
+    /// only once there is a free slot for each of its jobs (so a prompt's
+    /// choices decode in the same macro steps; a group never holds more jobs
+    /// than there are slots): each job keeps the entries of the longest start
+    /// of its prompt that its slot's cells hold (all but the prompt's last
+    /// token, whose output the first step needs) and feeds the rest.
     fn admit(&mut self) {
-        while self.slots.any_free() && !self.waiting.is_empty() {
-            let job = self.waiting.pop_front().expect("a waiting job");
-            let (seq, common) = self.slots.take(&job.prompt, job.params.cache_prompt).expect("a free slot");
-            self.m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            let cached = self.engine.keep_prefix(seq, common.min(job.prompt.len().saturating_sub(1)));
-            metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
-            metrics::add(&self.m.prompt_tokens_cached, cached as u64);
-            self.tasks += 1;
-            self.running.push(Request::admit(self.tasks, seq, job, cached, self.info));
+        while self.waiting.front().is_some_and(|group| group.len() <= self.slots.n_free()) {
+            for job in self.waiting.pop_front().expect("a waiting group") {
+                let (seq, common) = self.slots.take(&job.prompt, job.params.cache_prompt).expect("a free slot");
+                self.m.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                let cached = self.engine.keep_prefix(seq, common.min(job.prompt.len().saturating_sub(1)));
+                metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
+                metrics::add(&self.m.prompt_tokens_cached, cached as u64);
+                self.tasks += 1;
+                self.running.push(Request::admit(self.tasks, seq, job, cached, self.info));
+            }
         }
     }
 

@@ -69,6 +69,9 @@ pub struct ModelInfo {
     /// KV cells each slot may use (its share of the cache): one per prompt
     /// token and one per macro step of the answer.
     pub n_ctx_slot: usize,
+    /// The engine's slots (sequences): the most choices one prompt's `n` may ask for,
+    /// since a prompt's choices are admitted together.
+    pub n_slots: usize,
     /// Vocabulary size.
     pub n_vocab: usize,
     /// The most tokens a macro step can emit.
@@ -150,6 +153,9 @@ pub enum Event {
         tokens: usize,
         /// Macro steps since the previous `Text` (1 unless text was held).
         steps: usize,
+        /// The log-probabilities of those tokens, when the request asked
+        /// (a stop string's cut tokens never among them).
+        logprobs: Vec<TokenLogprob>,
     },
     /// The end, with the statistics.
     Done {
@@ -157,7 +163,9 @@ pub enum Event {
         reason: FinishReason,
         /// The statistics.
         timings: Timings,
-        /// Each counted token's log-probability, when the request asked.
+        /// The log-probabilities of the counted tokens that no `Text` carried
+        /// (those whose text was empty, an end-of-generation token), when the
+        /// request asked: the `Text`s' and these together are every counted token's.
         logprobs: Vec<TokenLogprob>,
     },
     /// The generation failed.
@@ -190,36 +198,48 @@ pub enum SubmitError {
     Closed,
 }
 
+/// Jobs the engine thread admits together, each into its own slot, once
+/// slots for all of them are free, so they decode in the same macro steps:
+/// the `n` choices of one prompt.
+pub type JobGroup = Vec<Job>;
+
 /// Queues jobs for the engine thread (one per HTTP handler, cloned).
 #[derive(Clone)]
 pub struct Submitter {
-    jobs: Sender<Job>,
+    jobs: Sender<JobGroup>,
     /// Jobs that may wait (`queue_depth` counts them).
     limit: u64,
     metrics: Arc<Metrics>,
 }
 
 impl Submitter {
-    /// Queues `job`.
+    /// Queues the groups of one request, all of them or none: a request's
+    /// jobs count one each against the queue's limit.
     ///
     /// # Errors
-    /// When the queue is full or the engine has stopped.
-    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        let r = if self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed) >= self.limit {
+    /// When the queue has no room for all of them, or the engine has stopped.
+    pub fn submit(&self, groups: Vec<JobGroup>) -> Result<(), SubmitError> {
+        let n = groups.iter().map(Vec::len).sum::<usize>() as u64;
+        let r = if self.metrics.queue_depth.fetch_add(n, Ordering::Relaxed) + n > self.limit {
             Err(SubmitError::Full)
         } else {
-            self.jobs.send(job).map_err(|_| SubmitError::Closed)
+            groups.into_iter().try_for_each(|g| self.jobs.send(g)).map_err(|_| SubmitError::Closed)
         };
         match r {
-            Ok(()) => metrics::add(&self.metrics.requests, 1),
+            Ok(()) => metrics::add(&self.metrics.requests, n),
             Err(_) => {
-                self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.metrics.queue_depth.fetch_sub(n, Ordering::Relaxed);
                 if r == Err(SubmitError::Full) {
                     metrics::add(&self.metrics.rejected, 1);
                 }
             }
         }
         r
+    }
+
+    /// The most jobs that may wait: a request of more choices can never be queued.
+    pub fn limit(&self) -> usize {
+        usize::try_from(self.limit).unwrap_or(usize::MAX)
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use hamburger::generate::SeqGen;
 use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::TextStream;
-use hamburger::{Engine, Sampler};
+use hamburger::{Engine, Sampler, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::slot_board::{SlotParams, SlotState};
@@ -194,11 +194,9 @@ impl<'t> Request<'t> {
             let tokens = self.n_tokens_to_stop.unwrap_or(self.gen.generation().output_ids.len());
             let steps = self.gen.generation().macro_steps.len();
             let (new_tokens, new_steps) = (tokens - self.sent_tokens, steps - self.sent_steps);
-            let _ = self.events.send(Event::Text {
-                text: text[self.sent..end].to_string(),
-                tokens: new_tokens,
-                steps: new_steps,
-            });
+            let text = text[self.sent..end].to_string();
+            let logprobs = self.logprobs(self.sent_tokens, tokens);
+            let _ = self.events.send(Event::Text { text, tokens: new_tokens, steps: new_steps, logprobs });
             (self.sent, self.sent_tokens, self.sent_steps) = (end, tokens, steps);
         }
     }
@@ -225,9 +223,15 @@ impl<'t> Request<'t> {
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
         log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms);
-        let steps = &generation.macro_steps;
-        let logprobs = steps.iter().flat_map(|s| s.logprobs.iter().cloned()).take(timings.gen_tokens).collect();
+        let logprobs = self.logprobs(self.sent_tokens, timings.gen_tokens);
         let _ = self.events.send(Event::Done { reason, timings, logprobs });
+    }
+
+    /// The log-probabilities of the generated tokens `from..to` (none when
+    /// the request did not ask).
+    fn logprobs(&self, from: usize, to: usize) -> Vec<TokenLogprob> {
+        let steps = &self.gen.generation().macro_steps;
+        steps.iter().flat_map(|s| &s.logprobs).take(to).skip(from).cloned().collect()
     }
 
     /// Tells the client its generation failed with `error`.

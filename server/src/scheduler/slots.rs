@@ -21,9 +21,9 @@ impl Slots {
         Slots { free: (0..n).collect(), held: vec![Vec::new(); n] }
     }
 
-    /// Whether a slot is free.
-    pub(super) fn any_free(&self) -> bool {
-        !self.free.is_empty()
+    /// How many slots are free.
+    pub(super) fn n_free(&self) -> usize {
+        self.free.len()
     }
 
     /// Takes the free slot whose cells hold the longest start of `prompt`
@@ -60,7 +60,7 @@ mod tests {
         let (a, b, c) = (slots.take(&[1], true).unwrap(), slots.take(&[1], true).unwrap(), slots.take(&[1], true));
         assert_eq!((a, b), ((0, 0), (1, 0)), "nothing held: the least recently freed first");
         assert_eq!(c, Some((2, 0)));
-        assert!(!slots.any_free());
+        assert_eq!(slots.n_free(), 0);
         assert_eq!(slots.take(&[1], true), None);
         slots.give_back(0, vec![5, 6, 7, 8]);
         slots.give_back(1, vec![5, 6, 9]);
