@@ -219,10 +219,20 @@ impl Request for ChatRequest {
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
+    /// Start the answer's text with the prompt's, and its `logprobs` with
+    /// the prompt tokens' (the base's log-probabilities).
+    pub echo: Option<bool>,
+}
+
+impl CompletionRequest {
+    /// Whether the prompt is echoed.
+    pub fn echo(&self) -> bool {
+        self.echo.unwrap_or(false)
+    }
 }
 
 impl Request for CompletionRequest {
-    const FIELDS: &'static [&'static str] = &["prompt"];
+    const FIELDS: &'static [&'static str] = &["prompt", "echo"];
 }
 
 /// `POST /tokenize`.
@@ -323,12 +333,14 @@ impl Common {
         self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
     }
 
-    /// The job settings for a prompt of `n_prompt` tokens.
+    /// The job settings for a prompt of `n_prompt` tokens, echoed in the
+    /// answer when `echo` (then `max_tokens` may be 0, as vLLM takes it: the
+    /// prompt alone, and `logprobs` covers the prompt's tokens too).
     ///
     /// # Errors
     /// A 400 naming the field: values out of range, `n` other than 1, or a
     /// prompt that leaves no room in a slot's context.
-    pub fn job_params(&self, info: &ModelInfo, n_prompt: usize) -> Result<JobParams, ApiError> {
+    pub fn job_params(&self, info: &ModelInfo, n_prompt: usize, echo: bool) -> Result<JobParams, ApiError> {
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::field("n", "only n = 1 is supported"));
         }
@@ -346,7 +358,9 @@ impl Common {
         }
         let room = (info.n_ctx_slot - n_prompt) as u64;
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
-            Some(0) => return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1")),
+            Some(0) if !echo => {
+                return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')"))
+            }
             Some(n) => n.min(room),
             None => info.n_predict.map_or(room, |n| (n as u64).min(room)),
         };
@@ -392,16 +406,19 @@ impl Common {
         if stop.iter().any(String::is_empty) {
             return Err(ApiError::field("stop", "stop strings must not be empty"));
         }
+        let prompt_logprobs = if echo { logprobs } else { None };
         Ok(JobParams {
             n_predict: max_tokens as usize,
             sampler,
             logit_bias,
             logprobs,
+            prompt_logprobs,
             rule,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),
-            cache_prompt: self.cache_prompt.unwrap_or(true),
+            // Scoring the prompt needs every one of its rows' logits: none is reused.
+            cache_prompt: self.cache_prompt.unwrap_or(true) && prompt_logprobs.is_none(),
             constraint: None,
         })
     }

@@ -162,9 +162,19 @@ impl Kind {
     }
 }
 
+/// A prompt echoed at the start of a completion's answer (`echo`).
+struct Echo {
+    /// The prompt's text (as sent, or its ids decoded).
+    text: String,
+    /// Its first token, which `logprobs` lists with no log-probability.
+    first: u32,
+}
+
 /// A generation answered as `kind`: its id and model name for every chunk.
 struct Answer {
     kind: Kind,
+    /// The prompt, when the answer starts with it.
+    echo: Option<Echo>,
     /// The model (its tokenizer spells the tokens of `logprobs`).
     info: Arc<ModelInfo>,
     /// Whether the request asked for log-probabilities.
@@ -191,10 +201,18 @@ impl Answer {
     }
 }
 
-/// Queues the job of `prompt` and answers it, streamed or not.
-async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -> Result<Response, ApiError> {
+/// Queues the job of `prompt` and answers it, streamed or not; the answer
+/// starts with `echo`, the prompt's text, when given.
+async fn generate(
+    s: &AppState,
+    kind: Kind,
+    prompt: Vec<u32>,
+    common: &Common,
+    echo: Option<String>,
+) -> Result<Response, ApiError> {
     check_vocab(&s.info, "prompt", &prompt)?;
-    let mut params = common.job_params(&s.info, prompt.len())?;
+    let mut params = common.job_params(&s.info, prompt.len(), echo.is_some())?;
+    let echo = echo.map(|text| Echo { text, first: prompt[0] });
     let logprobs = params.logprobs.is_some();
     if crate::structured::spec(common)?.is_some() {
         let (info, common) = (s.info.clone(), common.clone());
@@ -213,6 +231,7 @@ async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -
     let n = s.metrics.requests.load(std::sync::atomic::Ordering::Relaxed);
     let answer = Answer {
         kind,
+        echo,
         info: s.info.clone(),
         logprobs,
         id: format!("{prefix}-{:x}{n:04x}", now()),
@@ -242,16 +261,20 @@ async fn next_event(rx: &mut UnboundedReceiver<Event>) -> Result<Event, ApiError
 
 /// Waits for the whole generation and answers it in one object.
 async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
-    let mut text = String::new();
+    let mut text = a.echo.as_ref().map_or_else(String::new, |e| e.text.clone());
     loop {
         match next_event(&mut rx).await {
             Ok(Event::Text { text: t, .. }) => text.push_str(&t),
-            Ok(Event::Done { reason, timings, logprobs }) => {
+            Ok(Event::Done { reason, timings, logprobs, prompt_logprobs }) => {
                 let mut v = finished(&a, Some(&text), reason, &timings, false);
                 if a.logprobs {
+                    let tok = &a.info.tokenizer;
                     v["choices"][0]["logprobs"] = match a.kind {
-                        Kind::Chat => crate::logprobs::chat(&logprobs, &a.info.tokenizer),
-                        Kind::Completion => crate::logprobs::completion(&logprobs, &a.info.tokenizer),
+                        Kind::Chat => crate::logprobs::chat(&logprobs, tok),
+                        Kind::Completion => {
+                            let all: Vec<_> = prompt_logprobs.into_iter().chain(logprobs).collect();
+                            crate::logprobs::completion(a.echo.as_ref().map(|e| e.first), &all, tok)
+                        }
                     };
                 }
                 return Json(v).into_response();
@@ -264,7 +287,8 @@ async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
 
 /// Streams the generation as Server-Sent Events: a task forwards the job's
 /// events as chunks (each text chunk with a non-standard `hamburger` object:
-/// the `tokens` and `macro_steps` it covers, so a client sees the steps) and ends the stream after the last one (then a chunk of
+/// the `tokens` and `macro_steps` it covers, so a client sees the steps; an
+/// echoed prompt comes first, in a chunk of its own) and ends the stream after the last one (then a chunk of
 /// no choice with `usage` when `include_usage`) or an error; when the client
 /// leaves, the task notices at once, ends, and the job's channel closes.
 fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
@@ -274,6 +298,11 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> R
         if matches!(a.kind, Kind::Chat) {
             let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
             if send(a.object(role, true)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(echo) = &a.echo {
+            if send(a.object(a.kind.choice(Some(&echo.text), None, true), true)).await.is_err() {
                 return;
             }
         }
@@ -323,7 +352,7 @@ async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Re
         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
     })
     .await?;
-    generate(&s, Kind::Chat, prompt, &common).await
+    generate(&s, Kind::Chat, prompt, &common, None).await
 }
 
 /// Runs `f` (a template, the tokenizer: CPU work) on tokio's blocking pool,
@@ -338,15 +367,29 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<CompletionRequest>(&body(b)?)?;
-    let prompt = match req.prompt.one()? {
-        OnePrompt::Ids(ids) => ids,
+    let (echo, info) = (req.echo(), s.info.clone());
+    let (prompt, echo) = match req.prompt.one()? {
+        OnePrompt::Ids(ids) if echo => {
+            check_vocab(&info, "prompt", &ids)?;
+            blocking(move || {
+                let text = info.tokenizer.decode(&ids);
+                Ok((ids, Some(text)))
+            })
+            .await?
+        }
+        OnePrompt::Ids(ids) => (ids, None),
         OnePrompt::Text(text) => {
-            let info = s.info.clone();
-            blocking(move || info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string())))
-                .await?
+            let (ids, text) = blocking(move || {
+                info.tokenizer
+                    .encode(&text, true)
+                    .map(|ids| (ids, text))
+                    .map_err(|e| ApiError::field("prompt", e.to_string()))
+            })
+            .await?;
+            (ids, echo.then_some(text))
         }
     };
-    generate(&s, Kind::Completion, prompt, &common).await
+    generate(&s, Kind::Completion, prompt, &common, echo).await
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {
