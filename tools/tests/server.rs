@@ -30,6 +30,16 @@ fn start() -> (Child, String) {
     start_with(&tiny(), &["-np", "2", "-c", "1024"])
 }
 
+/// A server killed on drop, so a failed assertion leaves no process behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the server on `model` with `args` on an ephemeral port.
 fn start_with(model: &std::path::Path, args: &[&str]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-server"))

@@ -7,27 +7,17 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use testing::testmodel::tiny_fixture;
 
-use super::{start_with, tiny};
+use super::{start_with, tiny, Killed};
 
 /// How far the server's log-probabilities may be from libllama's: both run
 /// the F32 base with an F16 cache, in different orders of summation (they
 /// differ by about 1e-6 per token).
 const TOLERANCE: f64 = 1e-4;
-
-/// A server killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
     let r = reqwest::blocking::Client::new().post(format!("http://{addr}{path}")).json(body).send().unwrap();
