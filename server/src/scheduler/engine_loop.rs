@@ -27,6 +27,11 @@ use super::slots::Slots;
 use super::{Job, ModelInfo, SchedulerConfig, StartError};
 use crate::metrics::{self, Metrics};
 
+/// Prompt rows scored per forward: each reads back a row of logits
+/// (`n_vocab` floats), so a scoring graph's outputs stay bounded whatever
+/// `n_batch` is (64 rows of a 128 k vocabulary: 32 MiB).
+const SCORED_ROWS: usize = 64;
+
 /// Loads the model, says on `ready` whether it loaded, then serves the jobs
 /// of `rx` until every sender is gone and the last request has finished.
 pub(super) fn run(
@@ -188,11 +193,11 @@ impl<'t> EngineLoop<'t, '_> {
         }
     }
 
-    /// Scores `prompt` in sequence `seq` (empty), `n_batch` tokens per
-    /// forward, with `top` alternatives per token.
+    /// Scores `prompt` in sequence `seq` (empty), at most [`SCORED_ROWS`]
+    /// tokens per forward, with `top` alternatives per token.
     fn score(&mut self, seq: SeqId, prompt: &[u32], top: usize) -> hamburger::Result<ScoredPrompt> {
         let (t, forwards) = (Instant::now(), self.engine.n_forwards());
-        let logprobs = self.engine.score(seq, prompt, self.decode.n_batch, top);
+        let logprobs = self.engine.score(seq, prompt, self.decode.n_batch.min(SCORED_ROWS), top);
         metrics::add(&self.m.base_forwards, (self.engine.n_forwards() - forwards) as u64);
         let logprobs = logprobs?;
         Ok(ScoredPrompt { logprobs, ms: t.elapsed().as_secs_f64() * 1e3 })
