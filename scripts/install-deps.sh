@@ -6,7 +6,8 @@
 # installs the openai Python client the server's compatibility test uses,
 # jinja2 (the chat-template test's reference renderer), the chat page's
 # browser test (Debian's chromium and chromium-driver, and selenium in its own
-# environment, .venv-browser), and the training tool's environment
+# environment, .venv-browser), lm-eval's API models (.venv-lm-eval), and the
+# training tool's environment
 # (train/.venv: PyTorch on the CPU), which its tests run.
 set -euo pipefail
 
@@ -49,6 +50,20 @@ browser_venv="$(dirname "$0")/../.venv-browser"
 "$browser_venv/bin/python" -c "import selenium" >/dev/null 2>&1 || {
   python3 -m venv "$browser_venv"
   "$browser_venv/bin/pip" install -q selenium >/dev/null
+}
+# lm-eval's API model classes (local-completions, local-chat-completions),
+# which the server's real-client test drives, in their own environment
+# (.venv-lm-eval): lm_eval without its dependencies (datasets, evaluate,
+# scikit-learn and the rest serve its tasks, which the test does not run),
+# what its API models import, and transformers without torch, for the
+# model's own tokenizer.json.
+lm_eval_venv="$(dirname "$0")/../.venv-lm-eval"
+"$lm_eval_venv/bin/python" -c "import lm_eval.models.openai_completions, transformers" >/dev/null 2>&1 || {
+  python3 -m venv "$lm_eval_venv"
+  "$lm_eval_venv/bin/pip" install -q --no-deps lm_eval==0.4.13 >/dev/null
+  # (pip reports the dependencies left out above as conflicts: expected.)
+  "$lm_eval_venv/bin/pip" install -q requests aiohttp tenacity tqdm jinja2 transformers >/dev/null 2>&1
+  "$lm_eval_venv/bin/python" -c "import lm_eval.models.openai_completions, transformers" >/dev/null 2>&1
 }
 # hamburger-train's environment (does nothing when already complete).
 bash "$(dirname "$0")/../train/install.sh"

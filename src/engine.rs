@@ -12,11 +12,12 @@ use ggml::{Backend, Buffer, Context, Tensor, Type};
 use crate::batch::Batch;
 use crate::budget::EngineParams;
 use crate::error::{Param, ParamError};
-use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, Wants};
+use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, OutputRows, Wants};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
 use crate::graph::{StepGraph, StepOut};
 use crate::kv_cache::{KvCache, SeqId};
 use crate::model::Model;
+use crate::sampling::TokenLogprob;
 use crate::{Error, Result};
 
 /// Attention windows grow in steps of this many cells, so decode graphs are rebuilt rarely.
@@ -171,6 +172,43 @@ impl<'m> Engine<'m> {
     /// On an unknown sequence or token, a full cache, or a failed computation
     /// (the batch's cells are freed again then).
     pub fn decode(&mut self, batch: &Batch, want: Wants) -> Result<Vec<(SeqId, StepOut)>> {
+        self.forward(batch, want, OutputRows::LastOfEachSequence)
+    }
+
+    /// Scores `tokens` in sequence `seq` with the base alone, as a plain
+    /// Llama reads a prompt: feeds all but the last token as single-token
+    /// inputs after `seq`'s context, at most `n_batch` per forward, reading
+    /// the logits at every input, and returns each later token's
+    /// log-probability given everything before it, with the `top` most
+    /// likely alternatives (`tokens.len() - 1` entries: nothing in `tokens`
+    /// predicts the first). The last token is left for the caller to feed: a
+    /// generation that follows needs its forward's outputs (the next token's
+    /// logits, the features of micro step 0). This is what it costs to know
+    /// a prompt's log-probabilities (an lm-eval log-likelihood request, a
+    /// completion's `echo` with `logprobs`), so it is run only when asked.
+    ///
+    /// # Errors
+    /// As [`Engine::decode`]; the entries of the chunks already fed stay in `seq`.
+    pub fn score(&mut self, seq: SeqId, tokens: &[u32], n_batch: usize, top: usize) -> Result<Vec<TokenLogprob>> {
+        let Some((_, fed)) = tokens.split_last() else { return Ok(Vec::new()) };
+        let want = Wants { stop_head: false, logits: true, features: false };
+        let n_batch = n_batch.max(1);
+        let mut scored = Vec::with_capacity(fed.len());
+        for (c, chunk) in fed.chunks(n_batch).enumerate() {
+            let mut batch = Batch::new();
+            batch.push_tokens(seq, chunk);
+            let outs = self.forward(&batch, want, OutputRows::Every)?;
+            let next = &tokens[c * n_batch + 1..];
+            for ((_, out), &token) in outs.iter().zip(next) {
+                let logits = out.logits.as_deref().expect("a scoring forward reads the logits");
+                scored.push(TokenLogprob::new(logits, token, top));
+            }
+        }
+        Ok(scored)
+    }
+
+    /// One base forward over `batch` with outputs at `rows` (see [`Engine::decode`]).
+    fn forward(&mut self, batch: &Batch, want: Wants, rows: OutputRows) -> Result<Vec<(SeqId, StepOut)>> {
         if batch.is_empty() {
             return Err(Error::Invalid("nothing to decode: the batch is empty".into()));
         }
@@ -192,7 +230,7 @@ impl<'m> Engine<'m> {
             self.kv.occupy(c, i.seq, p);
         }
         let n_kv = self.kv.used_window().next_multiple_of(KV_PAD).min(self.kv.n_cells());
-        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, want);
+        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, want, rows);
         let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
         let mut run = || -> Result<Vec<StepOut>> {
             let sg =

@@ -3,7 +3,9 @@
 //! cache over all four micro positions.
 
 use ggml::Type;
-use hamburger::{EngineParams, LoadOptions, Model, SamplerParams, Session, SessionParams, StepParams};
+use hamburger::{
+    Engine, EngineParams, LoadOptions, Model, SamplerParams, Session, SessionParams, StepParams, TokenLogprob,
+};
 use testing::merger::StandaloneMerger;
 use testing::reference::{argmax, Reference};
 use testing::testmodel::{converted, tiny_fixture};
@@ -37,6 +39,31 @@ fn reference_embed(model: &Model, t: u32) -> Vec<f32> {
     let all = model.weights.tok_embd.to_vec_f32().unwrap();
     let d = model.hp.n_embd;
     all[t as usize * d..(t as usize + 1) * d].to_vec()
+}
+
+/// Scoring a prompt (every input an output row, in chunks of `n_batch`)
+/// gives each token's log-probability under the base as the plain
+/// reference computes it token by token, and leaves the last token unfed.
+#[test]
+fn scoring_a_prompt_gives_the_bases_log_probability_of_every_token() {
+    let (model, reference) = tiny();
+    let prompt = [54u32, 442, 437, 223, 368, 12, 200, 7];
+    let want = reference.base_logits(&prompt);
+    let p = EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() };
+    for n_batch in [3, 512] {
+        let mut engine = Engine::new(&model, &p).unwrap();
+        let got = engine.score(0, &prompt, n_batch, 3).unwrap();
+        assert_eq!(got.len(), prompt.len() - 1);
+        assert_eq!(engine.next_pos(0), prompt.len() - 1, "the last token is left to feed");
+        for (i, lp) in got.iter().enumerate() {
+            let w = TokenLogprob::new(&want[i], prompt[i + 1], 3);
+            assert_eq!(lp.token, prompt[i + 1]);
+            assert!((lp.logprob - w.logprob).abs() < 1e-4, "n_batch {n_batch}, token {}: {lp:?} vs {w:?}", i + 1);
+            assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), w.top.iter().map(|t| t.0).collect::<Vec<_>>());
+        }
+    }
+    let mut engine = Engine::new(&model, &p).unwrap();
+    assert!(engine.score(0, &prompt[..1], 4, 1).unwrap().is_empty(), "nothing predicts a lone token");
 }
 
 #[test]

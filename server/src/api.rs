@@ -219,10 +219,20 @@ impl Request for ChatRequest {
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
+    /// Start the answer's text with the prompt's, and its `logprobs` with
+    /// the prompt tokens' (the base's log-probabilities).
+    pub echo: Option<bool>,
+}
+
+impl CompletionRequest {
+    /// Whether the prompt is echoed.
+    pub fn echo(&self) -> bool {
+        self.echo.unwrap_or(false)
+    }
 }
 
 impl Request for CompletionRequest {
-    const FIELDS: &'static [&'static str] = &["prompt"];
+    const FIELDS: &'static [&'static str] = &["prompt", "echo"];
 }
 
 /// `POST /tokenize`.
@@ -343,12 +353,14 @@ impl Common {
     }
 
     /// The job settings for a prompt of `n_prompt` tokens (its first
-    /// choice's seed: [`Common::seed_of_choice`]).
+    /// choice's seed: [`Common::seed_of_choice`]), echoed in the answer when
+    /// `echo` (then `max_tokens` may be 0, as vLLM takes it: the prompt
+    /// alone, and `logprobs` covers the prompt's tokens too).
     ///
     /// # Errors
     /// A 400 naming the field: values out of range, or a prompt that leaves
     /// no room in a slot's context.
-    pub fn job_params(&self, info: &ModelInfo, n_prompt: usize) -> Result<JobParams, ApiError> {
+    pub fn job_params(&self, info: &ModelInfo, n_prompt: usize, echo: bool) -> Result<JobParams, ApiError> {
         if n_prompt == 0 {
             return Err(ApiError::field("prompt", "the prompt is empty"));
         }
@@ -367,7 +379,9 @@ impl Common {
         // most that could ever fit, every step at the model's most tokens.
         let fits = ((info.n_ctx_slot - n_prompt + 1) * info.max_steps) as u64;
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
-            Some(0) => return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1")),
+            Some(0) if !echo => {
+                return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')"))
+            }
             Some(n) => n.min(fits),
             None => info.n_predict.map_or(fits, |n| (n as u64).min(fits)),
         };
@@ -413,16 +427,25 @@ impl Common {
         if stop.iter().any(String::is_empty) {
             return Err(ApiError::field("stop", "stop strings must not be empty"));
         }
+        let prompt_logprobs = if echo { logprobs } else { None };
+        if prompt_logprobs.is_some() && self.stream() {
+            return Err(ApiError::field(
+                "logprobs",
+                "an echoed prompt's log-probabilities are not streamed: drop 'stream', 'echo' or 'logprobs'",
+            ));
+        }
         Ok(JobParams {
             n_predict: max_tokens as usize,
             sampler,
             logit_bias,
             logprobs,
+            prompt_logprobs,
             rule,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stream: self.stream(),
-            cache_prompt: self.cache_prompt.unwrap_or(true),
+            // Scoring the prompt needs every one of its rows' logits: none is reused.
+            cache_prompt: self.cache_prompt.unwrap_or(true) && prompt_logprobs.is_none(),
             constraint: None,
         })
     }

@@ -53,10 +53,6 @@ struct Refused {
     why: &'static str,
 }
 
-fn null_or_false(v: &Value) -> bool {
-    v.is_null() || v == &Value::Bool(false) || v.as_u64() == Some(0)
-}
-
 fn null_or_one(v: &Value) -> bool {
     v.is_null() || v.as_f64() == Some(1.0)
 }
@@ -83,7 +79,6 @@ const REFUSED: &[Refused] = &[
     Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
     Refused { name: "functions", neutral: null_or_empty, why: TOOLS },
     Refused { name: "function_call", neutral: null_or_none, why: TOOLS },
-    Refused { name: "echo", neutral: null_or_false, why: "the prompt is not echoed" },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
 ];
@@ -115,6 +110,7 @@ pub fn check(body: &Value, own: &[&str]) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{ChatRequest, CompletionRequest, Request};
 
     /// The README's table of request fields names every field the server knows.
     #[test]
@@ -122,8 +118,8 @@ mod tests {
         let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
         let server = readme.split("\n## Server\n").nth(1).and_then(|s| s.split("\n## ").next()).unwrap();
         let table: String = server.lines().filter(|l| l.starts_with("| `")).collect::<Vec<_>>().join("\n");
-        let own = ["messages", "prompt"];
-        for name in COMMON.iter().chain(NO_OP).chain(REFUSED.iter().map(|r| &r.name)).chain(&own) {
+        let own = ChatRequest::FIELDS.iter().chain(CompletionRequest::FIELDS);
+        for name in COMMON.iter().chain(NO_OP).chain(REFUSED.iter().map(|r| &r.name)).chain(own) {
             assert!(
                 table.contains(&format!("`{name}`")) || table.contains(&format!("`{name}.")),
                 "the README's table of request fields lacks `{name}`"

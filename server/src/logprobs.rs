@@ -27,9 +27,12 @@ pub fn chat(lps: &[TokenLogprob], tok: &Tokenizer) -> Value {
 
 /// The legacy completions' `logprobs` object; `text_offset` counts bytes
 /// from the start of the completion's text, the first token's being `start`
-/// (a stream's later chunk starts where the earlier ones' tokens end).
-pub fn completion(lps: &[TokenLogprob], tok: &Tokenizer, start: usize) -> Value {
-    let tokens: Vec<String> = lps.iter().map(|lp| tok.decode(&[lp.token])).collect();
+/// (a stream's later chunk starts where the earlier ones' tokens end). With
+/// `echo`, `first` is the prompt's first token, which comes first with a null
+/// log-probability and null alternatives (nothing predicts it: OpenAI's and
+/// vLLM's shape), and `lps` starts with the other prompt tokens'.
+pub fn completion(first: Option<u32>, lps: &[TokenLogprob], tok: &Tokenizer, start: usize) -> Value {
+    let tokens: Vec<String> = first.iter().chain(lps.iter().map(|lp| &lp.token)).map(|&t| tok.decode(&[t])).collect();
     let offsets: Vec<usize> = tokens
         .iter()
         .scan(start, |at, t| {
@@ -38,10 +41,20 @@ pub fn completion(lps: &[TokenLogprob], tok: &Tokenizer, start: usize) -> Value 
             Some(o)
         })
         .collect();
-    let top: Vec<Value> = lps
-        .iter()
-        .map(|lp| Value::Object(lp.top.iter().map(|&(t, l)| (tok.decode(&[t]), json!(l))).collect::<Map<_, _>>()))
+    let none = first.map(|_| Value::Null);
+    let top: Vec<Value> = none
+        .clone()
+        .into_iter()
+        .chain(lps.iter().map(|lp| {
+            // Keyed by text: of alternatives that decode alike (pieces of
+            // multi-byte characters), the most likely one is kept.
+            let mut top = Map::new();
+            for &(t, l) in &lp.top {
+                top.entry(tok.decode(&[t])).or_insert(json!(l));
+            }
+            Value::Object(top)
+        }))
         .collect();
-    let token_logprobs: Vec<f32> = lps.iter().map(|lp| lp.logprob).collect();
+    let token_logprobs: Vec<Value> = none.into_iter().chain(lps.iter().map(|lp| json!(lp.logprob))).collect();
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
 }

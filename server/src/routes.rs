@@ -163,9 +163,21 @@ impl Kind {
     }
 }
 
+/// A prompt echoed at the start of a completion's answer (`echo`).
+struct Echo {
+    /// The prompt's text (as sent, or its ids decoded).
+    text: String,
+    /// Its first token, which `logprobs` lists with no log-probability.
+    first: u32,
+}
+
 /// A generation answered as `kind`: its id and model name for every chunk.
 struct Answer {
     kind: Kind,
+    /// Each prompt, when the answers start with it (`echo`; empty otherwise).
+    echoes: Vec<Echo>,
+    /// Choices per prompt (`n`): choice `i` answers prompt `i / n`.
+    n: usize,
     /// The model (its tokenizer spells the tokens of `logprobs`).
     info: Arc<ModelInfo>,
     /// Whether the request asked for log-probabilities.
@@ -191,18 +203,26 @@ impl Answer {
         v
     }
 
-    /// Sets `choice`'s `logprobs` to those of `lps` when the request asked;
-    /// a completion's `text_offset` starts at `offset`, which moves past the tokens.
-    fn set_logprobs(&self, choice: &mut Value, lps: &[TokenLogprob], offset: &mut usize) {
+    /// The prompt choice `i` starts with, when echoed.
+    fn echo_of(&self, i: usize) -> Option<&Echo> {
+        self.echoes.get(i / self.n)
+    }
+
+    /// Sets `choice`'s `logprobs` to those of `lps` when the request asked
+    /// (a completion's led by `first`, an echoed prompt's first token, which
+    /// has none); a completion's `text_offset` starts at `offset`, which
+    /// moves past the tokens.
+    fn set_logprobs(&self, choice: &mut Value, first: Option<u32>, lps: &[TokenLogprob], offset: &mut usize) {
         if !self.logprobs {
             return;
         }
         let tok = &self.info.tokenizer;
         choice["logprobs"] = match self.kind {
             Kind::Chat => crate::logprobs::chat(lps, tok),
-            Kind::Completion => crate::logprobs::completion(lps, tok, *offset),
+            Kind::Completion => crate::logprobs::completion(first, lps, tok, *offset),
         };
-        *offset += lps.iter().map(|lp| tok.decode(&[lp.token]).len()).sum::<usize>();
+        let tokens = first.iter().chain(lps.iter().map(|lp| &lp.token));
+        *offset += tokens.map(|&t| tok.decode(&[t]).len()).sum::<usize>();
     }
 
     /// The chunk ending `choice`, and when the request has no choice left
@@ -217,14 +237,25 @@ impl Answer {
     }
 }
 
-/// Queues the jobs of `prompts` (`n` choices each) and answers them, streamed or not.
-async fn generate(s: &AppState, kind: Kind, prompts: Vec<Vec<u32>>, common: &Common) -> Result<Response, ApiError> {
+/// One prompt of a request: its ids, and its text when the answer starts with it (`echo`).
+struct Prompted {
+    ids: Vec<u32>,
+    echo: Option<String>,
+}
+
+/// Queues the jobs of `prompts` (`n` choices each) and answers them, streamed
+/// or not; each choice's answer starts with its prompt's `echo`, when given.
+async fn generate(s: &AppState, kind: Kind, prompts: Vec<Prompted>, common: &Common) -> Result<Response, ApiError> {
     let n = common.n_choices(s.info.n_slots)?;
     let mut jobs = Vec::with_capacity(prompts.len());
-    for prompt in prompts {
-        check_vocab(&s.info, "prompt", &prompt)?;
-        let params = common.job_params(&s.info, prompt.len())?;
-        jobs.push((prompt, params));
+    let mut echoes = Vec::new();
+    for Prompted { ids, echo } in prompts {
+        check_vocab(&s.info, "prompt", &ids)?;
+        let params = common.job_params(&s.info, ids.len(), echo.is_some())?;
+        if let Some(text) = echo {
+            echoes.push(Echo { text, first: ids[0] });
+        }
+        jobs.push((ids, params));
     }
     let logprobs = jobs.first().is_some_and(|(_, p)| p.logprobs.is_some());
     if crate::structured::spec(common)?.is_some() {
@@ -239,12 +270,14 @@ async fn generate(s: &AppState, kind: Kind, prompts: Vec<Vec<u32>>, common: &Com
         Kind::Chat => "chatcmpl",
         Kind::Completion => "cmpl",
     };
-    let n = s.metrics.requests.load(std::sync::atomic::Ordering::Relaxed);
+    let serial = s.metrics.requests.load(std::sync::atomic::Ordering::Relaxed);
     let answer = Answer {
         kind,
+        echoes,
+        n,
         info: s.info.clone(),
         logprobs,
-        id: format!("{prefix}-{:x}{n:04x}", now()),
+        id: format!("{prefix}-{:x}{serial:04x}", now()),
         model: s.info.name.clone(),
         created: now(),
     };
@@ -254,7 +287,9 @@ async fn generate(s: &AppState, kind: Kind, prompts: Vec<Vec<u32>>, common: &Com
 /// Waits for every choice and answers them in one object, in index order.
 async fn collect(a: Answer, mut choices: Choices) -> Response {
     let n = choices.len();
-    let (mut texts, mut lps, mut reasons) = (vec![String::new(); n], vec![Vec::new(); n], vec![FinishReason::Stop; n]);
+    let mut texts: Vec<String> = (0..n).map(|i| a.echo_of(i).map_or_else(String::new, |e| e.text.clone())).collect();
+    let (mut lps, mut reasons) = (vec![Vec::new(); n], vec![FinishReason::Stop; n]);
+    let mut prompt_lps = vec![Vec::new(); n];
     let mut totals = choices.totals();
     while !choices.all_done() {
         match choices.next().await {
@@ -262,8 +297,9 @@ async fn collect(a: Answer, mut choices: Choices) -> Response {
                 texts[i].push_str(&text);
                 lps[i].extend(logprobs);
             }
-            Ok((i, Event::Done { reason, timings, logprobs })) => {
+            Ok((i, Event::Done { reason, timings, logprobs, prompt_logprobs })) => {
                 lps[i].extend(logprobs);
+                prompt_lps[i] = prompt_logprobs;
                 reasons[i] = reason;
                 totals.add(i, &timings);
             }
@@ -274,7 +310,8 @@ async fn collect(a: Answer, mut choices: Choices) -> Response {
     let list: Vec<Value> = (0..n)
         .map(|i| {
             let mut c = a.kind.choice(i, Some(&texts[i]), Some(api::finish_reason(reasons[i])), false);
-            a.set_logprobs(&mut c, &lps[i], &mut 0);
+            let all: Vec<TokenLogprob> = prompt_lps[i].drain(..).chain(lps[i].drain(..)).collect();
+            a.set_logprobs(&mut c, a.echo_of(i).map(|e| e.first), &all, &mut 0);
             c
         })
         .collect();
@@ -285,13 +322,13 @@ async fn collect(a: Answer, mut choices: Choices) -> Response {
 }
 
 /// Streams the choices as Server-Sent Events: a task forwards each choice's
-/// events as chunks carrying its `index` (each text chunk with its tokens'
-/// `logprobs` when asked, and a non-standard `hamburger` object: the
-/// `tokens` and `macro_steps` it covers, so a client sees the steps), one
-/// chunk with each choice's finish reason, the last of them with the
-/// request's usage and timings (then a chunk of no choice with `usage` when
-/// `include_usage`), or an error; when the client leaves, the task notices
-/// at once, ends, and the jobs' channels close.
+/// events as chunks carrying its `index` (an echoed prompt first, in a chunk
+/// of its own; each text chunk with its tokens' `logprobs` when asked, and a
+/// non-standard `hamburger` object: the `tokens` and `macro_steps` it covers,
+/// so a client sees the steps), one chunk with each choice's finish reason,
+/// the last of them with the request's usage and timings (then a chunk of no
+/// choice with `usage` when `include_usage`), or an error; when the client
+/// leaves, the task notices at once, ends, and the jobs' channels close.
 fn stream(a: Answer, mut choices: Choices, include_usage: bool) -> Response {
     let (tx, out) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
@@ -300,6 +337,13 @@ fn stream(a: Answer, mut choices: Choices, include_usage: bool) -> Response {
             for i in 0..choices.len() {
                 let role = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
                 if send(a.object(role, true)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        for i in 0..choices.len() {
+            if let Some(echo) = a.echo_of(i) {
+                if send(a.object(a.kind.choice(i, Some(&echo.text), None, true), true)).await.is_err() {
                     return;
                 }
             }
@@ -314,15 +358,15 @@ fn stream(a: Answer, mut choices: Choices, include_usage: bool) -> Response {
             let (v, last, usage) = match event {
                 Ok((i, Event::Text { text, tokens, steps, logprobs })) => {
                     let mut c = a.kind.choice(i, Some(&text), None, true);
-                    a.set_logprobs(&mut c, &logprobs, &mut offsets[i]);
+                    a.set_logprobs(&mut c, None, &logprobs, &mut offsets[i]);
                     let mut v = a.object(c, true);
                     v["hamburger"] = json!({"tokens": tokens, "macro_steps": steps});
                     (v, false, None)
                 }
-                Ok((i, Event::Done { reason, timings, logprobs })) => {
+                Ok((i, Event::Done { reason, timings, logprobs, .. })) => {
                     totals.add(i, &timings);
                     let mut c = a.kind.choice(i, None, Some(api::finish_reason(reason)), true);
-                    a.set_logprobs(&mut c, &logprobs, &mut offsets[i]);
+                    a.set_logprobs(&mut c, None, &logprobs, &mut offsets[i]);
                     let last = choices.all_done();
                     let usage = (last && include_usage).then(|| a.usage_chunk(&totals));
                     (a.finished(c, last.then_some(&totals)), last, usage)
@@ -359,7 +403,7 @@ async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Re
         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
     })
     .await?;
-    generate(&s, Kind::Chat, vec![prompt], &common).await
+    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], &common).await
 }
 
 /// Runs `f` (a template, the tokenizer: CPU work) on tokio's blocking pool,
@@ -374,15 +418,22 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<CompletionRequest>(&body(b)?)?;
-    let prompts = req.prompt.all()?;
-    let info = s.info.clone();
+    let (echo, prompts, info) = (req.echo(), req.prompt.all()?, s.info.clone());
     let prompts = blocking(move || {
         prompts
             .into_iter()
             .map(|p| match p {
-                OnePrompt::Ids(ids) => Ok(ids),
+                // An echoed id prompt is its ids decoded (checked against the vocabulary first).
+                OnePrompt::Ids(ids) if echo => {
+                    check_vocab(&info, "prompt", &ids)?;
+                    let text = info.tokenizer.decode(&ids);
+                    Ok(Prompted { ids, echo: Some(text) })
+                }
+                OnePrompt::Ids(ids) => Ok(Prompted { ids, echo: None }),
                 OnePrompt::Text(text) => {
-                    info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))
+                    let ids =
+                        info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?;
+                    Ok(Prompted { ids, echo: echo.then_some(text) })
                 }
             })
             .collect()

@@ -78,6 +78,18 @@ pub struct Wants {
     pub features: bool,
 }
 
+/// Which inputs of a batch are output rows (the rows the final norm, lm_head
+/// and the heads run on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputRows {
+    /// Each sequence's last input: a decode step, which needs only the
+    /// distribution of the token after everything fed.
+    LastOfEachSequence,
+    /// Every input, in batch order: scoring a prompt, which needs the
+    /// distribution after each of its tokens (only with no features stored).
+    Every,
+}
+
 /// Where the inputs of one batch go in the graph, and the values of its inputs.
 pub struct BaseLayout {
     /// The graph's shape.
@@ -90,15 +102,24 @@ pub struct BaseLayout {
     rows: Vec<Row>,
     /// Feature-store rows: `[n_out, F]`, `seq * F + f`.
     feat_idx: Vec<i64>,
-    /// The sequence of each output row, in order ([`Batch::seqs`]).
+    /// The sequence of each output row, in order ([`Batch::seqs`], or every
+    /// input's with [`OutputRows::Every`]).
     pub out_seqs: Vec<SeqId>,
 }
 
 impl BaseLayout {
     /// Lays out `batch`, whose inputs have the rope positions `pos` and the
     /// cache cells `cells` (batch order), attending `n_kv` cells, computing
-    /// what `want` asks for.
-    pub fn new(hp: &HParams, batch: &Batch, pos: &[i32], cells: &[usize], n_kv: usize, want: Wants) -> BaseLayout {
+    /// what `want` asks for at the `rows` it names.
+    pub fn new(
+        hp: &HParams,
+        batch: &Batch,
+        pos: &[i32],
+        cells: &[usize],
+        n_kv: usize,
+        want: Wants,
+        rows: OutputRows,
+    ) -> BaseLayout {
         let inputs = batch.inputs();
         let group = |i: usize| match inputs[i].n_tokens {
             1 => usize::MAX,
@@ -106,9 +127,13 @@ impl BaseLayout {
         };
         let mut embed_order: Vec<usize> = (0..inputs.len()).collect();
         embed_order.sort_by_key(|&i| group(i)); // stable: batch order within a group
-        let out_seqs = batch.seqs();
-        let last_of = |seq: SeqId| inputs.iter().rposition(|i| i.seq == seq).expect("a sequence of the batch");
-        let outs: Vec<usize> = out_seqs.iter().map(|&s| last_of(s)).collect();
+        let (out_seqs, outs): (Vec<SeqId>, Vec<usize>) = match rows {
+            OutputRows::LastOfEachSequence => {
+                let last_of = |seq: SeqId| inputs.iter().rposition(|i| i.seq == seq).expect("a sequence of the batch");
+                batch.seqs().into_iter().map(|s| (s, last_of(s))).unzip()
+            }
+            OutputRows::Every => inputs.iter().enumerate().map(|(i, input)| (input.seq, i)).unzip(),
+        };
         let graph_order: Vec<usize> =
             (0..inputs.len()).filter(|i| !outs.contains(i)).chain(outs.iter().copied()).collect();
         let mut merged = vec![0; hp.max_steps.saturating_sub(1)];
@@ -268,7 +293,15 @@ mod tests {
     fn inputs_are_embedded_by_group_and_each_sequences_last_input_is_an_output_row() {
         let hp = small(4, 2, 4);
         let want = Wants { stop_head: true, logits: false, features: true };
-        let l = BaseLayout::new(&hp, &mixed_batch(), &[5, 6, 4, 8], &[3, 0, 1, 2], 256, want);
+        let l = BaseLayout::new(
+            &hp,
+            &mixed_batch(),
+            &[5, 6, 4, 8],
+            &[3, 0, 1, 2],
+            256,
+            want,
+            OutputRows::LastOfEachSequence,
+        );
         // Embedding order: merged inputs by token count (2, then 3), then single tokens.
         assert_eq!(l.tokens, [30, 31, 20, 21, 22, 10, 11]);
         // Graph order: the non-output inputs, then each sequence's last input in order of appearance.
@@ -296,11 +329,24 @@ mod tests {
         let mut b = Batch::new();
         b.push_tokens(2, &[1, 2, 3]);
         let want = Wants { stop_head: false, logits: true, features: false };
-        let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[0, 1, 2], 256, want);
+        let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[0, 1, 2], 256, want, OutputRows::LastOfEachSequence);
         assert_eq!(l.perm, [0, 1, 2]);
         assert!(!l.shape.permuted && !l.shape.stop_head && !l.shape.features);
         assert_eq!(l.shape.merged, [0, 0, 0]);
         assert_eq!(l.out_seqs, [2]);
         assert_eq!(l.feat_idx, [4, 5]);
+    }
+
+    #[test]
+    fn scoring_makes_every_input_an_output_row_in_batch_order() {
+        let mut b = Batch::new();
+        b.push_tokens(1, &[7, 8, 9]);
+        let want = Wants { stop_head: false, logits: true, features: false };
+        let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[4, 5, 6], 256, want, OutputRows::Every);
+        assert_eq!(l.perm, [0, 1, 2]);
+        assert_eq!((l.shape.n_out, l.shape.n_rows()), (3, 3));
+        assert_eq!(l.out_seqs, [1, 1, 1]);
+        let rows: Vec<(SeqId, i32, usize)> = l.rows.iter().map(|r| (r.seq, r.pos, r.cell)).collect();
+        assert_eq!(rows, [(1, 0, 4), (1, 1, 5), (1, 2, 6)]);
     }
 }

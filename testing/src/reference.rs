@@ -249,6 +249,17 @@ impl Reference {
         self.logits(feats.last().expect("features"))
     }
 
+    /// The base's logits after each token of `tokens`, fed one per forward
+    /// as a plain Llama reads a prompt (the oracle of prompt scoring).
+    pub fn base_logits(&self, tokens: &[u32]) -> Vec<Vec<f32>> {
+        let mut caches = vec![Cache::default(); self.hp.n_layer];
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(p, &t)| self.logits(self.base_forward(self.embed(t), p, &mut caches).last().expect("features")))
+            .collect()
+    }
+
     /// Greedy decoding of the base model alone (one token per forward).
     pub fn base_greedy(&self, prompt: &[u32], n: usize) -> Vec<u32> {
         let mut caches = vec![Cache::default(); self.hp.n_layer];

@@ -2,7 +2,8 @@
 //! listens on loopback by default, and SIGTERM / SIGINT stop it accepting
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
-//! `server/requests.rs`, the chat page in a browser in `server/webui.rs`,
+//! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
+//! models in `server/echo.rs`, the chat page in a browser in `server/webui.rs`,
 //! against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,6 +12,8 @@ use std::process::{Child, Command, Stdio};
 
 use testing::testmodel::{converted, tiny_fixture};
 
+#[path = "server/echo.rs"]
+mod echo;
 #[path = "server/requests.rs"]
 mod requests;
 #[path = "server/webui.rs"]
@@ -25,6 +28,16 @@ fn tiny() -> std::path::PathBuf {
 /// its address, read from its "listening on" log line.
 fn start() -> (Child, String) {
     start_with(&tiny(), &["-np", "2", "-c", "1024"])
+}
+
+/// A server killed on drop, so a failed assertion leaves no process behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Starts the server on `model` with `args` on an ephemeral port.

@@ -18,14 +18,20 @@ use std::time::Instant;
 use hamburger::chat::ChatTemplate;
 use hamburger::constraint::Grammars;
 use hamburger::generate::{self, DecodeConfig};
+use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
 
-use super::request::Request;
+use super::request::{Request, ScoredPrompt};
 use super::slot_board::SlotBoard;
 use super::slots::Slots;
 use super::{JobGroup, ModelInfo, SchedulerConfig, StartError};
 use crate::metrics::{self, Metrics};
+
+/// Prompt rows scored per forward: each reads back a row of logits
+/// (`n_vocab` floats), so a scoring graph's outputs stay bounded whatever
+/// `n_batch` is (64 rows of a 128 k vocabulary: 32 MiB).
+const SCORED_ROWS: usize = 64;
 
 /// Loads the model, says on `ready` whether it loaded, then serves the jobs
 /// of `rx` until every sender is gone and the last request has finished.
@@ -160,7 +166,9 @@ impl<'t> EngineLoop<'t, '_> {
     /// choices decode in the same macro steps; a group never holds more jobs
     /// than there are slots): each job keeps the entries of the longest start
     /// of its prompt that its slot's cells hold (all but the prompt's last
-    /// token, whose output the first step needs) and feeds the rest.
+    /// token, whose output the first step needs) and feeds the rest. A prompt
+    /// whose log-probabilities are asked for is scored here (all but its last
+    /// token, reusing nothing); a request for no token is answered at once.
     fn admit(&mut self) {
         while self.waiting.front().is_some_and(|group| group.len() <= self.slots.n_free()) {
             for job in self.waiting.pop_front().expect("a waiting group") {
@@ -170,9 +178,37 @@ impl<'t> EngineLoop<'t, '_> {
                 metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
                 metrics::add(&self.m.prompt_tokens_cached, cached as u64);
                 self.tasks += 1;
-                self.running.push(Request::admit(self.tasks, seq, job, cached, self.info));
+                let scored = match job.params.prompt_logprobs.map(|top| self.score(seq, &job.prompt, top)).transpose() {
+                    Ok(scored) => scored,
+                    Err(e) => {
+                        log::error!("scoring the prompt of task {} failed: {e}", self.tasks);
+                        let _ = job.events.send(super::Event::Failed(e.to_string()));
+                        self.engine.clear_seq(seq);
+                        self.slots.give_back(seq, Vec::new());
+                        continue;
+                    }
+                };
+                let no_tokens = job.params.n_predict == 0;
+                let r = Request::admit(self.tasks, seq, job, cached, scored, self.info);
+                if no_tokens {
+                    let held = r.held(&self.engine);
+                    r.answer(self.info, self.m);
+                    self.slots.give_back(seq, held);
+                } else {
+                    self.running.push(r);
+                }
             }
         }
+    }
+
+    /// Scores `prompt` in sequence `seq` (empty), at most [`SCORED_ROWS`]
+    /// tokens per forward, with `top` alternatives per token.
+    fn score(&mut self, seq: SeqId, prompt: &[u32], top: usize) -> hamburger::Result<ScoredPrompt> {
+        let (t, forwards) = (Instant::now(), self.engine.n_forwards());
+        let logprobs = self.engine.score(seq, prompt, self.decode.n_batch.min(SCORED_ROWS), top);
+        metrics::add(&self.m.base_forwards, (self.engine.n_forwards() - forwards) as u64);
+        let logprobs = logprobs?;
+        Ok(ScoredPrompt { logprobs, ms: t.elapsed().as_secs_f64() * 1e3 })
     }
 
     /// Runs one macro step over the running requests; when it fails, every

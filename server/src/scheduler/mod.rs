@@ -93,7 +93,7 @@ pub struct ModelInfo {
 /// A request's generation settings.
 #[derive(Debug, Clone)]
 pub struct JobParams {
-    /// Tokens to generate at most.
+    /// Tokens to generate at most (0: none, the prompt alone is answered).
     pub n_predict: usize,
     /// Sampling.
     pub sampler: SamplerParams,
@@ -101,6 +101,11 @@ pub struct JobParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// Return each token's log-probability with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Score the prompt's tokens too, with this many alternatives (`echo`
+    /// with `logprobs`): the base's log-probability of each prompt token
+    /// after the first, from the logits of every prompt row
+    /// ([`hamburger::Engine::score`]), computed only when asked.
+    pub prompt_logprobs: Option<usize>,
     /// When its macro steps end: the server's rule with the request's `confidence` and `max_steps`.
     pub rule: StepRule,
     /// Texts that end the generation (not included in it).
@@ -167,6 +172,9 @@ pub enum Event {
         /// (those whose text was empty, an end-of-generation token), when the
         /// request asked: the `Text`s' and these together are every counted token's.
         logprobs: Vec<TokenLogprob>,
+        /// The log-probability of each prompt token after the first, when
+        /// the request asked ([`JobParams::prompt_logprobs`]).
+        prompt_logprobs: Vec<TokenLogprob>,
     },
     /// The generation failed.
     Failed(String),

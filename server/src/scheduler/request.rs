@@ -17,6 +17,15 @@ use super::slot_board::{SlotParams, SlotState};
 use super::{Event, FinishReason, Job, ModelInfo};
 use crate::metrics::{self, Metrics};
 
+/// A prompt scored at admission ([`hamburger::Engine::score`]): all its
+/// tokens but the last are fed, and each after the first has its log-probability.
+pub(super) struct ScoredPrompt {
+    /// The log-probabilities of the prompt's tokens after the first.
+    pub(super) logprobs: Vec<TokenLogprob>,
+    /// How long scoring took (part of the prompt's time).
+    pub(super) ms: f64,
+}
+
 /// A request admitted into a slot (one engine sequence), from admission to its last event.
 pub(super) struct Request<'t> {
     /// The request's number since the server started (in its log line).
@@ -26,6 +35,8 @@ pub(super) struct Request<'t> {
     /// The whole prompt, its first `cached` tokens' entries reused from the slot's cells.
     prompt: Vec<u32>,
     cached: usize,
+    /// Its prompt's log-probabilities, when scored at admission.
+    scored: Option<ScoredPrompt>,
     events: UnboundedSender<Event>,
     stop: Vec<String>,
     n_predict: usize,
@@ -54,14 +65,22 @@ pub(super) struct Request<'t> {
 
 impl<'t> Request<'t> {
     /// Admits `job` as task number `task` into sequence `seq`, whose cells
-    /// hold the entries of the prompt's first `cached` tokens and nothing
-    /// else. It may take the slot's share of the cache, `info.n_ctx_slot`
-    /// cells (one per macro step, so k tokens a step answer k times longer
-    /// in them); its text is decoded with the model's tokenizer.
-    pub(super) fn admit(task: u64, seq: SeqId, job: Job, cached: usize, info: &'t ModelInfo) -> Request<'t> {
+    /// hold the entries of the prompt's first `cached` tokens (reused), then
+    /// those `scored` fed, and nothing else. It may take the slot's share of
+    /// the cache, `info.n_ctx_slot` cells (one per macro step, so k tokens a
+    /// step answer k times longer in them); its text is decoded with the
+    /// model's tokenizer.
+    pub(super) fn admit(
+        task: u64,
+        seq: SeqId,
+        job: Job,
+        cached: usize,
+        scored: Option<ScoredPrompt>,
+        info: &'t ModelInfo,
+    ) -> Request<'t> {
         let p = job.params;
         let shown = SlotParams::from(&p);
-        let (before, rest) = job.prompt.split_at(cached);
+        let (before, rest) = job.prompt.split_at(cached + scored.as_ref().map_or(0, |s| s.logprobs.len()));
         let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
         let mut gen =
             SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Vec::new(), before.to_vec()).with_rule(p.rule);
@@ -80,6 +99,7 @@ impl<'t> Request<'t> {
             gen,
             prompt: job.prompt,
             cached,
+            scored,
             events: job.events,
             stop: p.stop,
             n_predict: p.n_predict,
@@ -209,22 +229,25 @@ impl<'t> Request<'t> {
         let ended_by_eog = !self.ignore_eos && generation.output_ids.last().is_some_and(|t| info.eog.contains(t));
         timings.gen_tokens = self.n_tokens_to_stop.unwrap_or(timings.gen_tokens);
         timings.cached_tokens = self.cached;
+        // The prompt's tokens not reused, scored at admission or fed by its first macro step.
+        timings.prompt_tokens = self.prompt.len() - self.cached;
+        timings.prompt_ms += self.scored.as_ref().map_or(0.0, |s| s.ms);
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
-        let reason =
-            if self.timed_out
-                || !(self.stopped_by_string || ended_by_eog)
-                    && (timings.gen_tokens >= self.n_predict || generation.context_full)
-            {
-                FinishReason::Length
-            } else {
-                FinishReason::Stop
-            };
+        let reason = if self.timed_out
+            || !(self.stopped_by_string || ended_by_eog)
+                && (timings.gen_tokens >= self.n_predict || generation.context_full)
+        {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
         log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms);
         let logprobs = self.logprobs(self.sent_tokens, timings.gen_tokens);
-        let _ = self.events.send(Event::Done { reason, timings, logprobs });
+        let prompt_logprobs = self.scored.as_ref().map(|s| s.logprobs.clone()).unwrap_or_default();
+        let _ = self.events.send(Event::Done { reason, timings, logprobs, prompt_logprobs });
     }
 
     /// The log-probabilities of the generated tokens `from..to` (none when

@@ -129,7 +129,6 @@ fn every_request_field_is_honoured_refused_by_name_or_a_listed_no_op() {
         ("functions", json!([{"name": "f"}])),
         ("logprobs", json!(21)),
         ("top_logprobs", json!(2)),
-        ("echo", json!(true)),
         ("logit_bias", json!({"x": 5})),
         ("best_of", json!(2)),
         ("suffix", json!("end")),

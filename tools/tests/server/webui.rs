@@ -5,22 +5,12 @@
 //! messages, each macro step shaded.
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 
 use serde_json::Value;
 use testing::testmodel::{converted, smollm2_checkpoint};
 
-use super::{start_with, tiny};
-
-/// A server killed on drop, so a failed assertion leaves no process behind.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use super::{start_with, tiny, Killed};
 
 /// The status and `Content-Type` of GET `path`.
 fn get(addr: &str, path: &str) -> (u16, String, String) {
