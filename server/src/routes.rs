@@ -169,6 +169,8 @@ struct Answer {
     info: Arc<ModelInfo>,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
+    /// The tools of a chat request that uses them: a call answers as `tool_calls`.
+    tools: Option<crate::tools::ToolRequest>,
     id: String,
     model: String,
     created: u64,
@@ -191,12 +193,22 @@ impl Answer {
     }
 }
 
-/// Queues the job of `prompt` and answers it, streamed or not.
-async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -> Result<Response, ApiError> {
+/// Queues the job of `prompt` and answers it, streamed or not; `tools`
+/// constrain the answer to a call when the request uses them.
+async fn generate(
+    s: &AppState,
+    kind: Kind,
+    prompt: Vec<u32>,
+    common: &Common,
+    tools: Option<crate::tools::ToolRequest>,
+) -> Result<Response, ApiError> {
     check_vocab(&s.info, "prompt", &prompt)?;
     let mut params = common.job_params(&s.info, prompt.len())?;
     let logprobs = params.logprobs.is_some();
-    if crate::structured::spec(common)?.is_some() {
+    if let Some(t) = &tools {
+        let (info, t) = (s.info.clone(), t.clone());
+        params.constraint = Some(blocking(move || t.constraint(&info)).await?);
+    } else if crate::structured::spec(common)?.is_some() {
         let (info, common) = (s.info.clone(), common.clone());
         params.constraint = blocking(move || crate::structured::compile(&info, &common)).await?;
     }
@@ -215,6 +227,7 @@ async fn generate(s: &AppState, kind: Kind, prompt: Vec<u32>, common: &Common) -
         kind,
         info: s.info.clone(),
         logprobs,
+        tools,
         id: format!("{prefix}-{:x}{n:04x}", now()),
         model: s.info.name.clone(),
         created: now(),
@@ -248,6 +261,10 @@ async fn collect(a: Answer, mut rx: UnboundedReceiver<Event>) -> Response {
             Ok(Event::Text { text: t, .. }) => text.push_str(&t),
             Ok(Event::Done { reason, timings, logprobs }) => {
                 let mut v = finished(&a, Some(&text), reason, &timings, false);
+                if let Some(calls) = a.tools.as_ref().and_then(|t| t.calls(&text)) {
+                    v["choices"][0]["message"] = json!({"role": "assistant", "content": null, "tool_calls": calls});
+                    v["choices"][0]["finish_reason"] = json!("tool_calls");
+                }
                 if a.logprobs {
                     v["choices"][0]["logprobs"] = match a.kind {
                         Kind::Chat => crate::logprobs::chat(&logprobs, &a.info.tokenizer),
@@ -313,17 +330,22 @@ fn stream(a: Answer, mut rx: UnboundedReceiver<Event>, include_usage: bool) -> R
 async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<ChatRequest>(&body(b)?)?;
     let messages = api::chat_messages(&req.messages)?;
+    let tools =
+        crate::tools::ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), &s.info, &common)?;
+    let template_tools = tools.as_ref().map(|t| t.for_template().to_vec()).unwrap_or_default();
     let info = s.info.clone();
     let prompt = blocking(move || {
         let template = info
             .chat_template
             .as_ref()
             .ok_or_else(|| ApiError::field("messages", "the model has no chat template: use /v1/completions"))?;
-        let text = template.render(&messages, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
+        let text = template
+            .render_with_tools(&messages, &template_tools, true)
+            .map_err(|e| ApiError::field("messages", e.to_string()))?;
         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
     })
     .await?;
-    generate(&s, Kind::Chat, prompt, &common).await
+    generate(&s, Kind::Chat, prompt, &common, tools).await
 }
 
 /// Runs `f` (a template, the tokenizer: CPU work) on tokio's blocking pool,
@@ -346,7 +368,7 @@ async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>
                 .await?
         }
     };
-    generate(&s, Kind::Completion, prompt, &common).await
+    generate(&s, Kind::Completion, prompt, &common, None).await
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {

@@ -164,13 +164,22 @@ impl ChatTemplate {
     /// # Errors
     /// When the template does not parse.
     pub fn of_model(model: &crate::Model, tokenizer: &crate::tokenizer::Tokenizer) -> Result<Option<ChatTemplate>> {
+        model.vocab.chat_template.as_deref().map(|source| ChatTemplate::for_model(source, model, tokenizer)).transpose()
+    }
+
+    /// The template of Jinja `source` (one given instead of the model's, as
+    /// llama.cpp's `--chat-template-file`), with the texts of `model`'s BOS
+    /// and EOS tokens.
+    ///
+    /// # Errors
+    /// When the template does not parse.
+    pub fn for_model(
+        source: &str,
+        model: &crate::Model,
+        tokenizer: &crate::tokenizer::Tokenizer,
+    ) -> Result<ChatTemplate> {
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
-        model
-            .vocab
-            .chat_template
-            .as_deref()
-            .map(|source| ChatTemplate::new(source, &text(model.vocab.bos), &text(model.vocab.eos)))
-            .transpose()
+        ChatTemplate::new(source, &text(model.vocab.bos), &text(model.vocab.eos))
     }
 
     /// This template, rendered from now on in child processes of `isolation`,
