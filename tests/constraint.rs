@@ -11,7 +11,7 @@ use hamburger::constraint::{ConstraintError, ConstraintSpec, Grammars, MicroPoli
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
 use serde_json::json;
-use testing::testmodel::{converted, smollm2_checkpoint};
+use testing::testmodel::{converted, smollm2_checkpoint, smollm2_trained_checkpoint};
 
 fn open(checkpoint: &Path, stem: &str) -> Model {
     Model::open(&converted(checkpoint, stem, ggml::Type::Q8_0, false).unwrap(), &LoadOptions::default()).unwrap()
@@ -164,6 +164,17 @@ fn json_outputs_validate(model: &Model, step: StepParams) {
             }
         }
     }
+}
+
+/// The trained SmolLM2-HAMburger (the shipped grafted modules) at the
+/// confidence its GGUF recommends: the micro decoder's own choices, not
+/// forced ones, meet the mask.
+#[test]
+fn json_schemas_hold_on_the_trained_model_at_its_recommended_confidence() {
+    let path = converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
+    let confidence = hamburger::model::recommended_confidence_of(&path).unwrap().expect("a recommended confidence");
+    let model = Model::open(&path, &LoadOptions::default()).unwrap();
+    json_outputs_validate(&model, StepParams { confidence, ..Default::default() });
 }
 
 #[test]
