@@ -260,3 +260,25 @@ fn bad_and_hostile_constraints_are_errors_naming_them() {
         }
     }
 }
+
+/// An end-of-generation token committed after the output is complete (what
+/// the mask then allows, again and again) leaves the matcher usable: it
+/// still allows ending, instead of failing (and logging a rejected token).
+#[test]
+fn end_tokens_after_a_complete_output_keep_the_matcher_usable() {
+    let path = converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
+    let model = Model::open(&path, &LoadOptions::default()).unwrap();
+    let tok = Tokenizer::from_model(&model).unwrap();
+    let grammars = Grammars::new(&tok, &model.vocab.eog).unwrap();
+    let mut s =
+        grammars.compile(&ConstraintSpec::Regex("yes".into()), MicroPolicy::BestAllowed, false).unwrap().start();
+    for t in tok.encode("yes", false).unwrap() {
+        assert!(s.allows(t));
+        s.commit(t);
+    }
+    let eog = model.vocab.eog[0];
+    for _ in 0..3 {
+        assert!(s.allows(eog), "the end token is refused after a complete output");
+        s.commit(eog);
+    }
+}
