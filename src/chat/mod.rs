@@ -205,8 +205,8 @@ impl ChatTemplate {
     }
 
     /// Renders `messages` with the function definitions `tools` (OpenAI's
-    /// `tools` entries, given to the template as its `tools` variable, none
-    /// when empty, as transformers' `apply_chat_template` gives them).
+    /// `tools` entries, given to the template as its `tools` variable,
+    /// undefined when empty, as transformers' `apply_chat_template` gives them).
     ///
     /// # Errors
     /// As [`ChatTemplate::render`].
@@ -231,10 +231,15 @@ impl ChatTemplate {
         let mut out = BoundedOutput(Vec::new());
         let ctx = context! {
             messages => messages.iter().map(|m| minijinja::Value::from(minijinja::value::Serde(m))).collect::<Vec<_>>(),
-            tools => (!tools.is_empty()).then(|| minijinja::Value::from(minijinja::value::Serde(tools))),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos,
             eos_token => &self.eos,
+        };
+        // Without tools the variable stays undefined, as transformers leaves
+        // it (templates test `tools is defined` before `tools | length`).
+        let ctx = match tools {
+            [] => ctx,
+            _ => context! { tools => minijinja::Value::from(minijinja::value::Serde(tools)), ..ctx },
         };
         t.render_captured_to(ctx, &mut out).map_err(|e| Error::Template(with_causes(&e)))?;
         String::from_utf8(out.0).map_err(|_| Error::Template("the rendered text is not UTF-8".into()))
@@ -309,7 +314,7 @@ mod tests {
 
     #[test]
     fn tools_and_tool_calls_reach_the_template_only_when_given() {
-        let source = "{% if tools is not none %}{{ tools[0].function.name }};{% endif %}{% for m in messages %}{% if 'tool_calls' in m %}{{ m.tool_calls[0].function.arguments | tojson }}{% elif m.role == 'tool' %}[{{ m.tool_call_id }}:{{ m.content }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+        let source = "{% if tools is defined %}{{ tools[0].function.name }};{% endif %}{% for m in messages %}{% if 'tool_calls' in m %}{{ m.tool_calls[0].function.arguments | tojson }}{% elif m.role == 'tool' %}[{{ m.tool_call_id }}:{{ m.content }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
         let t = ChatTemplate::new(source, "", "").unwrap();
         let call =
             serde_json::json!({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}});
