@@ -264,8 +264,12 @@ impl SeqConstraint {
         self.matcher.compute_mask_or_eos().is_ok_and(|m| m.get(token as usize))
     }
 
-    /// Records `token` as the output's next one.
+    /// Records `token` as the output's next one (the end-of-generation token
+    /// after a complete output, the only one then allowed, changes nothing).
     pub fn commit(&mut self, token: u32) {
+        if self.matcher.is_stopped() {
+            return;
+        }
         if let Err(e) = self.matcher.consume_token(token) {
             log::warn!("constraint rejected token {token}: {e}");
         }

@@ -6,7 +6,7 @@ use hamburger::chat::{ChatTemplate, Message};
 
 fn render(source: &str) -> Result<String, String> {
     let t = ChatTemplate::new(source, "<s>", "</s>").map_err(|e| e.to_string())?;
-    t.render(&[Message { role: "user".into(), content: "hi".into() }], true).map_err(|e| e.to_string())
+    t.render(&[Message::new("user", "hi")], true).map_err(|e| e.to_string())
 }
 
 #[test]

@@ -15,7 +15,7 @@ const BOS: &str = "<|begin_of_text|>";
 const EOS: &str = "<|eot_id|>";
 
 fn msg(role: &str, content: &str) -> Message {
-    Message { role: role.into(), content: content.into() }
+    Message::new(role, content)
 }
 
 /// The conversations every template is rendered on, with or without the

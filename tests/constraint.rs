@@ -11,7 +11,7 @@ use hamburger::constraint::{ConstraintError, ConstraintSpec, Grammars, MicroPoli
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
 use serde_json::json;
-use testing::testmodel::{converted, smollm2_checkpoint};
+use testing::testmodel::{converted, smollm2_checkpoint, smollm2_trained_checkpoint};
 
 fn open(checkpoint: &Path, stem: &str) -> Model {
     Model::open(&converted(checkpoint, stem, ggml::Type::Q8_0, false).unwrap(), &LoadOptions::default()).unwrap()
@@ -166,6 +166,17 @@ fn json_outputs_validate(model: &Model, step: StepParams) {
     }
 }
 
+/// The trained SmolLM2-HAMburger (the shipped grafted modules) at the
+/// confidence its GGUF recommends: the micro decoder's own choices, not
+/// forced ones, meet the mask.
+#[test]
+fn json_schemas_hold_on_the_trained_model_at_its_recommended_confidence() {
+    let path = converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
+    let confidence = hamburger::model::recommended_confidence_of(&path).unwrap().expect("a recommended confidence");
+    let model = Model::open(&path, &LoadOptions::default()).unwrap();
+    json_outputs_validate(&model, StepParams { confidence, ..Default::default() });
+}
+
 #[test]
 fn json_schemas_hold_on_random_grafted_modules_at_forced_k4() {
     let model = open(&smollm2_checkpoint().unwrap(), "smollm2");
@@ -247,5 +258,27 @@ fn bad_and_hostile_constraints_are_errors_naming_them() {
                 eprintln!("{}: compiled and masked in {:?}: {allowed} tokens allowed", spec.kind(), started.elapsed());
             }
         }
+    }
+}
+
+/// An end-of-generation token committed after the output is complete (what
+/// the mask then allows, again and again) leaves the matcher usable: it
+/// still allows ending, instead of failing (and logging a rejected token).
+#[test]
+fn end_tokens_after_a_complete_output_keep_the_matcher_usable() {
+    let path = converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
+    let model = Model::open(&path, &LoadOptions::default()).unwrap();
+    let tok = Tokenizer::from_model(&model).unwrap();
+    let grammars = Grammars::new(&tok, &model.vocab.eog).unwrap();
+    let mut s =
+        grammars.compile(&ConstraintSpec::Regex("yes".into()), MicroPolicy::BestAllowed, false).unwrap().start();
+    for t in tok.encode("yes", false).unwrap() {
+        assert!(s.allows(t));
+        s.commit(t);
+    }
+    let eog = model.vocab.eog[0];
+    for _ in 0..3 {
+        assert!(s.allows(eog), "the end token is refused after a complete output");
+        s.commit(eog);
     }
 }

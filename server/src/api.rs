@@ -157,8 +157,14 @@ pub struct ContentPart {
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`...
     pub role: String,
-    /// Its content (null is refused: no tool calls to stand for it).
+    /// Its content (null only beside an assistant's `tool_calls`).
     pub content: Option<Content>,
+    /// An assistant's tool calls (OpenAI's shape, the arguments a JSON string).
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function's name.
+    pub name: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -166,6 +172,10 @@ pub struct ChatMessage {
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
+    /// Functions the model may call (see [`crate::tools`]).
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or a named function.
+    pub tool_choice: Option<Value>,
 }
 
 /// A completion prompt: text or token ids.
@@ -211,7 +221,7 @@ impl Prompt {
 }
 
 impl Request for ChatRequest {
-    const FIELDS: &'static [&'static str] = &["messages"];
+    const FIELDS: &'static [&'static str] = &["messages", "tools", "tool_choice"];
 }
 
 /// `POST /v1/completions`.
@@ -274,13 +284,14 @@ fn as_f32(v: Option<f64>) -> Option<f32> {
 }
 
 /// The roles a chat template knows.
-const ROLES: &[&str] = &["system", "developer", "user", "assistant"];
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
 /// The chat messages as the template wants them.
 ///
 /// # Errors
-/// A 400 for no message, an unknown role, a null content, or a non-text
-/// content part, naming the message's field.
+/// A 400 for no message, an unknown role, a null content (but beside an
+/// assistant's tool calls), a non-text content part, or tool calls that are
+/// not OpenAI's shape, naming the message's field.
 pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::field("messages", "'messages' must hold at least one message"));
@@ -296,6 +307,7 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
                 ));
             }
             let content = match &m.content {
+                None if m.role == "assistant" && m.tool_calls.is_some() => String::new(),
                 None => {
                     return Err(ApiError::field(
                         &format!("messages[{i}].content"),
@@ -317,7 +329,13 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
             };
             // OpenAI's newer name of the system role, which templates do not know.
             let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-            Ok(Message { role: role.to_string(), content })
+            let tool_calls = m.tool_calls.as_deref().map(|c| crate::tools::template_calls(i, c)).transpose()?;
+            Ok(Message {
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+                ..Message::new(role, &content)
+            })
         })
         .collect()
 }
@@ -500,7 +518,7 @@ impl Common {
 
 /// A seed for a request that gives none, different each time (as OpenAI and
 /// llama-server do): std's per-map random keys, hashed with the clock.
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));

@@ -40,7 +40,8 @@ pub const COMMON: &[&str] = &[
 
 /// Fields real clients send that change nothing here: end-user ids, stored
 /// metadata and service tiers have no meaning for one local model without
-/// storage, and `parallel_tool_calls` none without tools.
+/// storage, and `parallel_tool_calls` only allows several calls (an answer
+/// here makes one, see [`crate::tools`]).
 pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls", "service_tier"];
 
 /// A field refused unless it holds its neutral value (what a client sends when
@@ -71,14 +72,19 @@ fn null_or_none(v: &Value) -> bool {
     v.is_null() || v == "none"
 }
 
-const TOOLS: &str = "tool calling is not supported";
+/// Why the legacy completions endpoint refuses tools (chat honours them).
+const TOOLS: &str = "tools are called through /v1/chat/completions";
 
-/// The refused fields, with their neutral values.
+/// Why the deprecated function-calling fields are refused.
+const FUNCTIONS: &str = "the deprecated functions API is not supported: use 'tools' and 'tool_choice'";
+
+/// The refused fields, with their neutral values (an endpoint's own fields,
+/// such as chat's `tools`, are honoured there before this list is asked).
 const REFUSED: &[Refused] = &[
     Refused { name: "tools", neutral: null_or_empty, why: TOOLS },
     Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
-    Refused { name: "functions", neutral: null_or_empty, why: TOOLS },
-    Refused { name: "function_call", neutral: null_or_none, why: TOOLS },
+    Refused { name: "functions", neutral: null_or_empty, why: FUNCTIONS },
+    Refused { name: "function_call", neutral: null_or_none, why: FUNCTIONS },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
 ];

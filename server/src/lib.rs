@@ -10,6 +10,7 @@
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
 //! * [`webui`]: the chat page at `/`, built into the binary;
 //! * [`structured`]: `response_format`, `grammar` and `json_schema` compiled into a constraint;
+//! * [`tools`]: `tools` / `tool_choice`: the template's tools, the call's grammar, `tool_calls`;
 //! * [`logprobs`]: per-token log-probabilities in chat's and completions' shapes;
 //! * [`llama_routes`]: llama-server's `/props`, `/slots`, `/apply-template`
 //!   and the answer naming the route to use instead of `/completion`;
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod routes;
 pub mod scheduler;
 pub mod structured;
+pub mod tools;
 pub mod webui;
 
 use std::future::Future;

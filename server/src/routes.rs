@@ -182,6 +182,8 @@ struct Answer {
     info: Arc<ModelInfo>,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
+    /// The tools of a chat request that uses them: a call answers as `tool_calls`.
+    tools: Option<crate::tools::ToolRequest>,
     id: String,
     model: String,
     created: u64,
@@ -244,8 +246,15 @@ struct Prompted {
 }
 
 /// Queues the jobs of `prompts` (`n` choices each) and answers them, streamed
-/// or not; each choice's answer starts with its prompt's `echo`, when given.
-async fn generate(s: &AppState, kind: Kind, prompts: Vec<Prompted>, common: &Common) -> Result<Response, ApiError> {
+/// or not; each choice's answer starts with its prompt's `echo`, when given;
+/// `tools` constrain the answers to a call when the request uses them.
+async fn generate(
+    s: &AppState,
+    kind: Kind,
+    prompts: Vec<Prompted>,
+    common: &Common,
+    tools: Option<crate::tools::ToolRequest>,
+) -> Result<Response, ApiError> {
     let n = common.n_choices(s.info.n_slots)?;
     let mut jobs = Vec::with_capacity(prompts.len());
     let mut echoes = Vec::new();
@@ -258,12 +267,17 @@ async fn generate(s: &AppState, kind: Kind, prompts: Vec<Prompted>, common: &Com
         jobs.push((ids, params));
     }
     let logprobs = jobs.first().is_some_and(|(_, p)| p.logprobs.is_some());
-    if crate::structured::spec(common)?.is_some() {
+    let constraint = if let Some(t) = &tools {
+        let (info, t) = (s.info.clone(), t.clone());
+        Some(blocking(move || t.constraint(&info)).await?)
+    } else if crate::structured::spec(common)?.is_some() {
         let (info, common) = (s.info.clone(), common.clone());
-        let constraint = blocking(move || crate::structured::compile(&info, &common)).await?;
-        for (_, params) in &mut jobs {
-            params.constraint.clone_from(&constraint);
-        }
+        blocking(move || crate::structured::compile(&info, &common)).await?
+    } else {
+        None
+    };
+    for (_, params) in &mut jobs {
+        params.constraint.clone_from(&constraint);
     }
     let choices = choices::submit(&s.submitter, jobs, n, common, Instant::now() + s.timeout)?;
     let prefix = match kind {
@@ -277,6 +291,7 @@ async fn generate(s: &AppState, kind: Kind, prompts: Vec<Prompted>, common: &Com
         n,
         info: s.info.clone(),
         logprobs,
+        tools,
         id: format!("{prefix}-{:x}{serial:04x}", now()),
         model: s.info.name.clone(),
         created: now(),
@@ -310,6 +325,10 @@ async fn collect(a: Answer, mut choices: Choices) -> Response {
     let list: Vec<Value> = (0..n)
         .map(|i| {
             let mut c = a.kind.choice(i, Some(&texts[i]), Some(api::finish_reason(reasons[i])), false);
+            if let Some(calls) = a.tools.as_ref().and_then(|t| t.calls(&texts[i])) {
+                c["message"] = json!({"role": "assistant", "content": null, "tool_calls": calls});
+                c["finish_reason"] = json!("tool_calls");
+            }
             let all: Vec<TokenLogprob> = prompt_lps[i].drain(..).chain(lps[i].drain(..)).collect();
             a.set_logprobs(&mut c, a.echo_of(i).map(|e| e.first), &all, &mut 0);
             c
@@ -393,17 +412,22 @@ fn stream(a: Answer, mut choices: Choices, include_usage: bool) -> Response {
 async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<ChatRequest>(&body(b)?)?;
     let messages = api::chat_messages(&req.messages)?;
+    let tools =
+        crate::tools::ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), &s.info, &common)?;
+    let template_tools = tools.as_ref().map(|t| t.for_template().to_vec()).unwrap_or_default();
     let info = s.info.clone();
     let prompt = blocking(move || {
         let template = info
             .chat_template
             .as_ref()
             .ok_or_else(|| ApiError::field("messages", "the model has no chat template: use /v1/completions"))?;
-        let text = template.render(&messages, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
+        let text = template
+            .render_with_tools(&messages, &template_tools, true)
+            .map_err(|e| ApiError::field("messages", e.to_string()))?;
         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
     })
     .await?;
-    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], &common).await
+    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], &common, tools).await
 }
 
 /// Runs `f` (a template, the tokenizer: CPU work) on tokio's blocking pool,
@@ -439,7 +463,7 @@ async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>
             .collect()
     })
     .await?;
-    generate(&s, Kind::Completion, prompts, &common).await
+    generate(&s, Kind::Completion, prompts, &common, None).await
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {

@@ -9,6 +9,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::TestServer;
+use hamburger::StepParams;
 use serde_json::{json, Value};
 
 mod common;
@@ -274,7 +275,7 @@ fn a_prompt_that_extends_an_earlier_one_reuses_its_cells_and_answers_the_same() 
 /// "length" when they are full, as llama-server's slot context does.
 #[test]
 fn a_slot_holds_an_answer_as_long_as_its_macro_steps_fit_its_cells() {
-    let s = TestServer::with_cells(1, 64, 8, None);
+    let s = TestServer::start_with(1, 64, 8, None, StepParams { confidence: 0.3, ..Default::default() }, None);
     let body = |max_steps: usize| {
         json!({"prompt": "Count with me:", "max_tokens": 160, "temperature": 0, "ignore_eos": true,
                "confidence": 0.0, "max_steps": max_steps})

@@ -48,6 +48,7 @@ pub(super) struct Request {
     pub(super) bos: String,
     pub(super) eos: String,
     pub(super) messages: Vec<Message>,
+    pub(super) tools: Vec<serde_json::Value>,
     pub(super) add_generation_prompt: bool,
 }
 
@@ -93,7 +94,13 @@ pub fn serve_if_child() -> Option<i32> {
         .read_to_end(&mut input)
         .map_err(|e| Error::Template(e.to_string()))
         .and_then(|_| serde_json::from_slice::<Request>(&input).map_err(|e| Error::Template(e.to_string())))
-        .and_then(|r| ChatTemplate::new(&r.source, &r.bos, &r.eos)?.render(&r.messages, r.add_generation_prompt));
+        .and_then(|r| {
+            ChatTemplate::new(&r.source, &r.bos, &r.eos)?.render_with_tools(
+                &r.messages,
+                &r.tools,
+                r.add_generation_prompt,
+            )
+        });
     Some(match rendered {
         Ok(text) => i32::from(std::io::stdout().write_all(text.as_bytes()).is_err()),
         Err(e) => {

@@ -50,13 +50,32 @@ impl io::Write for BoundedOutput {
     }
 }
 
-/// One chat message.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// One chat message, as templates see it (OpenAI's message shape): a tool
+/// call's fields are present only on the messages that carry them, since
+/// templates test `'tool_calls' in message`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant's tool calls: `{id, type, function: {name, arguments}}`,
+    /// the arguments an object (templates print them with `tojson`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool message: the function's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` holding the text `content`.
+    pub fn new(role: &str, content: &str) -> Message {
+        Message { role: role.into(), content: content.into(), ..Message::default() }
+    }
 }
 
 /// A compiled chat template.
@@ -145,13 +164,22 @@ impl ChatTemplate {
     /// # Errors
     /// When the template does not parse.
     pub fn of_model(model: &crate::Model, tokenizer: &crate::tokenizer::Tokenizer) -> Result<Option<ChatTemplate>> {
+        model.vocab.chat_template.as_deref().map(|source| ChatTemplate::for_model(source, model, tokenizer)).transpose()
+    }
+
+    /// The template of Jinja `source` (one given instead of the model's, as
+    /// llama.cpp's `--chat-template-file`), with the texts of `model`'s BOS
+    /// and EOS tokens.
+    ///
+    /// # Errors
+    /// When the template does not parse.
+    pub fn for_model(
+        source: &str,
+        model: &crate::Model,
+        tokenizer: &crate::tokenizer::Tokenizer,
+    ) -> Result<ChatTemplate> {
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or_default();
-        model
-            .vocab
-            .chat_template
-            .as_deref()
-            .map(|source| ChatTemplate::new(source, &text(model.vocab.bos), &text(model.vocab.eos)))
-            .transpose()
+        ChatTemplate::new(source, &text(model.vocab.bos), &text(model.vocab.eos))
     }
 
     /// This template, rendered from now on in child processes of `isolation`,
@@ -173,12 +201,28 @@ impl ChatTemplate {
     /// endless loop), writes more than the output bound, or (isolated) needs
     /// more memory than its child may have.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// Renders `messages` with the function definitions `tools` (OpenAI's
+    /// `tools` entries, given to the template as its `tools` variable,
+    /// undefined when empty, as transformers' `apply_chat_template` gives them).
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`].
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         if let Some(isolation) = &self.isolation {
             let request = child::Request {
                 source: self.source.clone(),
                 bos: self.bos.clone(),
                 eos: self.eos.clone(),
                 messages: messages.to_vec(),
+                tools: tools.to_vec(),
                 add_generation_prompt,
             };
             return child::render(isolation, &request);
@@ -186,10 +230,16 @@ impl ChatTemplate {
         let t = self.env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
         let mut out = BoundedOutput(Vec::new());
         let ctx = context! {
-            messages => messages.iter().map(|m| context! { role => &m.role, content => &m.content }).collect::<Vec<_>>(),
+            messages => messages.iter().map(|m| minijinja::Value::from(minijinja::value::Serde(m))).collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos,
             eos_token => &self.eos,
+        };
+        // Without tools the variable stays undefined, as transformers leaves
+        // it (templates test `tools is defined` before `tools | length`).
+        let ctx = match tools {
+            [] => ctx,
+            _ => context! { tools => minijinja::Value::from(minijinja::value::Serde(tools)), ..ctx },
         };
         t.render_captured_to(ctx, &mut out).map_err(|e| Error::Template(with_causes(&e)))?;
         String::from_utf8(out.0).map_err(|_| Error::Template("the rendered text is not UTF-8".into()))
@@ -208,7 +258,7 @@ pub struct Chat {
 impl Chat {
     /// A new chat, optionally with a system prompt.
     pub fn new(template: ChatTemplate, system: Option<&str>) -> Chat {
-        let messages = system.map(|s| vec![Message { role: "system".into(), content: s.into() }]).unwrap_or_default();
+        let messages = system.map(|s| vec![Message::new("system", s)]).unwrap_or_default();
         Chat { template, messages, fed: String::new() }
     }
 
@@ -218,7 +268,7 @@ impl Chat {
     /// # Errors
     /// When the template fails.
     pub fn user(&mut self, text: &str) -> Result<String> {
-        self.messages.push(Message { role: "user".into(), content: text.into() });
+        self.messages.push(Message::new("user", text));
         let full = self.template.render(&self.messages, true)?;
         let delta = match full.strip_prefix(self.fed.as_str()) {
             Some(rest) => rest.to_string(),
@@ -237,7 +287,7 @@ impl Chat {
     /// (including an end-of-turn token's text when it emitted one).
     pub fn assistant(&mut self, generated: &str, content: &str) {
         self.fed.push_str(generated);
-        self.messages.push(Message { role: "assistant".into(), content: content.into() });
+        self.messages.push(Message::new("assistant", content));
     }
 }
 
@@ -258,13 +308,29 @@ mod tests {
     #[test]
     fn python_string_methods_work() {
         let t = ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}", "", "").unwrap();
-        let m = [Message { role: "user".into(), content: "  hi ".into() }];
+        let m = [Message::new("user", "  hi ")];
         assert_eq!(t.render(&m, false).unwrap(), "HI");
     }
 
     #[test]
+    fn tools_and_tool_calls_reach_the_template_only_when_given() {
+        let source = "{% if tools is defined %}{{ tools[0].function.name }};{% endif %}{% for m in messages %}{% if 'tool_calls' in m %}{{ m.tool_calls[0].function.arguments | tojson }}{% elif m.role == 'tool' %}[{{ m.tool_call_id }}:{{ m.content }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        let call =
+            serde_json::json!({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}});
+        let messages = [
+            Message::new("user", "hi"),
+            Message { tool_calls: Some(vec![call]), ..Message::new("assistant", "") },
+            Message { tool_call_id: Some("c1".into()), ..Message::new("tool", "42") },
+        ];
+        assert_eq!(t.render(&messages, false).unwrap(), "hi{\"x\": 1}[c1:42]");
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        assert_eq!(t.render_with_tools(&messages[..1], &tools, false).unwrap(), "f;hi");
+    }
+
+    #[test]
     fn hostile_templates_fail_within_bounds() {
-        let m = [Message { role: "user".into(), content: "hi".into() }];
+        let m = [Message::new("user", "hi")];
         for source in [
             "{{ 'x' * 100000000000 }}",
             "{{ range(100000000000) | list | length }}",

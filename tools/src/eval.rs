@@ -136,7 +136,7 @@ impl Prompts {
     /// # Errors
     /// When the template or the tokenizer fails.
     pub fn user(&self, text: &str) -> Result<Vec<u32>> {
-        let rendered = self.template.render(&[Message { role: "user".into(), content: text.into() }], true)?;
+        let rendered = self.template.render(&[Message::new("user", text)], true)?;
         Ok(self.tokenizer.encode(&rendered, true)?)
     }
 

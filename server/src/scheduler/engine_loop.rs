@@ -86,10 +86,15 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
     let decode = DecodeConfig::new(model, &cfg.step, cfg.engine.n_batch)?;
     let engine = Engine::new(model, &cfg.engine)?;
     let tokenizer = Tokenizer::from_model(model)?;
-    let chat_template = ChatTemplate::of_model(model, &tokenizer)?.map(|t| match &cfg.template_isolation {
+    let chat_template = match &cfg.chat_template {
+        Some(source) => Some(ChatTemplate::for_model(source, model, &tokenizer)?),
+        None => ChatTemplate::of_model(model, &tokenizer)?,
+    };
+    let chat_template = chat_template.map(|t| match &cfg.template_isolation {
         Some(isolation) => t.isolated(isolation.clone()),
         None => t,
     });
+    let tool_format = chat_template.as_ref().and_then(crate::tools::CallFormat::of_template);
     let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let hidden = model.vocab.eog.iter().copied().chain(tokenizer.special_ids()).collect();
     let info = ModelInfo {
@@ -105,6 +110,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         step: cfg.step,
         tokenizer,
         chat_template,
+        tool_format,
         eog: model.vocab.eog.clone(),
         hidden,
     };

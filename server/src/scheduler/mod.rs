@@ -50,6 +50,9 @@ pub struct SchedulerConfig {
     pub step: StepParams,
     /// Requests that may wait for a slot; more are refused.
     pub queue: usize,
+    /// Jinja source of the chat template to use instead of the model's
+    /// (llama-server's `--chat-template-file`).
+    pub chat_template: Option<String>,
     /// Render the model's chat template in child processes (see `hamburger::chat::Isolation`).
     pub template_isolation: Option<hamburger::chat::Isolation>,
     /// The name `/v1/models` and every answer report (llama-server's
@@ -84,6 +87,8 @@ pub struct ModelInfo {
     pub grammars: Option<Grammars>,
     /// The chat template, if the model has one.
     pub chat_template: Option<ChatTemplate>,
+    /// How the template's model writes a tool call (None: it renders no tools).
+    pub tool_format: Option<crate::tools::CallFormat>,
     /// The end-of-generation tokens.
     pub eog: Vec<u32>,
     /// The end-of-generation and special tokens: never part of a response's text.

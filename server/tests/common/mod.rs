@@ -19,27 +19,37 @@ pub struct TestServer {
 impl TestServer {
     /// Starts a server of `n_slots` slots of 512 KV cells and a queue of `queue`.
     pub fn start(n_slots: usize, queue: usize, api_key: Option<&str>) -> TestServer {
-        TestServer::with_cells(n_slots, 512, queue, api_key)
+        let step = StepParams { confidence: 0.3, ..Default::default() };
+        TestServer::start_with(n_slots, 512, queue, api_key, step, None)
     }
 
-    /// Starts a server of `n_slots` slots of `cells` KV cells each and a queue of `queue`.
-    pub fn with_cells(n_slots: usize, cells: usize, queue: usize, api_key: Option<&str>) -> TestServer {
+    /// Starts a server of `n_slots` slots of `n_ctx_slot` KV cells each,
+    /// whose requests' stop rule defaults to `step`, with the Jinja
+    /// `chat_template` instead of the model's when given.
+    pub fn start_with(
+        n_slots: usize,
+        n_ctx_slot: usize,
+        queue: usize,
+        api_key: Option<&str>,
+        step: StepParams,
+        chat_template: Option<String>,
+    ) -> TestServer {
         let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
         let engine = EngineParams {
-            n_ctx: cells * n_slots,
+            n_ctx: n_ctx_slot * n_slots,
             n_seq: n_slots,
             kv_type: ggml::Type::F32,
             flash_attn: false,
             n_threads: 2,
             ..Default::default()
         };
-        let step = StepParams { confidence: 0.3, ..Default::default() };
         let cfg = SchedulerConfig {
             model,
             load: LoadOptions::default(),
             engine,
             step,
             queue,
+            chat_template,
             template_isolation: None,
             alias: None,
             n_predict: None,

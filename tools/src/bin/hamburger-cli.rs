@@ -388,10 +388,7 @@ fn report(gen: &Generation) -> String {
 fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
     let tok = Tokenizer::from_model(model)?;
     let template = match args.template.source()? {
-        Some(source) => {
-            let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or_default();
-            ChatTemplate::new(&source, &text(model.vocab.bos), &text(model.vocab.eos)).context("--chat-template")?
-        }
+        Some(source) => ChatTemplate::for_model(&source, model, &tok).context("--chat-template")?,
         None => ChatTemplate::of_model(model, &tok)?
             .context("the model has no chat template: give one with --chat-template")?,
     }

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel, LlamaPlacement};
-use hamburger::{LoadOptions, Model, Session};
+use hamburger::{LoadOptions, Model, Session, SessionParams};
 use serde_json::{json, Value};
 use tools::eval::{self, Prompts, Row, Scorer};
 
@@ -56,6 +56,12 @@ enum Cmd {
         /// Output: md or json.
         #[arg(short = 'o', long, default_value = "md", value_parser = ["md", "json"])]
         output: String,
+        /// Constrain HAMburger's outputs (llama-cli's flags; the base's
+        /// greedy run stays free): each generation then ends where the
+        /// constraint is complete, and `--grammar-micro` picks what a
+        /// forbidden micro token does.
+        #[command(flatten)]
+        grammar: tools::grammar::GrammarArgs,
     },
     /// Reads JSON lines `{"prompt": user message, "response": text}` (other
     /// fields are kept) and writes each with `ids` (prompt and answer, the
@@ -84,8 +90,8 @@ enum Cmd {
 
 fn main() -> ExitCode {
     tools::cli::run_tool("hamburger-eval", "warn", |args: Args| match args.cmd {
-        Cmd::Run { model, baseline, scorer, prompts, limit, n_predict, confidence, threads, output } => {
-            let opts = RunOptions { n_predict, confidence, threads, limit };
+        Cmd::Run { model, baseline, scorer, prompts, limit, n_predict, confidence, threads, output, grammar } => {
+            let opts = RunOptions { n_predict, confidence, threads, limit, grammar };
             let rows = run(&model, &baseline, scorer.as_deref(), &prompts, &opts)?;
             match output.as_str() {
                 "md" => print!("{}", eval::markdown(&rows)),
@@ -104,6 +110,7 @@ struct RunOptions {
     confidence: Vec<f32>,
     threads: usize,
     limit: Option<usize>,
+    grammar: tools::grammar::GrammarArgs,
 }
 
 /// The `prompt` of every JSON line of `path`.
@@ -139,10 +146,22 @@ fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: 
     let mut scorer = Scorer::new(score_model.as_ref().unwrap_or(&base), n_ctx, o.threads)?;
     let llama_params = LlamaContextParams { n_ctx: n_ctx as u32, n_threads: o.threads as i32, ..Default::default() };
     let mut base_ctx = LlamaContext::new(&base, llama_params)?;
+    let constraint = if o.grammar.is_set() {
+        Some(o.grammar.constraint(&hamburger::tokenizer::Tokenizer::from_model(&model)?, &model.vocab.eog)?)
+    } else {
+        None
+    };
     let mut sessions: Vec<Session> = o
         .confidence
         .iter()
-        .map(|&c| Session::new(&model, eval::session_params(c, o.threads, n_ctx)))
+        .map(|&c| {
+            // A constrained output ends where the constraint is complete.
+            let params =
+                SessionParams { ignore_eog: constraint.is_none(), ..eval::session_params(c, o.threads, n_ctx) };
+            let mut s = Session::new(&model, params)?;
+            s.set_constraint(constraint.clone());
+            Ok(s)
+        })
         .collect::<hamburger::Result<_>>()?;
     let mut rows: Vec<Row> = o.confidence.iter().map(|&c| Row { confidence: c, ..Default::default() }).collect();
     // Warm-up: one untimed generation per engine.

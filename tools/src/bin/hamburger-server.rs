@@ -34,10 +34,10 @@ struct Args {
     /// The model's name in `/v1/models` and in every answer (default: the GGUF's).
     #[arg(short = 'a', long)]
     alias: Option<String>,
-    /// Accepted for llama-server's launch scripts: chat templates are always
-    /// the model's Jinja template.
-    #[arg(long)]
-    jinja: bool,
+    /// The chat template instead of the model's (`--chat-template`,
+    /// `--chat-template-file`; `--jinja` accepted: templates always render as Jinja).
+    #[command(flatten)]
+    template: tools::cli::ChatTemplateArgs,
     /// Accepted for llama-server's launch scripts: `/metrics` is always served.
     #[arg(long)]
     metrics: bool,
@@ -118,6 +118,7 @@ fn run(mut args: Args) -> Result<()> {
         engine,
         step: args.decode.step_params(args.forced_steps),
         queue: args.queue,
+        chat_template: args.template.source()?,
         template_isolation: Some(tools::cli::template_isolation()?),
         alias: args.alias,
         n_predict: usize::try_from(args.n_predict).ok(),
