@@ -5,6 +5,7 @@
 //! * [`routes`]: the axum routes (chat and text completions, models, health,
 //!   tokenize, detokenize, metrics), the API key, Server-Sent Events;
 //! * [`api`]: request bodies, their checks, the usage and timings objects;
+//! * [`messages`]: chat messages in OpenAI's shapes checked into the template's;
 //! * `choices`: a request's `n` choices per prompt fanned out into jobs
 //!   (a prompt's admitted together), their events merged, their usage summed;
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
@@ -22,6 +23,7 @@ pub mod error;
 pub mod fields;
 pub mod llama_routes;
 pub mod logprobs;
+pub mod messages;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;

@@ -54,7 +54,7 @@ async fn props(State(s): State<AppState>) -> Json<Value> {
 /// chat template (the assistant's turn opened), as `{"prompt": text}`.
 async fn apply_template(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: ChatRequest = api::parse(&body(b)?)?;
-    let messages = api::chat_messages(&req.messages)?;
+    let messages = crate::messages::chat_messages(&req.messages)?;
     let info = s.info.clone();
     let prompt = blocking(move || {
         let template =

@@ -411,7 +411,7 @@ fn stream(a: Answer, mut choices: Choices, include_usage: bool) -> Response {
 
 async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = api::parse_request::<ChatRequest>(&body(b)?)?;
-    let messages = api::chat_messages(&req.messages)?;
+    let messages = crate::messages::chat_messages(&req.messages)?;
     let tools =
         crate::tools::ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), &s.info, &common)?;
     let template_tools = tools.as_ref().map(|t| t.for_template().to_vec()).unwrap_or_default();

@@ -1,0 +1,101 @@
+//! Chat messages in OpenAI's shapes (text or text parts, the `developer`
+//! role, assistants' tool calls, `tool` answers), checked into the messages
+//! a chat template renders, each error naming the message's field.
+
+use hamburger::chat::Message;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// A message's content: text, or parts of which the text ones count.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Typed parts.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// `text` (other types are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`...
+    pub role: String,
+    /// Its content (null only beside an assistant's `tool_calls`).
+    pub content: Option<Content>,
+    /// An assistant's tool calls (OpenAI's shape, the arguments a JSON string).
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function's name.
+    pub name: Option<String>,
+}
+
+/// The roles a chat template knows.
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
+/// The chat messages as the template wants them.
+///
+/// # Errors
+/// A 400 for no message, an unknown role, a null content (but beside an
+/// assistant's tool calls), a non-text content part, or tool calls that are
+/// not OpenAI's shape, naming the message's field.
+pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::field("messages", "'messages' must hold at least one message"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::field(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role '{}' (one of {})", m.role, ROLES.join(", ")),
+                ));
+            }
+            let content = match &m.content {
+                None if m.role == "assistant" && m.tool_calls.is_some() => String::new(),
+                None => {
+                    return Err(ApiError::field(
+                        &format!("messages[{i}].content"),
+                        format!("messages[{i}].content must be text or text parts, not null"),
+                    ))
+                }
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => Ok(t.as_str()),
+                        _ => Err(ApiError::field(
+                            &format!("messages[{i}].content"),
+                            format!("content parts of type '{}' are not supported (text only)", p.kind),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .concat(),
+            };
+            // OpenAI's newer name of the system role, which templates do not know.
+            let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+            let tool_calls = m.tool_calls.as_deref().map(|c| crate::tools::template_calls(i, c)).transpose()?;
+            Ok(Message {
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+                ..Message::new(role, &content)
+            })
+        })
+        .collect()
+}
