@@ -17,6 +17,7 @@ use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants
 use crate::graph::{StepGraph, StepOut};
 use crate::kv_cache::{KvCache, SeqId};
 use crate::model::Model;
+use crate::row_class::RowClasses;
 use crate::sampling::TokenLogprob;
 use crate::{Error, Result};
 
@@ -119,6 +120,19 @@ impl<'m> Engine<'m> {
     /// Tokens in `seq`'s context (the next token position).
     pub fn next_pos(&self, seq: SeqId) -> usize {
         self.next_pos[seq]
+    }
+
+    /// Which of its base forwards compute a row alike ([`crate::row_class`]):
+    /// known for ggml's CPU backend alone.
+    pub fn row_classes(&self) -> RowClasses {
+        let plan = &self.model.plan;
+        if plan.n_gpu_layers() > 0 || plan.tail_device().is_some() {
+            RowClasses::Unknown
+        } else if self.flash {
+            RowClasses::CpuFlashAttention
+        } else {
+            RowClasses::Cpu
+        }
     }
 
     /// Base forwards (macro steps of all sequences together) run so far.

@@ -14,6 +14,7 @@ use crate::graph::base::Wants;
 use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
+use crate::row_class::fresh_chunk;
 use crate::sampling::{Sampler, TokenLogprob};
 use crate::step::{Generation, MacroStep, StepParams, StepRule};
 use crate::{Error, Model, Result};
@@ -85,6 +86,9 @@ pub struct SeqGen<'a> {
     /// no log-probabilities (and no logits read for them).
     logprobs: Option<usize>,
     on_step: Option<OnStep<'a>>,
+    /// Whether every prompt token fed so far was read in a forward of the
+    /// row-count class a fresh read of the context gives it.
+    prompt_alike: bool,
     gen: Generation,
     done: bool,
     started: Instant,
@@ -109,6 +113,7 @@ impl<'a> SeqGen<'a> {
             history: prompt.to_vec(),
             logprobs: None,
             on_step: None,
+            prompt_alike: true,
             gen: Generation::default(),
             done: false,
             started: Instant::now(),
@@ -168,6 +173,16 @@ impl<'a> SeqGen<'a> {
     /// Whether the sequence has finished.
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// Whether every prompt token fed so far was read in a forward of the
+    /// row-count class ([`crate::row_class`]) that a fresh read of the whole
+    /// context, cut into chunks at multiples of `n_batch` positions, gives
+    /// it: then, if the cells before the prompt were such a read's too,
+    /// the prompt's cells are exactly what a fresh read computes. Reading
+    /// beside other sequences can change a forward's class.
+    pub fn prompt_read_alike(&self) -> bool {
+        self.prompt_alike
     }
 
     /// What it has generated so far.
@@ -321,7 +336,8 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
     let mut seqs: Vec<&mut SeqGen<'a>> = seqs.iter_mut().map(BorrowMut::borrow_mut).collect();
     let mut batch = Batch::new();
     let mut budget = cfg.n_batch;
-    let mut fed: Vec<(usize, usize)> = Vec::new(); // (sequence index, prompt tokens fed)
+    // (sequence index, prompt tokens fed, rows of the fresh read's chunk they belong to)
+    let mut fed: Vec<(usize, usize, usize)> = Vec::new();
     for (i, sg) in seqs.iter_mut().enumerate().filter(|(_, s)| !s.done) {
         if sg.merged.is_empty() && sg.fed == sg.prompt.len() {
             return Err(Error::Invalid("nothing to feed: the prompt is empty".into()));
@@ -337,17 +353,26 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
             batch.push_merged(sg.seq, &sg.merged);
             budget -= 1;
         }
-        let take = budget.min(sg.prompt.len() - sg.fed);
+        // Prompt chunks end where a fresh read's do, at multiples of n_batch positions.
+        let pos = engine.next_pos(sg.seq) + sg.merged.len();
+        let (start, end) = fresh_chunk(pos, pos + sg.prompt.len() - sg.fed, cfg.n_batch.max(1));
+        let take = budget.min(end - pos);
         batch.push_tokens(sg.seq, &sg.prompt[sg.fed..sg.fed + take]);
         budget -= take;
-        fed.push((i, take));
+        fed.push((i, take, end - start));
+    }
+    let (classes, rows) = (engine.row_classes(), batch.inputs().len());
+    for &(i, take, chunk) in &fed {
+        if take > 0 && !classes.alike(rows, chunk) {
+            seqs[i].prompt_alike = false;
+        }
     }
     let want_logits = cfg.keep_logits || seqs.iter().any(|s| s.wants_logits());
     let stop_head = seqs.iter().any(|s| !s.done && s.rule(cfg).needs_stop_head());
     let features = seqs.iter().any(|s| !s.done && s.rule(cfg).may_continue());
     let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?;
     let mut ready = Vec::new();
-    for (i, take) in fed {
+    for (i, take, _) in fed {
         let sg = &mut seqs[i];
         sg.merged.clear();
         sg.fed += take;

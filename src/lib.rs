@@ -23,6 +23,7 @@ pub mod hparams;
 pub mod kv_cache;
 pub mod model;
 pub mod placement;
+pub mod row_class;
 pub mod sampling;
 pub mod session;
 pub mod step;

@@ -3,7 +3,8 @@
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
 //! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
-//! models in `server/echo.rs`, the chat page in a browser in `server/webui.rs`,
+//! models in `server/echo.rs`, prompt-prefix reuse that changes no answer in
+//! `server/prompt_cache.rs`, the chat page in a browser in `server/webui.rs`,
 //! against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,6 +15,8 @@ use testing::testmodel::{converted, tiny_fixture};
 
 #[path = "server/echo.rs"]
 mod echo;
+#[path = "server/prompt_cache.rs"]
+mod prompt_cache;
 #[path = "server/requests.rs"]
 mod requests;
 #[path = "server/webui.rs"]
@@ -38,6 +41,14 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// POSTs `body` to the server at `addr`; the status and the JSON answer.
+fn post(addr: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    // No timeout (reqwest's blocking client waits 30 s by default): a loaded machine answers late.
+    let client = reqwest::blocking::Client::builder().timeout(None).build().unwrap();
+    let r = client.post(format!("http://{addr}{path}")).json(body).send().unwrap();
+    (r.status().as_u16(), r.json().unwrap())
 }
 
 /// Starts the server on `model` with `args` on an ephemeral port.

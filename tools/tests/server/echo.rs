@@ -12,17 +12,12 @@ use std::process::{Command, Stdio};
 use serde_json::{json, Value};
 use testing::testmodel::tiny_fixture;
 
-use super::{start_with, tiny, Killed};
+use super::{post, start_with, tiny, Killed};
 
 /// How far the server's log-probabilities may be from libllama's: both run
 /// the F32 base with an F16 cache, in different orders of summation (they
 /// differ by about 1e-6 per token).
 const TOLERANCE: f64 = 1e-4;
-
-fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::blocking::Client::new().post(format!("http://{addr}{path}")).json(body).send().unwrap();
-    (r.status().as_u16(), r.json().unwrap())
-}
 
 /// What `hamburger-eval score` says of one prompt and response: the ids
 /// (the user turn rendered by the chat template, then the response and the
