@@ -12,7 +12,7 @@ use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepPa
 use testing::near_tie::{
     assert_agree_measured, decisions_of_generation, decisions_of_reference, one_token_steps, top2_margin,
 };
-use testing::reference::{argmax, Reference};
+use testing::reference::Reference;
 use testing::testmodel::{converted, smollm2_checkpoint};
 
 const PROMPTS: [&str; 5] = [
@@ -26,23 +26,6 @@ const PROMPTS: [&str; 5] = [
 fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> hamburger::Generation {
     session.clear();
     session.generate(prompt, n, |_| true).unwrap()
-}
-
-/// libllama's greedy decode of `prompt` with the logits of every token.
-fn libllama_greedy(llama: &mut LlamaContext, base: &LlamaModel, prompt: &[i32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    llama.clear();
-    llama.decode(prompt).unwrap();
-    let (mut tokens, mut logits) = (Vec::new(), Vec::new());
-    loop {
-        let l = llama.logits();
-        let t = argmax(&l);
-        tokens.push(t);
-        logits.push(l);
-        if base.is_eog(t as i32) || tokens.len() == n {
-            return (tokens, logits);
-        }
-        llama.decode(&[t as i32]).unwrap();
-    }
 }
 
 /// One token per step against libllama on the base-only export: the same
@@ -67,7 +50,8 @@ fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {
         let ids = tok.encode(p, true).unwrap();
         let llama_ids: Vec<i32> = base.tokenize(p, true, true).unwrap();
         assert_eq!(ids.iter().map(|&t| t as i32).collect::<Vec<_>>(), llama_ids, "tokenization of {p:?}");
-        let (want, want_logits) = libllama_greedy(&mut llama, &base, &llama_ids, 32);
+        let (want, want_logits) = llama.greedy_with_logits(&llama_ids, 32, Some(&base)).unwrap();
+        let want: Vec<u32> = want.into_iter().map(|t| t as u32).collect();
         let gen = greedy(&mut session, &ids, 32);
         assert!(gen.macro_steps.iter().all(|s| s.tokens.len() == 1));
         let logits: Vec<Vec<f32>> = gen.macro_steps.iter().map(|s| s.logits[0].clone()).collect();
