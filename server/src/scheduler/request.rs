@@ -7,7 +7,7 @@
 use std::borrow::{Borrow, BorrowMut};
 use std::time::Instant;
 
-use hamburger::generate::SeqGen;
+use hamburger::generate::{Pending, SeqGen};
 use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::TextStream;
 use hamburger::{Engine, Sampler, TokenLogprob};
@@ -83,7 +83,7 @@ impl<'t> Request<'t> {
         let (before, rest) = job.prompt.split_at(cached + scored.as_ref().map_or(0, |s| s.logprobs.len()));
         let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
         let mut gen =
-            SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Vec::new(), before.to_vec()).with_rule(p.rule);
+            SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Pending::default(), before.to_vec()).with_rule(p.rule);
         gen = gen.with_cell_limit(info.n_ctx_slot);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
