@@ -8,9 +8,9 @@
 //! The sampler has every knob on: temperature, top-k, top-p, min-p, a
 //! presence penalty (which sees the earlier tokens of the answer, so the
 //! history each check uses matters) and logit biases, which pull the base's
-//! and the micro decoder's distributions onto the same few tokens, so that
-//! drafts are accepted often enough and rejected often enough for both
-//! branches to count. The threshold is the chi-square quantile at p = 1e-3
+//! and the micro decoder's distributions onto the same three tokens (top-k
+//! 3 keeps only them), so that drafts are accepted often enough and
+//! rejected often enough for both branches to count. The threshold is the chi-square quantile at p = 1e-3
 //! for the test's degrees of freedom; the seeds are fixed, so the statistic
 //! is too (no flakiness). A verifier that accepts every draft (the mutation
 //! this test was checked to catch) gives tokens 2 and 3 from the micro
@@ -23,10 +23,11 @@ use hamburger::{
 use testing::testmodel::{converted, tiny_fixture};
 
 const PROMPT: [u32; 6] = [1, 20, 31, 42, 53, 64];
-/// The tokens the logit biases favour.
-const FAVOURED: [u32; 3] = [100, 200, 300];
+/// The tokens the logit biases favour: three whose base logits after
+/// [`PROMPT`] are close (8.5, 8.5 and 8.3, where the most likely is 12.2).
+const FAVOURED: [u32; 3] = [132, 331, 287];
 /// Generations sampled per run.
-const SAMPLES: u64 = 3000;
+const SAMPLES: u64 = 4000;
 
 fn tiny_f32() -> Model {
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
@@ -35,8 +36,8 @@ fn tiny_f32() -> Model {
 
 fn sampling(seed: u64) -> SamplerParams {
     SamplerParams {
-        temp: 0.9,
-        top_k: 8,
+        temp: 1.5,
+        top_k: 3,
         top_p: 0.98,
         min_p: 0.01,
         presence_penalty: 0.4,
@@ -47,11 +48,11 @@ fn sampling(seed: u64) -> SamplerParams {
 }
 
 fn sampler(seed: u64) -> Sampler {
-    Sampler::new(sampling(seed)).with_logit_bias(FAVOURED.iter().map(|&t| (t, 5.0)).collect())
+    Sampler::new(sampling(seed)).with_logit_bias(FAVOURED.iter().map(|&t| (t, 20.0)).collect())
 }
 
 fn engine_params() -> EngineParams {
-    EngineParams { n_ctx: 64, kv_type: ggml::Type::F32, n_threads: 2, ..Default::default() }
+    EngineParams { n_ctx: 64, kv_type: ggml::Type::F32, n_threads: 1, ..Default::default() }
 }
 
 /// The exact probability of each 3-token start whose tokens are all

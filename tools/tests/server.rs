@@ -3,7 +3,8 @@
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
 //! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
-//! models in `server/echo.rs`, the chat page in a browser in `server/webui.rs`,
+//! models in `server/echo.rs`, self-verified requests in
+//! `server/speculative.rs`, the chat page in a browser in `server/webui.rs`,
 //! against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,6 +17,8 @@ use testing::testmodel::{converted, tiny_fixture};
 mod echo;
 #[path = "server/requests.rs"]
 mod requests;
+#[path = "server/speculative.rs"]
+mod speculative;
 #[path = "server/webui.rs"]
 mod webui;
 
