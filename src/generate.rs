@@ -469,7 +469,7 @@ mod tests {
 
     fn cfg(ignore_eog: bool) -> DecodeConfig {
         let rule = StepParams { confidence: 0.3, ..Default::default() }.rule(4).unwrap();
-        DecodeConfig { rule, n_batch: 8, ignore_eog, keep_logits: false, eog: vec![EOG] }
+        DecodeConfig { rule, n_batch: 8, ignore_eog, keep_logits: false, eog: vec![EOG], draft_cost: 0.4 }
     }
 
     fn seq<'a>(n_predict: usize) -> SeqGen<'a> {
