@@ -12,6 +12,7 @@ use crate::error::ApiError;
 use crate::fields;
 use crate::messages::ChatMessage;
 use crate::scheduler::{FinishReason, JobParams, ModelInfo};
+use crate::speculative::{self, SpecFields};
 
 /// Parses a JSON body into `T`, naming the field at fault.
 ///
@@ -266,6 +267,16 @@ fn as_f32(v: Option<f64>) -> Option<f32> {
 }
 
 impl Common {
+    /// The `speculative.*` fields.
+    fn speculative(&self) -> SpecFields<'_> {
+        SpecFields {
+            spec_type: self.spec_type.as_deref(),
+            n_max: self.spec_n_max,
+            n_min: self.spec_n_min,
+            p_min: self.spec_p_min,
+        }
+    }
+
     /// Whether the answer is streamed.
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
@@ -359,7 +370,7 @@ impl Common {
         let step = StepParams {
             confidence: as_f32(self.confidence).unwrap_or(info.step.confidence),
             max_steps: self.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
-            draft: crate::speculative::draft(self, info.step.draft)?,
+            draft: speculative::draft(self.speculative(), info.step.draft)?,
             ..info.step
         };
         let rule = step.rule(info.max_steps).map_err(|e| refused(&e))?;

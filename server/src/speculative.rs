@@ -8,8 +8,20 @@
 use hamburger::draft::SpecType;
 use hamburger::DraftParams;
 
-use crate::api::Common;
 use crate::error::ApiError;
+
+/// A request's `speculative.*` fields, as it sent them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpecFields<'a> {
+    /// `speculative.type`.
+    pub spec_type: Option<&'a str>,
+    /// `speculative.n_max`.
+    pub n_max: Option<u64>,
+    /// `speculative.n_min`.
+    pub n_min: Option<u64>,
+    /// `speculative.p_min`.
+    pub p_min: Option<f64>,
+}
 
 /// The drafts `c` asks for, `default` (the server's) where it sets nothing:
 /// `None` decodes macro steps. Ranges are checked with the step rule.
@@ -17,8 +29,8 @@ use crate::error::ApiError;
 /// # Errors
 /// A 400 naming `speculative.type` for a type that does not apply or is
 /// unknown, or naming a draft field given for macro steps.
-pub fn draft(c: &Common, default: Option<DraftParams>) -> Result<Option<DraftParams>, ApiError> {
-    let verified = match c.spec_type.as_deref().map(SpecType::parse) {
+pub fn draft(c: SpecFields, default: Option<DraftParams>) -> Result<Option<DraftParams>, ApiError> {
+    let verified = match c.spec_type.map(SpecType::parse) {
         None => default.is_some(),
         Some(Ok(SpecType::None)) => false,
         Some(Ok(SpecType::SelfVerified)) => true,
@@ -31,9 +43,9 @@ pub fn draft(c: &Common, default: Option<DraftParams>) -> Result<Option<DraftPar
         Some(Err(e)) => return Err(ApiError::field("speculative.type", format!("'speculative.type': {e}"))),
     };
     let given = [
-        ("speculative.n_max", c.spec_n_max.is_some()),
-        ("speculative.n_min", c.spec_n_min.is_some()),
-        ("speculative.p_min", c.spec_p_min.is_some()),
+        ("speculative.n_max", c.n_max.is_some()),
+        ("speculative.n_min", c.n_min.is_some()),
+        ("speculative.p_min", c.p_min.is_some()),
     ];
     if !verified {
         if let Some((name, _)) = given.iter().find(|g| g.1) {
@@ -47,8 +59,8 @@ pub fn draft(c: &Common, default: Option<DraftParams>) -> Result<Option<DraftPar
     let d = default.unwrap_or_default();
     let count = |v: Option<u64>| v.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     Ok(Some(DraftParams {
-        n_max: count(c.spec_n_max).or(d.n_max),
-        n_min: count(c.spec_n_min).unwrap_or(d.n_min),
-        p_min: c.spec_p_min.map_or(d.p_min, |p| p as f32),
+        n_max: count(c.n_max).or(d.n_max),
+        n_min: count(c.n_min).unwrap_or(d.n_min),
+        p_min: c.p_min.map_or(d.p_min, |p| p as f32),
     }))
 }
