@@ -91,7 +91,7 @@ fn partial_offload_decodes_like_the_cpu_in_f32() {
     };
     let prompts = smollm2_prompts(&cpu);
     let want = greedy(&cpu, &p, &prompts, 32);
-    let rule = StepRule { max_steps: cpu.hp.max_steps, confidence: 0.3, forced: false };
+    let rule = StepRule { max_steps: cpu.hp.max_steps, confidence: 0.3, forced: false, draft: None };
     let logits = |g: &Generation| g.macro_steps.iter().flat_map(|s| s.logits.iter().cloned()).collect::<Vec<_>>();
     for ngl in [10, 30] {
         let model = on_gpu(&gguf, ngl);

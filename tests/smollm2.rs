@@ -108,7 +108,7 @@ fn lower_confidence_emits_several_tokens_per_kv_entry() {
         // The same tokens and boundaries as the reference implementation, up
         // to a near-tie within twice their measured departure.
         let want = reference.generate(&ids, 0.3, 24, &eos);
-        let rule = StepRule { max_steps: model.hp.max_steps, confidence: 0.3, forced: false };
+        let rule = StepRule { max_steps: model.hp.max_steps, confidence: 0.3, forced: false, draft: None };
         let (g, mut w) = (decisions_of_generation(&gen, &rule), decisions_of_reference(&want, &rule));
         w.truncate(24);
         let logits = |steps: Vec<&Vec<Vec<f32>>>| steps.into_iter().flatten().cloned().collect::<Vec<_>>();

@@ -113,7 +113,7 @@ fn micro_cache_serves_every_micro_position() {
     let want = reference.generate_with(&prompt, 0.0, Some(4), 12, &[]);
     assert_eq!(gen.macro_steps.len(), 3);
     // Tokens equal the reference's up to a near-tie (logits within 1e-3, relative).
-    let rule = StepRule { max_steps: 4, confidence: 0.0, forced: true };
+    let rule = StepRule { max_steps: 4, confidence: 0.0, forced: true, draft: None };
     let (g, w) = (decisions_of_generation(&gen, &rule), decisions_of_reference(&want, &rule));
     let part = assert_agree(&g, &w, 2e-3, 0.0, "forced k=4 against the reference");
     let logits = |steps: Vec<&Vec<Vec<f32>>>| steps.into_iter().flatten().cloned().collect::<Vec<_>>();

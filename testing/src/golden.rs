@@ -80,7 +80,7 @@ impl Worst {
 /// probability's distance from the case's confidence, for the first
 /// `max_new_tokens` tokens.
 fn golden_decisions(case: &GoldenCase, max_steps: usize) -> Vec<Decision> {
-    let rule = StepRule { max_steps, confidence: case.confidence, forced: false };
+    let rule = StepRule { max_steps, confidence: case.confidence, forced: false, draft: None };
     let steps: Vec<(Vec<u32>, Vec<f32>, Vec<f32>)> = case.raw["macro_steps"]
         .as_array()
         .unwrap()
@@ -118,7 +118,7 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
         let p = SessionParams { step: StepParams { confidence: case.confidence, ..params.step }, ..params.clone() };
         let mut session = Session::new(model, p).unwrap();
         let gen = session.generate(&case.prompt_ids, case.max_new_tokens, |_| true).unwrap();
-        let rule = StepRule { max_steps: model.hp.max_steps, confidence: case.confidence, forced: false };
+        let rule = StepRule { max_steps: model.hp.max_steps, confidence: case.confidence, forced: false, draft: None };
         let want = golden_decisions(case, model.hp.max_steps);
         let got = decisions_of_generation(&gen, &rule);
         let part = divergence(&got, &want);

@@ -189,7 +189,7 @@ mod tests {
     use super::*;
 
     fn rule() -> StepRule {
-        StepRule { max_steps: 4, confidence: 0.5, forced: false }
+        StepRule { max_steps: 4, confidence: 0.5, forced: false, draft: None }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! fail before anything is loaded. What clients send and get back is in
 //! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
 //! models in `server/echo.rs`, prompt-prefix reuse that changes no answer in
-//! `server/prompt_cache.rs`, the chat page in a browser in `server/webui.rs`,
+//! `server/prompt_cache.rs`, self-verified requests in
+//! `server/speculative.rs`, the chat page in a browser in `server/webui.rs`,
 //! against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,6 +20,8 @@ mod echo;
 mod prompt_cache;
 #[path = "server/requests.rs"]
 mod requests;
+#[path = "server/speculative.rs"]
+mod speculative;
 #[path = "server/webui.rs"]
 mod webui;
 

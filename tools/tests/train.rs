@@ -203,7 +203,7 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
         // probability, testing::golden): the same decisions up to a near-tie
         // of twice those. The CLI cuts the last step at the budget; the
         // comparison ends with the shorter side.
-        let rule = StepRule { max_steps: 4, confidence: conf as f32, forced: false };
+        let rule = StepRule { max_steps: 4, confidence: conf as f32, forced: false, draft: None };
         let u32s = |s: &Vec<u64>| s.iter().map(|&t| t as u32).collect::<Vec<_>>();
         let (got_steps, want_steps) =
             (got.iter().map(u32s).collect::<Vec<_>>(), want.iter().map(u32s).collect::<Vec<_>>());

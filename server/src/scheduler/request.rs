@@ -7,7 +7,7 @@
 use std::borrow::{Borrow, BorrowMut};
 use std::time::Instant;
 
-use hamburger::generate::SeqGen;
+use hamburger::generate::{Pending, SeqGen};
 use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::TextStream;
 use hamburger::{Engine, Sampler, TokenLogprob};
@@ -93,8 +93,9 @@ impl<'t> Request<'t> {
         let shown = SlotParams::from(&p);
         let (before, rest) = job.prompt.split_at(reused.tokens + scored.as_ref().map_or(0, |s| s.logprobs.len()));
         let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
-        let mut gen =
-            SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Vec::new(), before.to_vec()).with_rule(p.rule);
+        let mut gen = SeqGen::new(seq, rest, p.n_predict, sampler)
+            .continuing(Pending::default(), before.to_vec())
+            .with_rule(p.rule);
         gen = gen.with_cell_limit(info.n_ctx_slot);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
@@ -256,6 +257,9 @@ impl<'t> Request<'t> {
         timings.prompt_ms += self.scored.as_ref().map_or(0.0, |s| s.ms);
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
+        metrics::add(&m.draft_tokens, timings.drafted as u64);
+        metrics::add(&m.draft_accepted, timings.draft_accepted as u64);
+        metrics::add(&m.verify_forwards, timings.verify_forwards as u64);
         let reason = if self.timed_out
             || !(self.stopped_by_string || ended_by_eog)
                 && (timings.gen_tokens >= self.n_predict || generation.context_full)
@@ -266,7 +270,7 @@ impl<'t> Request<'t> {
         };
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
-        log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms);
+        log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {} of {} drafted tokens accepted; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms, t.draft_accepted, t.drafted);
         let logprobs = self.logprobs(self.sent_tokens, timings.gen_tokens);
         let prompt_logprobs = self.scored.as_ref().map(|s| s.logprobs.clone()).unwrap_or_default();
         let _ = self.events.send(Event::Done { reason, timings, logprobs, prompt_logprobs });
