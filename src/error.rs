@@ -24,10 +24,8 @@ pub enum Error {
         /// Every problem, `;`-separated.
         problems: String,
     },
-    /// The file is not a HAMburger GGUF.
-    #[error(
-        "{path}: architecture is '{found}', expected 'hamburger' (a base-only llama GGUF runs in llama.cpp, not here)"
-    )]
+    /// The file is neither a HAMburger GGUF nor a llama one (a base alone).
+    #[error("{path}: architecture is '{found}', expected 'hamburger' (or 'llama', a base model alone)")]
     WrongArchitecture {
         /// The model file.
         path: PathBuf,

@@ -99,9 +99,11 @@ fn hostile_hyper_parameters() {
 }
 
 #[test]
-fn llama_gguf_given_as_hamburger() {
-    let p = tiny(true);
-    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["llama", "hamburger"]);
+fn an_architecture_neither_hamburger_nor_llama() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("qwen.gguf");
+    rewrite(&tiny(true), &p, Edit::Set("general.architecture", Value::Str("qwen2".into())));
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["qwen.gguf", "qwen2", "hamburger", "llama"]);
 }
 
 #[test]
