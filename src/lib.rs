@@ -25,6 +25,7 @@ pub mod model;
 pub mod placement;
 pub mod sampling;
 pub mod session;
+pub mod speculative;
 pub mod step;
 mod threads;
 pub mod tokenizer;

@@ -119,17 +119,22 @@ impl Sampler {
     /// Picks the next token from `logits`, given the tokens so far (the
     /// prompt, the tokens generated, and those of the current macro step).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let mut logits = logits.to_vec();
-        for &(t, bias) in &self.logit_bias {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l += bias;
-            }
-        }
-        if self.penalizes() {
-            self.penalize(&mut logits, history);
-        }
         if self.p.temp <= 0.0 {
-            return argmax(&logits);
+            return argmax(&self.adjusted(logits, history));
+        }
+        let dist = self.distribution(logits, history);
+        draw(&dist, self.rng.random::<f32>())
+    }
+
+    /// The distribution [`Sampler::sample`] draws from: the tokens kept after
+    /// the biases, penalties, top-k, top-p and min-p, most likely first,
+    /// with their probabilities at the temperature (greedy: the best token
+    /// alone, of probability 1). Speculative sampling compares a drafter's
+    /// and the target's ([`crate::speculative`]).
+    pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
+        let logits = self.adjusted(logits, history);
+        if self.p.temp <= 0.0 {
+            return vec![(argmax(&logits), 1.0)];
         }
         let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
@@ -151,15 +156,34 @@ impl Sampler {
             cand.truncate(keep);
         }
         let probs = softmax(&cand, self.p.temp);
-        let mut r = self.rng.random::<f32>();
-        for (c, p) in cand.iter().zip(&probs) {
-            if r < *p {
-                return c.0;
-            }
-            r -= p;
-        }
-        cand.last().map_or(0, |c| c.0)
+        cand.iter().zip(probs).map(|(c, p)| (c.0, p)).collect()
     }
+
+    /// `logits` with the biases and penalties applied.
+    fn adjusted(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
+        let mut logits = logits.to_vec();
+        for &(t, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += bias;
+            }
+        }
+        if self.penalizes() {
+            self.penalize(&mut logits, history);
+        }
+        logits
+    }
+}
+
+/// The token of `dist` (probabilities in order, summing to 1) at which the
+/// cumulative probability passes `r` in 0..1: a draw, given a uniform `r`.
+pub fn draw(dist: &[(u32, f32)], mut r: f32) -> u32 {
+    for &(t, p) in dist {
+        if r < p {
+            return t;
+        }
+        r -= p;
+    }
+    dist.last().map_or(0, |c| c.0)
 }
 
 impl Sampler {
