@@ -79,6 +79,19 @@ pub enum Error {
     /// A setting outside what the runtime accepts (it names the parameters at fault).
     #[error(transparent)]
     Param(#[from] ParamError),
+    /// A draft model whose vocabulary is not the target's: its token ids
+    /// would mean other tokens.
+    #[error("the draft model {draft} has a vocabulary of {draft_vocab} tokens, the target {target} one of {target_vocab}: a draft model needs the target's vocabulary")]
+    VocabMismatch {
+        /// The draft model's file.
+        draft: PathBuf,
+        /// Its vocabulary size.
+        draft_vocab: usize,
+        /// The target model's file.
+        target: PathBuf,
+        /// Its vocabulary size.
+        target_vocab: usize,
+    },
     /// An invalid option value.
     #[error("{0}")]
     Invalid(String),
@@ -120,6 +133,12 @@ pub enum Param {
     Device,
     /// The offload devices' shares of the offloaded layers.
     TensorSplit,
+    /// The most tokens a drafter proposes per verify forward.
+    DraftNMax,
+    /// The fewest drafted tokens worth a verify forward.
+    DraftNMin,
+    /// The draft probability under which drafting stops.
+    DraftPMin,
 }
 
 impl Param {
@@ -142,6 +161,9 @@ impl Param {
             Param::RepeatPenalty => "repeat_penalty",
             Param::FrequencyPenalty => "frequency_penalty",
             Param::PresencePenalty => "presence_penalty",
+            Param::DraftNMax => "draft_n_max",
+            Param::DraftNMin => "draft_n_min",
+            Param::DraftPMin => "draft_p_min",
         }
     }
 }

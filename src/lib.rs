@@ -15,6 +15,7 @@ pub mod batch;
 pub mod budget;
 pub mod chat;
 pub mod constraint;
+pub mod draft_model;
 pub mod engine;
 mod error;
 pub mod generate;

@@ -1,5 +1,5 @@
 //! The acceptance rule of speculative decoding, one home for every drafter
-//! (a draft model, [`crate::draft`]; the micro decoder verifying itself):
+//! (a draft model, [`crate::draft_model`]; the micro decoder verifying itself):
 //! given the tokens a drafter proposed and the target's outputs at each
 //! verified row, how many drafted tokens the target accepts and which token
 //! it adds after them. Pure functions of their inputs, so that the rule
