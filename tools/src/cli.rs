@@ -130,6 +130,9 @@ pub fn flag(p: Param) -> &'static str {
         Param::PresencePenalty => "--presence-penalty",
         Param::Device => "--device",
         Param::TensorSplit => "--tensor-split",
+        Param::DraftNMax => "--spec-draft-n-max",
+        Param::DraftNMin => "--spec-draft-n-min",
+        Param::DraftPMin => "--spec-draft-p-min",
     }
 }
 
@@ -259,6 +262,56 @@ impl DecodeArgs {
     }
 }
 
+/// Speculative decoding with a draft model: llama.cpp's `-md` and its
+/// `--spec-draft-*` flags, with its defaults.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DraftModelArgs {
+    /// A draft model (also -md, --spec-draft-model): a HAMburger (or llama)
+    /// GGUF of -m's vocabulary whose macro steps -m verifies, several rows
+    /// per forward; the output is -m's own (greedy token for token, sampled
+    /// in distribution).
+    #[arg(long = "model-draft", alias = "spec-draft-model")]
+    pub model_draft: Option<std::path::PathBuf>,
+    /// With -md: the most tokens drafted per verify forward (default 3).
+    #[arg(long)]
+    pub spec_draft_n_max: Option<usize>,
+    /// With -md: fewer drafted tokens than this are not verified (default 0).
+    #[arg(long)]
+    pub spec_draft_n_min: Option<usize>,
+    /// With -md: drafting stops before a token the draft gives less than
+    /// this probability (default 0: never).
+    #[arg(long, alias = "draft-p-min", value_parser = finite, allow_negative_numbers = true)]
+    pub spec_draft_p_min: Option<f32>,
+}
+
+impl DraftModelArgs {
+    /// The draft settings these flags ask for (`None`: no draft model).
+    ///
+    /// # Errors
+    /// A value out of range, or a `--spec-draft-*` flag without `-md`.
+    pub fn params(&self) -> anyhow::Result<Option<hamburger::draft_model::DraftParams>> {
+        let given = [
+            ("--spec-draft-n-max", self.spec_draft_n_max.is_some()),
+            ("--spec-draft-n-min", self.spec_draft_n_min.is_some()),
+            ("--spec-draft-p-min", self.spec_draft_p_min.is_some()),
+        ];
+        if self.model_draft.is_none() {
+            if let Some((flag, _)) = given.iter().find(|g| g.1) {
+                anyhow::bail!("{flag} sets how a draft model drafts: give one with -md (--model-draft)");
+            }
+            return Ok(None);
+        }
+        let d = hamburger::draft_model::DraftParams::default();
+        let p = hamburger::draft_model::DraftParams {
+            n_max: self.spec_draft_n_max.unwrap_or(d.n_max),
+            n_min: self.spec_draft_n_min.unwrap_or(d.n_min),
+            p_min: self.spec_draft_p_min.unwrap_or(d.p_min),
+        };
+        p.validate()?;
+        Ok(Some(p))
+    }
+}
+
 /// Sampling: the flags of the tools that sample (llama-cli's names and defaults).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
@@ -379,6 +432,7 @@ pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
             "-ts" => "--tensor-split".into(),
             "-np" => "--parallel".into(),
             "-jf" => "--json-schema-file".into(),
+            "-md" => "--model-draft".into(),
             _ => a,
         })
         .collect()
