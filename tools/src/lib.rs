@@ -4,6 +4,8 @@
 //! * [`cli`]: argument parsing that reports one line (the library's
 //!   parameters named as our flags), the logger, the flags several binaries
 //!   share (placement, stop rule, sampling, flash attention) and their parsers;
+//! * [`decoder`]: what `hamburger-cli` decodes with: one model's macro
+//!   steps, or a target verifying a draft model's tokens (`-md`);
 //! * [`devices`]: the device listing of `--list-devices`;
 //! * [`grammar`]: the structured-output flags (`--grammar`, `--json-schema`);
 //! * [`bench`]: llama-bench-style measurements of our engine against libllama;
@@ -18,6 +20,7 @@
 pub mod bench;
 pub mod cli;
 pub mod compare;
+pub mod decoder;
 pub mod devices;
 pub mod eval;
 pub mod grammar;
