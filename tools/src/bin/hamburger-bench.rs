@@ -54,6 +54,14 @@ struct Args {
     /// slots; aggregate tokens/s against libllama's multi-sequence decode).
     #[arg(long, value_delimiter = ',')]
     parallel: Vec<usize>,
+    /// Verify forwards of these many rows (comma-separated): a target's work
+    /// in speculative decoding, every row an output, after a context of
+    /// --verify-context tokens, each forward rolled back; t/s counts rows.
+    #[arg(long, value_delimiter = ',')]
+    verify_rows: Vec<usize>,
+    /// The context before each verify forward.
+    #[arg(long, default_value_t = 128)]
+    verify_context: usize,
     /// Flash attention: on, off or auto (on); also 1 and 0, as llama-bench takes it.
     #[arg(long = "flash-attn", value_enum, default_value_t = FlashAttn::On)]
     flash_attn: FlashAttn,
@@ -151,6 +159,24 @@ fn measure(
             m.samples_ns = samples.next().unwrap_or_default();
         }
         rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, ours, base });
+    }
+    // A repetition runs enough verify forwards to take about as long as a pp64.
+    for &k in args.verify_rows.iter().filter(|&&k| k > 0) {
+        let n_forwards = 64usize.div_ceil(k).max(8);
+        let (run, mut ours) = bench::hamburger_verify(model, &params.engine, k, args.verify_context, n_forwards)?;
+        let mut runners = vec![run];
+        let mut base = None;
+        if let Some(b) = baseline {
+            let (run, m) = bench::llama_verify(b, &params.engine, k, args.verify_context, n_forwards)?;
+            runners.push(run);
+            base = Some(m);
+        }
+        let mut samples = bench::interleaved(r, &mut runners)?.into_iter();
+        ours.samples_ns = samples.next().unwrap_or_default();
+        if let Some(m) = base.as_mut() {
+            m.samples_ns = samples.next().unwrap_or_default();
+        }
+        rows.push(Row { threads, test: format!("verify{k} @{}", args.verify_context), forced_steps: None, ours, base });
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         // One round runs every forced-step setting and the baseline in turn.
