@@ -85,7 +85,7 @@ impl VocabInfo {
 
 /// A HAMburger model, or a base-only (llama) one: the same loader, graphs
 /// and engine, without the grafted modules (one token per forward), as the
-/// target a HAMburger drafts for (`crate::draft`).
+/// target a HAMburger drafts for (`crate::draft_model`).
 pub struct Model {
     /// The GGUF file.
     pub path: PathBuf,
