@@ -279,7 +279,8 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         stats.target_forwards += 1;
         gen.timings.prompt_ms = started.elapsed().as_secs_f64() * 1e3;
         let gen_started = Instant::now();
-        while n_predict > 0 {
+        // Each pass emits at least one token (none when n_predict is 0).
+        for _ in 0..n_predict {
             let eog = emitted.iter().position(|t| self.eog.contains(t));
             emitted.truncate(eog.map_or(emitted.len(), |i| i + 1).min(n_predict - gen.output_ids.len()));
             self.context.extend_from_slice(&emitted);

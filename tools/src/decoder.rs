@@ -9,9 +9,9 @@ use hamburger::{Generation, Result, Session};
 /// The CLI's decoder.
 pub enum Decoder<'t, 'd> {
     /// One model's macro steps.
-    Macro(Session<'t>),
+    Macro(Box<Session<'t>>),
     /// A target model verifying a draft model's tokens.
-    Drafted(DraftSession<'t, 'd>),
+    Drafted(Box<DraftSession<'t, 'd>>),
 }
 
 impl Decoder<'_, '_> {

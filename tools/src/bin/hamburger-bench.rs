@@ -145,38 +145,17 @@ fn measure(
     let r = args.repetitions.max(1);
     let mut rows = Vec::new();
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
-        let (run, mut ours) = bench::hamburger_pp(model, &params, n)?;
-        let mut runners = vec![run];
-        let mut base = None;
-        if let Some(b) = baseline {
-            let (run, m) = bench::llama_pp(b, &params.engine, n)?;
-            runners.push(run);
-            base = Some(m);
-        }
-        let mut samples = bench::interleaved(r, &mut runners)?.into_iter();
-        ours.samples_ns = samples.next().unwrap_or_default();
-        if let Some(m) = base.as_mut() {
-            m.samples_ns = samples.next().unwrap_or_default();
-        }
+        let base = baseline.map(|b| bench::llama_pp(b, &params.engine, n)).transpose()?;
+        let (ours, base) = interleave_pair(r, bench::hamburger_pp(model, &params, n)?, base)?;
         rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, ours, base });
     }
     // A repetition runs enough verify forwards to take about as long as a pp64.
     for &k in args.verify_rows.iter().filter(|&&k| k > 0) {
         let n_forwards = 64usize.div_ceil(k).max(8);
-        let (run, mut ours) = bench::hamburger_verify(model, &params.engine, k, args.verify_context, n_forwards)?;
-        let mut runners = vec![run];
-        let mut base = None;
-        if let Some(b) = baseline {
-            let (run, m) = bench::llama_verify(b, &params.engine, k, args.verify_context, n_forwards)?;
-            runners.push(run);
-            base = Some(m);
-        }
-        let mut samples = bench::interleaved(r, &mut runners)?.into_iter();
-        ours.samples_ns = samples.next().unwrap_or_default();
-        if let Some(m) = base.as_mut() {
-            m.samples_ns = samples.next().unwrap_or_default();
-        }
-        rows.push(Row { threads, test: format!("verify{k} @{}", args.verify_context), forced_steps: None, ours, base });
+        let (ctx, engine) = (args.verify_context, &params.engine);
+        let base = baseline.map(|b| bench::llama_verify(b, engine, k, ctx, n_forwards)).transpose()?;
+        let (ours, base) = interleave_pair(r, bench::hamburger_verify(model, engine, k, ctx, n_forwards)?, base)?;
+        rows.push(Row { threads, test: format!("verify{k} @{ctx}"), forced_steps: None, ours, base });
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         // One round runs every forced-step setting and the baseline in turn.
@@ -236,6 +215,25 @@ fn measure(
         }
     }
     Ok(rows)
+}
+
+/// Our test and (with a baseline) libllama's, interleaved over `r` rounds.
+fn interleave_pair(
+    r: usize,
+    (run, mut ours): (bench::Runner, Measurement),
+    base: Option<(bench::Runner, Measurement)>,
+) -> Result<(Measurement, Option<Measurement>)> {
+    let mut runners = vec![run];
+    let mut base = base.map(|(run, m)| {
+        runners.push(run);
+        m
+    });
+    let mut samples = bench::interleaved(r, &mut runners)?.into_iter();
+    ours.samples_ns = samples.next().unwrap_or_default();
+    if let Some(m) = base.as_mut() {
+        m.samples_ns = samples.next().unwrap_or_default();
+    }
+    Ok((ours, base))
 }
 
 fn print_md(name: &str, size_gib: f64, rows: &[Row]) {

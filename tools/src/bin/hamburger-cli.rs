@@ -257,7 +257,7 @@ fn run(mut args: Args) -> Result<()> {
         (Some(d), Some(drafting)) => {
             let SessionParams { engine, step, sampling, ignore_eog, .. } = params;
             let p = DraftSessionParams { engine, step, sampling, draft: drafting, ignore_eog };
-            Decoder::Drafted(DraftSession::new(&model, d, p)?)
+            Decoder::Drafted(Box::new(DraftSession::new(&model, d, p)?))
         }
         _ => {
             let mut session = Session::new(&model, params)?;
@@ -265,7 +265,7 @@ fn run(mut args: Args) -> Result<()> {
                 let tok = Tokenizer::from_model(&model)?;
                 session.set_constraint(Some(args.grammar.constraint(&tok, &model.vocab.eog)?));
             }
-            Decoder::Macro(session)
+            Decoder::Macro(Box::new(session))
         }
     };
     if args.chat_mode() {
