@@ -6,9 +6,11 @@
 # installs the openai Python client the server's compatibility test uses,
 # jinja2 (the chat-template test's reference renderer), the chat page's
 # browser test (Debian's chromium and chromium-driver, and selenium in its own
-# environment, .venv-browser), lm-eval's API models (.venv-lm-eval), and the
+# environment, .venv-browser), lm-eval's API models (.venv-lm-eval), the
 # training tool's environment
-# (train/.venv: PyTorch on the CPU), which its tests run.
+# (train/.venv: PyTorch on the CPU), which its tests run, and what the
+# `vulkan` feature builds with and its GPU tests run on (install-vulkan.sh:
+# glslc, Vulkan headers, Mesa's lavapipe).
 set -euo pipefail
 
 missing=()
@@ -67,3 +69,5 @@ lm_eval_venv="$(dirname "$0")/../.venv-lm-eval"
 }
 # hamburger-train's environment (does nothing when already complete).
 bash "$(dirname "$0")/../train/install.sh"
+# The `vulkan` feature's build and CI's GPU device, lavapipe.
+bash "$(dirname "$0")/install-vulkan.sh"
