@@ -80,11 +80,12 @@ impl DeviceChoice {
                 "{feature}: this build has no {backend} backend (rebuild with `cargo build --release --workspace --features {feature}`)"
             )));
         }
-        // ggml-vulkan lists no CPU-type device (Mesa's lavapipe/llvmpipe)
-        // unless GGML_VK_VISIBLE_DEVICES names it: say so.
-        let hint = match self {
-            DeviceChoice::Vulkan => " (no Vulkan driver for a GPU here; a software renderer such as Mesa's lavapipe is used only when GGML_VK_VISIBLE_DEVICES names it, e.g. GGML_VK_VISIBLE_DEVICES=0)",
-            _ => "",
+        // ggml-vulkan lists a CPU-type device (Mesa's lavapipe/llvmpipe) only
+        // when GGML_VK_VISIBLE_DEVICES names it: say so.
+        let hint = match (self, std::env::var("GGML_VK_VISIBLE_DEVICES")) {
+            (DeviceChoice::Vulkan, Ok(v)) => format!(" (no Vulkan driver, or GGML_VK_VISIBLE_DEVICES={v} names no GPU it drives)"),
+            (DeviceChoice::Vulkan, Err(_)) => " (no Vulkan driver for a GPU here; a software renderer such as Mesa's lavapipe is used only when GGML_VK_VISIBLE_DEVICES names it, e.g. GGML_VK_VISIBLE_DEVICES=0)".to_string(),
+            _ => String::new(),
         };
         gpus.find(|d| d.backend_name().eq_ignore_ascii_case(backend))
             .map(Some)
