@@ -9,10 +9,13 @@
 //!   random grafted modules, random checkpoints of the release's shapes) and
 //!   the cache of their conversions;
 //! * [`golden`]: the golden cases of the tiny fixture, checked end to end;
+//! * [`gpu`]: the GPU a GPU test runs on (the first of this build) and
+//!   models opened with layers on it;
 //! * [`registry`]: files taken from PyPI packages (pip, cached);
 //! * [`merger`]: the merger alone as a runnable graph, for unit tests and benchmarks.
 
 pub mod golden;
+pub mod gpu;
 pub mod merger;
 pub mod process;
 pub mod reference;

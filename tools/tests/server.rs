@@ -3,7 +3,8 @@
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
 //! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
-//! models in `server/echo.rs`, the chat page in a browser in `server/webui.rs`,
+//! models in `server/echo.rs`, the golden cases answered on a GPU in
+//! `server/gpu.rs`, the chat page in a browser in `server/webui.rs`,
 //! against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,6 +15,8 @@ use testing::testmodel::{converted, tiny_fixture};
 
 #[path = "server/echo.rs"]
 mod echo;
+#[path = "server/gpu.rs"]
+mod gpu;
 #[path = "server/requests.rs"]
 mod requests;
 #[path = "server/webui.rs"]
