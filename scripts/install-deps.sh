@@ -6,9 +6,10 @@
 # installs the openai Python client the server's compatibility test uses,
 # jinja2 (the chat-template test's reference renderer), the chat page's
 # browser test (Debian's chromium and chromium-driver, and selenium in its own
-# environment, .venv-browser), lm-eval's API models (.venv-lm-eval), and the
+# environment, .venv-browser), lm-eval's API models (.venv-lm-eval), the
 # training tool's environment
-# (train/.venv: PyTorch on the CPU), which its tests run.
+# (train/.venv: PyTorch on the CPU), which its tests run. What the `vulkan`
+# feature builds with and its GPU tests run on is install-vulkan.sh's.
 set -euo pipefail
 
 missing=()
@@ -32,13 +33,7 @@ python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
 # The chat page's test drives headless Chromium through its driver.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}" >&2
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash "$(dirname "$0")/apt-install.sh" "${missing[@]}"
 command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
 python3 -m pip --version >/dev/null 2>&1 || { echo "pip not found: install python3-pip" >&2; exit 1; }
 # The server's compatibility test drives it with the official openai client.

@@ -28,56 +28,74 @@ pub enum DeviceChoice {
     Cuda,
     /// Apple's Metal GPU.
     Metal,
+    /// A Vulkan GPU (laptops' integrated Intel and AMD GPUs; Mesa's lavapipe
+    /// when `GGML_VK_VISIBLE_DEVICES` names it).
+    Vulkan,
 }
 
 impl std::str::FromStr for DeviceChoice {
     type Err = Error;
 
-    /// Parses `auto`, `cpu`, `cuda` or `metal` (any case).
+    /// Parses `auto`, `cpu`, `cuda`, `metal` or `vulkan` (any case).
     fn from_str(s: &str) -> Result<DeviceChoice> {
         match s.to_ascii_lowercase().as_str() {
             "auto" => Ok(DeviceChoice::Auto),
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" => Ok(DeviceChoice::Cuda),
             "metal" => Ok(DeviceChoice::Metal),
-            _ => Err(device_error(format!("{s}: expected auto, cpu, cuda or metal"))),
+            "vulkan" => Ok(DeviceChoice::Vulkan),
+            _ => Err(device_error(format!("{s}: expected auto, cpu, cuda, metal or vulkan"))),
         }
+    }
+}
+
+impl DeviceChoice {
+    /// The backend a named GPU choice asks for: its name in ggml's registry,
+    /// the Cargo feature that builds it, and whether this build has it
+    /// (`None` for auto and cpu).
+    fn backend(self) -> Option<(&'static str, &'static str, bool)> {
+        match self {
+            DeviceChoice::Auto | DeviceChoice::Cpu => None,
+            DeviceChoice::Cuda => Some(("CUDA", "cuda", cfg!(feature = "cuda"))),
+            DeviceChoice::Metal => Some(("Metal", "metal", cfg!(feature = "metal"))),
+            DeviceChoice::Vulkan => Some(("Vulkan", "vulkan", cfg!(feature = "vulkan"))),
+        }
+    }
+
+    /// The local GPU this choice resolves to (`None`: the CPU alone): auto
+    /// takes the first GPU of ggml's registry (devices of RPC servers, which
+    /// come from `--rpc`, aside), a named backend its first GPU.
+    ///
+    /// # Errors
+    /// When the backend asked for was not compiled in, or has no device.
+    pub fn gpu(self) -> Result<Option<Device>> {
+        let mut gpus = Device::all()
+            .into_iter()
+            .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) && !d.is_rpc());
+        let Some((backend, feature, compiled)) = self.backend() else {
+            return Ok(if self == DeviceChoice::Auto { gpus.next() } else { None });
+        };
+        if !compiled {
+            return Err(device_error(format!(
+                "{feature}: this build has no {backend} backend (rebuild with `cargo build --release --workspace --features {feature}`)"
+            )));
+        }
+        // ggml-vulkan lists a CPU-type device (Mesa's lavapipe/llvmpipe) only
+        // when GGML_VK_VISIBLE_DEVICES names it: say so.
+        let hint = match (self, std::env::var("GGML_VK_VISIBLE_DEVICES")) {
+            (DeviceChoice::Vulkan, Ok(v)) => format!(" (no Vulkan driver, or GGML_VK_VISIBLE_DEVICES={v} names no GPU it drives)"),
+            (DeviceChoice::Vulkan, Err(_)) => " (no Vulkan driver for a GPU here; a software renderer such as Mesa's lavapipe is used only when GGML_VK_VISIBLE_DEVICES names it, e.g. GGML_VK_VISIBLE_DEVICES=0)".to_string(),
+            _ => String::new(),
+        };
+        gpus.find(|d| d.backend_name().eq_ignore_ascii_case(backend))
+            .map(Some)
+            .ok_or_else(|| device_error(format!("{feature}: the {backend} backend found no GPU{hint}")))
     }
 }
 
 /// A refused device choice, naming the parameter (front-ends name their flag).
 fn device_error(what: String) -> Error {
     ParamError::new(&[Param::Device], format!("{} {what}", Param::Device)).into()
-}
-
-/// The GPU a choice resolves to (`None`: the CPU alone).
-///
-/// # Errors
-/// When the backend asked for was not compiled in or has no device.
-fn select(choice: DeviceChoice) -> Result<Option<Device>> {
-    // RPC servers' devices register as GPUs too; they come from --rpc, not --device.
-    let gpus: Vec<Device> = Device::all()
-        .into_iter()
-        .filter(|d| matches!(d.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) && !d.is_rpc())
-        .collect();
-    let named = |backend: &str, feature: &str, compiled: bool| -> Result<Option<Device>> {
-        if !compiled {
-            return Err(device_error(format!(
-                "{feature}: this build has no {backend} backend (rebuild with `cargo build --release --workspace --features {feature}`)"
-            )));
-        }
-        gpus.iter()
-            .find(|d| d.backend_name().eq_ignore_ascii_case(backend))
-            .copied()
-            .map(Some)
-            .ok_or_else(|| device_error(format!("{feature}: the {backend} backend found no GPU")))
-    };
-    match choice {
-        DeviceChoice::Cpu => Ok(None),
-        DeviceChoice::Auto => Ok(gpus.first().copied()),
-        DeviceChoice::Cuda => named("CUDA", "cuda", cfg!(feature = "cuda")),
-        DeviceChoice::Metal => named("Metal", "metal", cfg!(feature = "metal")),
-    }
 }
 
 /// Where one weight's memory lives.
@@ -155,7 +173,7 @@ impl PlacementPlan {
         for endpoint in &options.rpc {
             devices.extend(ggml::rpc::add_server(endpoint)?);
         }
-        devices.extend(select(options.device)?);
+        devices.extend(options.device.gpu()?);
         let split = shares(&options.tensor_split, devices.len())?;
         let n_off = if devices.is_empty() { 0 } else { options.n_gpu_layers.min(n_layer) };
         let first = n_layer - n_off;

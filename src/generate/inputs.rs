@@ -59,7 +59,14 @@ pub(super) struct Fed {
 /// its drafts (whole, or none:
 /// drafts that do not fit are dropped), the last committed token and each
 /// drafted one an output row.
-pub(super) fn feed(sg: &mut SeqGen, index: usize, batch: &mut Batch, budget: &mut usize, next_pos: usize, n_batch: usize) -> Fed {
+pub(super) fn feed(
+    sg: &mut SeqGen,
+    index: usize,
+    batch: &mut Batch,
+    budget: &mut usize,
+    next_pos: usize,
+    n_batch: usize,
+) -> Fed {
     let seq = sg.seq;
     let pos = next_pos + sg.pending.merged.len();
     if !sg.pending.merged.is_empty() {

@@ -9,6 +9,8 @@
 //!   random grafted modules, random checkpoints of the release's shapes) and
 //!   the cache of their conversions;
 //! * [`golden`]: the golden cases of the tiny fixture, checked end to end;
+//! * [`gpu`]: the GPU a GPU test runs on (the first of this build) and
+//!   models opened with layers on it;
 //! * [`near_tie`]: greedy decodes that may round differently (batch shapes,
 //!   backends, implementations) compared decision by decision, parting only
 //!   at a near-tie;
@@ -16,6 +18,7 @@
 //! * [`merger`]: the merger alone as a runnable graph, for unit tests and benchmarks.
 
 pub mod golden;
+pub mod gpu;
 pub mod merger;
 pub mod near_tie;
 pub mod process;

@@ -426,7 +426,7 @@ impl SamplingArgs {
 /// into its arguments).
 #[derive(clap::Args, Debug, Clone)]
 pub struct PlacementArgs {
-    /// Device: auto (the first GPU, else the CPU), cpu, cuda or metal.
+    /// Device: auto (the first GPU, else the CPU), cpu, cuda, metal or vulkan.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: hamburger::DeviceChoice,
     /// RPC servers (HOST:PORT,...) whose devices take base layers, before the
@@ -510,7 +510,7 @@ pub fn parse_or_exit<T: clap::Parser>(program: &str, args: impl IntoIterator<Ite
     }
 }
 
-/// `--device`: auto, cpu, cuda or metal.
+/// `--device`: auto, cpu, cuda, metal or vulkan.
 ///
 /// # Errors
 /// On another name.

@@ -173,6 +173,9 @@ fn invalid_flags() {
     if !cfg!(feature = "cuda") {
         assert_clean_error(&["-m", m, "-p", "hi", "--device", "cuda"], &["--features cuda"]);
     }
+    if !cfg!(feature = "vulkan") {
+        assert_clean_error(&["-m", m, "-p", "hi", "--device", "vulkan"], &["--device", "--features vulkan"]);
+    }
 }
 
 #[test]

@@ -69,36 +69,10 @@ fn golden_cases_through_the_cli_at_temp_0() {
     let cases = testing::golden::cases();
     assert_eq!(cases.len(), 18);
     for (ci, case) in cases.iter().enumerate() {
-        let ids: Vec<String> = case.prompt_ids.iter().map(u32::to_string).collect();
-        let (n, c) = (case.max_new_tokens.to_string(), case.confidence.to_string());
-        let (out, _) = cli(
-            &[
-                "-m",
-                gguf.to_str().unwrap(),
-                "--prompt-ids",
-                &ids.join(","),
-                "-n",
-                &n,
-                "--confidence",
-                &c,
-                "--temp",
-                "0",
-                "--cache-type",
-                "f32",
-                "-t",
-                "2",
-                "--json",
-            ],
-            "",
-        );
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let got: Vec<(usize, u32)> = v["macro_steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .flat_map(|(si, s)| s.as_array().unwrap().iter().map(move |t| (si, t.as_u64().unwrap() as u32)))
-            .collect();
+        let mut args = vec!["-m".to_string(), gguf.to_string_lossy().into_owned(), "-t".into(), "2".into()];
+        args.extend(testing::golden::cli_args(case));
+        let (out, _) = cli(&args.iter().map(String::as_str).collect::<Vec<_>>(), "");
+        let got = testing::golden::cli_steps(&out);
         assert_eq!(got, case.steps, "case {ci}: (macro step, token) sequence through hamburger-cli");
     }
 }

@@ -3,7 +3,8 @@
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
 //! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
-//! models in `server/echo.rs`, prompt-prefix reuse that changes no answer in
+//! models in `server/echo.rs`, the golden cases answered on a GPU in
+//! `server/gpu.rs`, prompt-prefix reuse that changes no answer in
 //! `server/prompt_cache.rs`, self-verified requests in
 //! `server/speculative.rs`, the chat page in a browser in `server/webui.rs`,
 //! against the same binary.
@@ -16,6 +17,8 @@ use testing::testmodel::{converted, tiny_fixture};
 
 #[path = "server/echo.rs"]
 mod echo;
+#[path = "server/gpu.rs"]
+mod gpu;
 #[path = "server/prompt_cache.rs"]
 mod prompt_cache;
 #[path = "server/requests.rs"]

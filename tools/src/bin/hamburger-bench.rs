@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use ggml::llama::{LlamaModel, LlamaPlacement};
+use ggml::llama::LlamaModel;
 use hamburger::{EngineParams, Model, SessionParams, StepParams};
 use tools::bench::{self, Measurement};
 use tools::cli::FlashAttn;
@@ -126,25 +126,9 @@ fn run(mut args: Args) -> Result<()> {
     args.decode.default_from_model(model.recommended_confidence);
     let args = &args;
     let settings = settings(args, &model)?;
-    // libllama runs where we run. Our devices only: left to itself on a GPU
-    // machine it keeps even `-ngl 0`'s weights in the GPU's host buffer
-    // (unpacked) and sends large batches to the GPU, not a CPU measurement.
-    // Our split (equal unless -ts): its default splits by free memory. Its
-    // -ngl counts the output layer first, which our tail (the lm_head)
-    // follows when offloaded.
-    let plan = &model.plan;
-    let devices = plan.offload_devices();
-    let split = match args.placement.tensor_split.as_slice() {
-        [] if !devices.is_empty() => vec![1.0; devices.len()],
-        ts => ts.to_vec(),
-    };
-    let placement = LlamaPlacement {
-        devices: Some(devices),
-        n_gpu_layers: (plan.n_gpu_layers() + usize::from(plan.tail_device().is_some())) as i32,
-        tensor_split: &split,
-        repack: !args.placement.no_repack,
-    };
-    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, &placement)).transpose()?;
+    // libllama runs where we run.
+    let placement = tools::devices::BaselinePlacement::new(&model.plan, &args.placement);
+    let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, &placement.llama())).transpose()?;
     let mut rows = Vec::new();
     for &threads in &args.threads {
         rows.extend(measure(args, &model, baseline.as_ref(), &settings, threads)?);

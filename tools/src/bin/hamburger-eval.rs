@@ -10,9 +10,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel, LlamaPlacement};
-use hamburger::{LoadOptions, Model, Session, SessionParams};
+use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
+use hamburger::{Model, Session, SessionParams};
 use serde_json::{json, Value};
+use tools::devices::BaselinePlacement;
 use tools::eval::{self, Prompts, Row, Scorer};
 
 /// Evaluates a HAMburger GGUF against its base.
@@ -64,6 +65,9 @@ enum Cmd {
         /// forbidden micro token does.
         #[command(flatten)]
         grammar: tools::grammar::GrammarArgs,
+        /// Where the models run (libllama's base and scorer where HAMburger runs).
+        #[command(flatten)]
+        placement: tools::cli::PlacementArgs,
         /// `--spec-type draft-mtp` adds a self-verified row (its drafts as
         /// `--spec-draft-*` say) beside the confidences'.
         #[command(flatten)]
@@ -91,6 +95,9 @@ enum Cmd {
         /// training tool's soft targets); 0 keeps none.
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
         top: u16,
+        /// Where the models run (libllama's base where HAMburger runs).
+        #[command(flatten)]
+        placement: tools::cli::PlacementArgs,
     },
     /// Speculative decoding with a draft model, greedy, on every prompt in
     /// turn: the target alone (ours and libllama's), the target verifying
@@ -130,8 +137,22 @@ enum Cmd {
 
 fn main() -> ExitCode {
     tools::cli::run_tool("hamburger-eval", "warn", |args: Args| match args.cmd {
-        Cmd::Run { model, baseline, scorer, prompts, limit, n_predict, confidence, threads, output, grammar, spec } => {
-            let opts = RunOptions { n_predict, confidence, threads, limit, grammar, draft: spec.draft(false)? };
+        Cmd::Run {
+            model,
+            baseline,
+            scorer,
+            prompts,
+            limit,
+            n_predict,
+            confidence,
+            threads,
+            output,
+            grammar,
+            placement,
+            spec,
+        } => {
+            let opts =
+                RunOptions { n_predict, confidence, threads, limit, grammar, placement, draft: spec.draft(false)? };
             let rows = run(&model, &baseline, scorer.as_deref(), &prompts, &opts)?;
             match output.as_str() {
                 "md" => print!("{}", eval::markdown(&rows)),
@@ -139,8 +160,8 @@ fn main() -> ExitCode {
             }
             Ok(())
         }
-        Cmd::Score { model, baseline, threads, ctx_size, top } => {
-            score(&model, &baseline, threads, ctx_size, top.into())
+        Cmd::Score { model, baseline, threads, ctx_size, top, placement } => {
+            score(&model, &baseline, threads, ctx_size, top.into(), &placement)
         }
         Cmd::Draft {
             target,
@@ -167,6 +188,7 @@ struct RunOptions {
     threads: usize,
     limit: Option<usize>,
     grammar: tools::grammar::GrammarArgs,
+    placement: tools::cli::PlacementArgs,
     /// Self-verified drafts: one more row.
     draft: Option<hamburger::DraftParams>,
 }
@@ -188,19 +210,20 @@ fn read_prompts(path: &Path, limit: Option<usize>) -> Result<Vec<String>> {
     Ok(out)
 }
 
-fn load_base(path: &Path) -> Result<LlamaModel> {
-    let cpu = LlamaPlacement { devices: Some(&[]), n_gpu_layers: 0, tensor_split: &[], repack: true };
-    LlamaModel::load_with(path, &cpu).with_context(|| format!("{}", path.display()))
+/// A base GGUF loaded by libllama where `placement` says.
+fn load_base(path: &Path, placement: &BaselinePlacement) -> Result<LlamaModel> {
+    LlamaModel::load_with(path, &placement.llama()).with_context(|| format!("{}", path.display()))
 }
 
 fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: &RunOptions) -> Result<Vec<Row>> {
     let texts = read_prompts(prompts, o.limit)?;
-    let model = Model::open(model, &LoadOptions::default())?;
+    let model = Model::open(model, &o.placement.load_options())?;
     let chat = Prompts::new(&model)?;
     let ids: Vec<Vec<u32>> = texts.iter().map(|t| chat.user(t)).collect::<Result<_>>()?;
     let n_ctx = ids.iter().map(Vec::len).max().unwrap_or(0) + o.n_predict + 8;
-    let base = load_base(baseline)?;
-    let score_model = scorer.map(load_base).transpose()?;
+    let placement = BaselinePlacement::new(&model.plan, &o.placement);
+    let base = load_base(baseline, &placement)?;
+    let score_model = scorer.map(|s| load_base(s, &placement)).transpose()?;
     let mut scorer = Scorer::new(score_model.as_ref().unwrap_or(&base), n_ctx, o.threads)?;
     let llama_params = LlamaContextParams { n_ctx: n_ctx as u32, n_threads: o.threads as i32, ..Default::default() };
     let mut base_ctx = LlamaContext::new(&base, llama_params)?;
@@ -244,11 +267,18 @@ fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: 
     Ok(rows)
 }
 
-fn score(model: &Path, baseline: &Path, threads: usize, n_ctx: usize, top: usize) -> Result<()> {
-    let model = Model::open(model, &LoadOptions::default())?;
+fn score(
+    model: &Path,
+    baseline: &Path,
+    threads: usize,
+    n_ctx: usize,
+    top: usize,
+    placement: &tools::cli::PlacementArgs,
+) -> Result<()> {
+    let model = Model::open(model, &placement.load_options())?;
     let chat = Prompts::new(&model)?;
     let end = model.vocab.eos.context("the model has no end-of-turn token")?;
-    let base = load_base(baseline)?;
+    let base = load_base(baseline, &BaselinePlacement::new(&model.plan, placement))?;
     let mut scorer = Scorer::new(&base, n_ctx, threads)?;
     let mut out = std::io::stdout().lock();
     for (i, line) in std::io::stdin().lock().lines().enumerate() {
@@ -294,8 +324,8 @@ struct DraftOptions {
 fn draft_run(target: &Path, draft: &Path, baseline_draft: &Path, texts: &[String], o: &DraftOptions) -> Result<String> {
     use hamburger::draft_model::{DraftModelParams, DraftSession, DraftSessionParams};
     use tools::draft_eval::{self, SpecRow};
-    let model = Model::open(target, &LoadOptions::default())?;
-    let ham = Model::open(draft, &LoadOptions::default()).context("--model-draft")?;
+    let model = Model::open(target, &hamburger::LoadOptions::default())?;
+    let ham = Model::open(draft, &hamburger::LoadOptions::default()).context("--model-draft")?;
     let chat = Prompts::new(&model)?;
     let ids: Vec<Vec<u32>> = texts.iter().map(|t| chat.user(t)).collect::<Result<_>>()?;
     let n_ctx = ids.iter().map(Vec::len).max().unwrap_or(0) + o.n_predict + o.n_max + 8;
@@ -315,7 +345,9 @@ fn draft_run(target: &Path, draft: &Path, baseline_draft: &Path, texts: &[String
             DraftSession::new(&model, &ham, p)
         })
         .collect::<hamburger::Result<_>>()?;
-    let (base, base_draft) = (load_base(target)?, load_base(baseline_draft)?);
+    // On the CPU, as our sessions above.
+    let load = |p: &Path| LlamaModel::load(p, 0).with_context(|| p.display().to_string());
+    let (base, base_draft) = (load(target)?, load(baseline_draft)?);
     let lp = LlamaContextParams { n_ctx: n_ctx as u32, n_threads: o.threads as i32, ..Default::default() };
     let (mut llama_target, mut llama_draft) = (LlamaContext::new(&base, lp)?, LlamaContext::new(&base_draft, lp)?);
     let mut rows: Vec<SpecRow> = ["target alone (ours)", "target alone (libllama)"]

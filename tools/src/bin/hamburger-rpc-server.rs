@@ -23,7 +23,7 @@ struct Args {
     /// Port to listen on.
     #[arg(long, default_value_t = 50052)]
     port: u16,
-    /// The device to serve: cpu, cuda, metal, or auto (the first GPU, else the CPU).
+    /// The device to serve: cpu, cuda, metal, vulkan, or auto (the first GPU, else the CPU).
     #[arg(long, default_value = "cpu", value_parser = tools::cli::parse_device)]
     device: DeviceChoice,
     /// CPU threads for the computations the CPU device runs.
@@ -39,21 +39,14 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let devices = Device::all();
-    let pick = |kinds: &[DeviceKind], backend: Option<&str>| {
-        devices
-            .iter()
-            .copied()
-            .find(|d| kinds.contains(&d.kind()) && backend.is_none_or(|b| d.backend_name().eq_ignore_ascii_case(b)))
+    // The GPU asked for (auto: the first, if any), else the CPU.
+    let device = match args.device.gpu()? {
+        Some(gpu) => gpu,
+        None => match Device::all().into_iter().find(|d| d.kind() == DeviceKind::Cpu) {
+            Some(cpu) => cpu,
+            None => bail!("ggml's registry has no CPU device"),
+        },
     };
-    let gpu = [DeviceKind::Gpu, DeviceKind::IntegratedGpu];
-    let device = match args.device {
-        DeviceChoice::Cpu => pick(&[DeviceKind::Cpu], None),
-        DeviceChoice::Auto => pick(&gpu, None).or_else(|| pick(&[DeviceKind::Cpu], None)),
-        DeviceChoice::Cuda => pick(&gpu, Some("CUDA")),
-        DeviceChoice::Metal => pick(&gpu, Some("Metal")),
-    };
-    let Some(device) = device else { bail!("--device: this build or machine has no such device") };
     if !args.host.is_loopback() {
         log::warn!(
             "listening on {}: ggml's RPC protocol has no authentication or encryption, so anyone who can reach this port can run computations and read or write this device's memory; use it only on a trusted network or through an SSH tunnel",
