@@ -157,21 +157,27 @@ def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots
     earlier one was trained on: new data for training that goes on)."""
     out.mkdir(parents=True, exist_ok=True)
     gguf = teacher_gguf(bin_dir, base, out)
-    rows = build_prompts(out, limit)[skip:]
-    resp_path = out / "responses.jsonl"
+    answer(out / "responses.jsonl", bin_dir, gguf, build_prompts(out, limit)[skip:], max_tokens, slots, threads)
+
+
+def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tokens: int, slots: int,
+           threads: int) -> None:
+    """Answers every prompt of `rows` (`id`, `prompt`, and `split` when
+    known) not yet in `resp_path` greedily with the teacher `gguf` at
+    confidence > 1 (exactly its base), appending as the answers come."""
     done = records.done_ids(resp_path)
     todo = [r for r in rows if r["id"] not in done]
     if not todo:
         print(f"data: all {len(rows)} prompts answered", file=sys.stderr)
         return
     proc, url = start_server(bin_dir, gguf, slots, threads)
-    prog = Progress("data", len(rows), "tokens", initial=len(done))
-    n_done = len(done)
+    n_done = len(rows) - len(todo)
+    prog = Progress("data", len(rows), "tokens", initial=n_done)
     try:
         with open(resp_path, "a") as f, ThreadPoolExecutor(slots) as pool:
             for r, a in zip(todo, pool.map(lambda r: complete(url, r["prompt"], max_tokens), todo)):
                 choice = a["choices"][0]
-                f.write(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],
+                f.write(json.dumps({"id": r["id"], "split": r.get("split", "heldout"), "prompt": r["prompt"],
                                     "response": choice["message"]["content"],
                                     "finish_reason": choice["finish_reason"]}) + "\n")
                 f.flush()
