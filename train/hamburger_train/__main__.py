@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
@@ -211,9 +212,16 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         export.run(a.work, base, a.out, a.snapshot, a.recommended_confidence)
 
 
+def stopped(signum, frame) -> NoReturn:
+    """SIGTERM: exit as SIGINT would, through the `finally` blocks (each
+    stage's files are written atomically, so it resumes where it stopped)."""
+    raise SystemExit(f"hamburger-train: stopped by signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line `argv` (default: the process's)."""
     a = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, stopped)  # so that `finally` blocks run (the teacher server is stopped)
     import torch
     torch.set_num_threads(a.threads)
     if a.stage == "greedy":

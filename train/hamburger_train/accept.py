@@ -54,8 +54,10 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
                           "tokens": len(cache.next), "rules": [asdict(r) for r in results]}))
         return
     print(f"{grafted} on {len(cache.answers)} answers of {prompts} ({len(cache.next)} tokens)\n")
-    print("| draft rule | verify forwards | accepted per forward | drafted per forward "
-          "| every row: accepted | drafted |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| draft rule | base forwards | verify forwards | accepted per base forward | per verify forward "
+          "| drafted per base forward | every row: accepted | drafted |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        print(f"| {r.rule} | {r.forwards} | {r.accepted_per_forward:.3f} | {r.drafted_per_forward:.3f} "
-              f"| {r.all_accepted:.3f} | {r.all_drafted:.3f} |")
+        print(f"| {r.rule} | {r.forwards} | {r.verify_forwards} | {r.accepted_per_forward:.3f} "
+              f"| {r.accepted_per_verify_forward:.3f} | {r.drafted_per_forward:.3f} | {r.all_accepted:.3f} "
+              f"| {r.all_drafted:.3f} |")

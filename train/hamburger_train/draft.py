@@ -50,6 +50,7 @@ from safetensors.torch import load_file
 from . import data, features, records, segment
 from .drafting import DraftRule, measure, text_after, draftable, verifier
 from .export import SIDE_FILES, write_safetensors
+from .gate import GatedRule
 from .model import HAMburger
 from .progress import Progress
 from .state import write_state
@@ -107,7 +108,7 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
     meta = features.meta_of(model, base)
     features.check_meta(work / "features", meta)
     teacher, scorer = verifier_ggufs(work, bin_dir, base, model, meta, "draft")
-    data.answer(work / "responses.jsonl", bin_dir, teacher, data.build_prompts(work, prompts)[skip:], max_tokens,
+    data.answer(work / "responses.jsonl", bin_dir, teacher, data.build_prompts(work, prompts)[skip:prompts], max_tokens,
                 slots, threads)
     segment.score(work, bin_dir, teacher, scorer, threads)
     features.build(work / "features", model, base, records.read(work / "scored.jsonl"))
@@ -164,9 +165,11 @@ def summary(window: list[dict]) -> dict:
             "accepted_per_row": sum(w["accepted"] for w in window) / max(rows, 1)}
 
 
-def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[DraftRule]:
-    """The ungated rule, each stop-head confidence alone, each p_min alone, and every pair."""
-    return [DraftRule(n_max, c, p) for c in [None, *confidences] for p in [None, *p_mins]]
+def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[DraftRule | GatedRule]:
+    """The ungated rule, each stop-head confidence alone, each p_min alone,
+    and every pair; then the runtime's gate, alone and with each p_min."""
+    return ([DraftRule(n_max, c, p) for c in [None, *confidences] for p in [None, *p_mins]]
+            + [GatedRule(n_max, 0, p) for p in [0.0, *p_mins]])
 
 
 def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int, slots: int,
@@ -255,8 +258,9 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
                 raise SystemExit(f"draft: stopped at step {step} of {steps}, saved: run the same command to go on")
     export(model, init, out / "grafted.safetensors")
     for a in (h for h in history if h["kind"] == "val" and h["step"] == step):
-        print(f"draft: {a['rule']}: {a['accepted_per_forward']:.3f} accepted per verify forward "
-              f"({a['drafted_per_forward']:.2f} drafted)", file=sys.stderr)
+        print(f"draft: {a['rule']}: {a['accepted_per_forward']:.3f} accepted per base forward, "
+              f"{a['accepted_per_verify_forward']:.3f} per verify forward ({a['drafted_per_forward']:.2f} drafted "
+              "per base forward)", file=sys.stderr)
 
 
 class StopSignals:

@@ -21,8 +21,10 @@ its own probability under the micro decoder at least `p_min` (llama.cpp's
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .features import Cache
+from .gate import DraftGate, GatedRule, draft_cost
 from .model import HAMburger
 
 
@@ -118,15 +121,19 @@ def accepted(drafts: torch.Tensor, text: torch.Tensor, lengths: torch.Tensor) ->
 
 @dataclass
 class Acceptance:
-    """What a draft rule earns on a set of answers: along the runtime's own
-    path (`walk`: a verify forward at the last accepted row each time)
-    accepted drafts per verify forward, drafted tokens per forward, and the
-    forwards; and over every row (`all_*`, each row drafting as if verified
-    there) accepted and drafted tokens per row."""
+    """What a draft rule earns on a set of answers. Along the runtime's own
+    path (a base forward after the last accepted row each time, drafting
+    there): the base `forwards`, those that verified a draft
+    (`verify_forwards`, the runtime's count), accepted drafts per forward and
+    per verify forward, drafted tokens per forward. Over every row (`all_*`,
+    each row drafting as if verified there; NaN for the runtime's gate,
+    whose decisions depend on the path): accepted and drafted tokens per row."""
 
     rule: str
     forwards: int
+    verify_forwards: int
     accepted_per_forward: float
+    accepted_per_verify_forward: float
     drafted_per_forward: float
     rows: int
     all_accepted: float
@@ -149,11 +156,10 @@ def draftable(cache: Cache, end_tokens: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure(model: HAMburger, cache: Cache, rules: list[DraftRule], batch: int = 256) -> list[Acceptance]:
+def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], batch: int = 256) -> list[Acceptance]:
     """Accepted tokens per verify forward of each rule on every answer of
     `cache`: the drafts of every row once (the longest any rule drafts),
-    then each rule's lengths, and its walk along each answer from the
-    prompt's last row."""
+    then each rule's walk along each answer from the prompt's last row."""
     n = max(r.n_max for r in rules)
     rows = draftable(cache, model.cfg.eos)
     out: list[Drafts] = []
@@ -162,21 +168,62 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule], batch: int =
         out.append(draft(model, cache.features[r].float(), cache.next[r], n))
     d = Drafts(*(torch.cat([getattr(o, k) for o in out]) for k in ("tokens", "p", "go_on")))
     text = text_after(cache, rows, n)
+    room = (text >= 0).sum(1)
     where = {int(r): i for i, r in enumerate(rows)}
     results = []
     for rule in rules:
-        lengths = d.lengths(rule).clamp(max=(text >= 0).sum(1))
-        acc = accepted(d.tokens, text, lengths)
-        forwards = taken = drafted = 0
-        for a in cache.answers:
-            r = a["start"]
-            while r in where:  # a verify forward after the base's token at row r
-                i = where[r]
-                forwards += 1
-                taken += int(acc[i])
-                drafted += int(lengths[i])
-                r += 1 + int(acc[i])
-        results.append(Acceptance(str(rule), forwards, taken / max(forwards, 1), drafted / max(forwards, 1),
-                                  len(rows), acc.sum().item() / max(len(rows), 1),
-                                  lengths.sum().item() / max(len(rows), 1)))
+        if isinstance(rule, GatedRule):
+            counts = walk_gated(model, cache, rule, d, text, room, where)
+            every = (math.nan, math.nan)
+        else:
+            lengths = d.lengths(rule).clamp(max=room)
+            acc = accepted(d.tokens, text, lengths)
+            counts = walk(cache, where, lambda i: (int(lengths[i]), int(acc[i])))
+            every = (acc.sum().item() / max(len(rows), 1), lengths.sum().item() / max(len(rows), 1))
+        forwards, verifies, taken, drafted = counts
+        results.append(Acceptance(str(rule), forwards, verifies, taken / max(forwards, 1), taken / max(verifies, 1),
+                                  drafted / max(forwards, 1), len(rows), *every))
     return results
+
+
+def walk(cache: Cache, where: dict[int, int], step: Callable[[int], tuple[int, int]],
+         start: Callable[[], None] = lambda: None) -> tuple[int, int, int, int]:
+    """Walks every answer as the runtime decodes it: a base forward after
+    the base's token at row r, whose draft (`step(index of r)`: drafted,
+    accepted) moves r past the accepted drafts and the base's own next token;
+    `start` is called before each answer. Returns the forwards, those with a
+    draft, the accepted and the drafted tokens."""
+    forwards = verifies = taken = drafted = 0
+    for a in cache.answers:
+        start()
+        r = a["start"]
+        while r in where:
+            n, k = step(where[r])
+            forwards, verifies, taken, drafted = forwards + 1, verifies + (n > 0), taken + k, drafted + n
+            r += 1 + k
+    return forwards, verifies, taken, drafted
+
+
+def walk_gated(model: HAMburger, cache: Cache, rule: GatedRule, d: Drafts, text: torch.Tensor, room: torch.Tensor,
+               where: dict[int, int]) -> tuple[int, int, int, int]:
+    """`walk` with the runtime's gate deciding each draft's length (a new
+    gate per answer, as per sequence), taught by each verification."""
+    cost = draft_cost(model.cfg)
+    gate = [DraftGate(cost)]
+    tokens, probs, p_stops = d.tokens.tolist(), d.p.tolist(), (1 - d.go_on).tolist()
+    t0s, rooms, texts = cache.next.tolist(), room.tolist(), text.tolist()
+    rows = sorted(where, key=where.get)
+
+    def step(i: int) -> tuple[int, int]:
+        """The gate's draft at row index i, verified against the text."""
+        n, before = gate[0].draft(rule, tokens[i], probs[i], p_stops[i], t0s[rows[i]], rooms[i], model.cfg.eos)
+        k = 0
+        while k < n and tokens[i][k] == texts[i][k]:
+            k += 1
+        gate[0].record(before, k)
+        return n, k
+
+    def start() -> None:
+        gate[0] = DraftGate(cost)
+
+    return walk(cache, where, step, start)
