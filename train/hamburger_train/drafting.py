@@ -21,7 +21,6 @@ its own probability under the micro decoder at least `p_min` (llama.cpp's
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -126,7 +125,7 @@ class Acceptance:
     there): the base `forwards`, those that verified a draft
     (`verify_forwards`, the runtime's count), accepted drafts per forward and
     per verify forward, drafted tokens per forward. Over every row (`all_*`,
-    each row drafting as if verified there; NaN for the runtime's gate,
+    each row drafting as if verified there; None for the runtime's gate,
     whose decisions depend on the path): accepted and drafted tokens per row."""
 
     rule: str
@@ -136,8 +135,8 @@ class Acceptance:
     accepted_per_verify_forward: float
     drafted_per_forward: float
     rows: int
-    all_accepted: float
-    all_drafted: float
+    all_accepted: float | None
+    all_drafted: float | None
 
 
 def text_after(cache: Cache, rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -174,7 +173,7 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], 
     for rule in rules:
         if isinstance(rule, GatedRule):
             counts = walk_gated(model, cache, rule, d, text, room, where)
-            every = (math.nan, math.nan)
+            every = (None, None)
         else:
             lengths = d.lengths(rule).clamp(max=room)
             acc = accepted(d.tokens, text, lengths)
