@@ -58,7 +58,7 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
     if runtime_gguf is not None:
         scored = {r["id"]: r for r in records.read(here / "scored.jsonl")}
         report["runtime"] = [runtime(bin_dir, runtime_gguf, [scored[a["id"]] for a in cache.answers], p, threads)
-                             for p in [0.0, *p_mins]]
+                             for p in sorted({0.0, *p_mins})]
     if as_json:
         print(json.dumps(report))
         return
@@ -71,7 +71,8 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
         print(f"| {r.rule} | {r.forwards} | {r.verify_forwards} | {r.accepted_per_forward:.3f} "
               f"| {r.accepted_per_verify_forward:.3f} | {r.drafted_per_forward:.3f} | {every} |")
     for r in report.get("runtime", []):
-        print(f"| runtime ({runtime_gguf}), p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']} "
+        print(f"| runtime ({runtime_gguf}), p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']}, "
+              f"shared prefix {r['shared_prefix']:.1f} "
               f"| {r['forwards']} | {r['verify_forwards']} | {r['accepted_per_forward']:.3f} "
               f"| {r['accepted_per_verify_forward']:.3f} | {r['drafted_per_forward']:.3f} | | |")
 
@@ -79,24 +80,30 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
 def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int) -> dict:
     """The runtime's self-verified greedy decoding (`hamburger-cli
     --spec-type draft-mtp`) of each answer's prompt ids, as many tokens as
-    the answer has: its drafts, accepted drafts and verify forwards summed
-    (the CLI's timings), its base forwards (one per committed token not
-    accepted as a draft), and how many outputs equal the answers."""
-    drafted = accepted = verifies = forwards = same = 0
+    the answer has before the end-of-turn token `score` ends it with: its
+    drafts, accepted drafts and verify forwards summed (the CLI's timings),
+    its base forwards (one per committed token not accepted as a draft), how
+    many outputs equal the answers, and the mean length of the prefix they
+    share (greedy outputs part at near-ties: a forward of several rows sums
+    in another order than one of one row)."""
+    drafted = accepted = verifies = forwards = same = shared = 0
     for a in answers:
         ids, n_prompt = a["ids"], a["n_prompt"]
+        answer = ids[n_prompt:-1]
         cmd = [str(bin_dir / "hamburger-cli"), "-m", str(gguf), "--prompt-ids", ",".join(map(str, ids[:n_prompt])),
-               "-n", str(len(ids) - n_prompt), "--temp", "0", "--json", "-t", str(threads), "--spec-type",
-               "draft-mtp", "--spec-draft-p-min", str(p_min)]
+               "-n", str(len(answer)), "--temp", "0", "--json", "-t", str(threads), "--spec-type", "draft-mtp",
+               "--spec-draft-p-min", str(p_min)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(f"accept: {cmd[0]} failed: {out.stderr.strip().splitlines()[-1:]}")
         v = json.loads(out.stdout.strip().splitlines()[-1])
-        t = v["timings"]
+        t, got = v["timings"], v["output_ids"]
         drafted, accepted, verifies = drafted + t["draft_n"], accepted + t["draft_n_accepted"], verifies + t["verify_forwards"]
-        forwards += len(v["output_ids"]) - 1 - t["draft_n_accepted"]
-        answer = ids[n_prompt:]
-        same += v["output_ids"] == answer[:len(v["output_ids"])] and len(v["output_ids"]) >= len(answer) - 1
-    return {"p_min": p_min, "answers": len(answers), "same_text": same, "forwards": forwards,
-            "verify_forwards": verifies, "accepted_per_forward": accepted / max(forwards, 1),
+        forwards += len(got) - 1 - t["draft_n_accepted"]
+        k = next((i for i, (x, y) in enumerate(zip(got, answer)) if x != y), min(len(got), len(answer)))
+        same += k == len(answer)
+        shared += k
+    n = max(len(answers), 1)
+    return {"p_min": p_min, "answers": len(answers), "same_text": same, "shared_prefix": shared / n,
+            "forwards": forwards, "verify_forwards": verifies, "accepted_per_forward": accepted / max(forwards, 1),
             "accepted_per_verify_forward": accepted / max(verifies, 1), "drafted_per_forward": drafted / max(forwards, 1)}

@@ -169,7 +169,7 @@ def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[
     """The ungated rule, each stop-head confidence alone, each p_min alone,
     and every pair; then the runtime's gate, alone and with each p_min."""
     return ([DraftRule(n_max, c, p) for c in [None, *confidences] for p in [None, *p_mins]]
-            + [GatedRule(n_max, 0, p) for p in [0.0, *p_mins]])
+            + [GatedRule(n_max, 0, p) for p in sorted({0.0, *p_mins})])
 
 
 def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int, slots: int,
