@@ -115,6 +115,10 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=32, help="answer rows (drafting positions) per optimizer step")
     p.add_argument("--lr", type=float, default=2e-4, help="peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed")
+    p.add_argument("--micro-lr-scale", type=float, default=1.0, help="the micro decoder's learning rate as a "
+                   "share of --lr (0: frozen, only the stop head learns: about half the compute a row)")
+    p.add_argument("--out", type=Path, help="where the run's state, history and grafted.safetensors go "
+                   "(default WORK/draft; several runs can share one work directory's features)")
 
 
 def rule_flags(p: argparse.ArgumentParser) -> None:
@@ -195,7 +199,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     from . import accept, calibrate, data, diagnose, draft, export, segment, train
     if stage == "draft":
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
-                  a.batch, a.lr, a.seed, a.confidence, a.p_min)
+                  a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale)
     elif stage == "accept":
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
                    a.p_min, a.json, a.runtime_gguf)

@@ -62,13 +62,17 @@ VAL_ANSWERS = 8
 STOP_WEIGHT = 0.5
 
 
-def draft_parameters(model: HAMburger) -> list[torch.nn.Parameter]:
-    """What trains: the micro decoder and the stop head (the rest frozen)."""
+def draft_optimizer(model: HAMburger, lr: float, micro_lr_scale: float) -> tuple[torch.optim.Optimizer, list]:
+    """AdamW over what trains: the micro decoder at `micro_lr_scale` times
+    `lr` (0: frozen) and the stop head at `lr`, the rest frozen; and those parameters."""
     model.requires_grad_(False)
-    params = [*model.micro.parameters(), *model.stop_head.parameters()]
+    groups = [{"params": list(model.stop_head.parameters()), "scale": 1.0}]
+    if micro_lr_scale > 0:
+        groups.append({"params": list(model.micro.parameters()), "scale": micro_lr_scale})
+    params = [p for g in groups for p in g["params"]]
     for p in params:
         p.requires_grad_(True)
-    return params
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), weight_decay=0.01), params
 
 
 def head_state(model: HAMburger) -> dict[str, torch.Tensor]:
@@ -125,7 +129,8 @@ def batch_loss(model: HAMburger, cache: features.Cache, rows: torch.Tensor) -> t
     text = text_after(cache, rows, n)
     valid = text >= 0
     tokens = torch.cat([cache.next[rows][:, None], text[:, :-1].clamp(min=0)], 1)
-    out = model.micro_decode(feats, tokens)  # out_1..out_n: drafts 1..n
+    with torch.set_grad_enabled(torch.is_grad_enabled() and next(model.micro.parameters()).requires_grad):
+        out = model.micro_decode(feats, tokens)  # out_1..out_n: drafts 1..n
     logp = F.log_softmax(model.logits(out), -1)
     at = (rows[:, None] + 1 + torch.arange(n)[None]).clamp(max=len(cache.next) - 1)
     top_p = torch.softmax(cache.top_logprobs[at], -1)
@@ -174,21 +179,24 @@ def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[
 
 def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int, slots: int,
         threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
-        p_mins: list[float]) -> None:
+        p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0) -> None:
     """Prepares the work directory (`prepare`), then trains until `steps`
-    optimizer steps of `batch` rows, resuming from `WORK/draft/state.pt`;
-    SIGINT or SIGTERM stops it after the step under way, saved."""
+    optimizer steps of `batch` rows, resuming from `out/state.pt` (default
+    `WORK/draft/`, where the run's history and result go too); the micro
+    decoder learns at `micro_lr_scale` times `lr` (0: only the stop head
+    learns). SIGINT or SIGTERM stops it after the step under way, saved."""
     if init is not None and not init.exists():
         raise SystemExit(f"draft: --init {init} does not exist")
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads)
-    out = work / "draft"
-    out.mkdir(exist_ok=True)
+    out = out or work / "draft"
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "state.pt"
-    params = draft_parameters(model)
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    st = torch.load(path, weights_only=False) if path.exists() else None
+    if st is not None:  # a run resumes with the settings it started with
+        micro_lr_scale = st.get("micro_lr_scale", 1.0)
+    opt, params = draft_optimizer(model, lr, micro_lr_scale)
     step, history, cpu_s = 0, [], 0.0
-    if path.exists():
-        st = torch.load(path, weights_only=False)
+    if st is not None:
         if st["base"] != meta["base"]:
             raise SystemExit(f"draft: {path} was trained on another base than this one (--init {init})")
         load_head(model, st["head"])
@@ -217,7 +225,7 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     def save() -> None:
         """The training state (atomic) and `history.json`."""
         write_state(path, {"head": head_state(model), "opt": opt.state_dict(), "step": step, "history": history,
-                           "cpu_s": cpu(), "base": meta["base"]})
+                           "cpu_s": cpu(), "base": meta["base"], "micro_lr_scale": micro_lr_scale})
         (out / "history.json").write_text(json.dumps(history))
 
     if step == 0 and not history:
@@ -233,7 +241,7 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
                 random.Random(seed + epoch).shuffle(order)
             picks = rows[torch.tensor([order[(i0 + b) % len(rows)] for b in range(batch)])]
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, steps, lr)
+                g["lr"] = lr_at(step, steps, lr) * g["scale"]
             opt.zero_grad()
             loss, sums = batch_loss(model, cache, picks)
             loss.backward()
