@@ -79,12 +79,16 @@ def score(work: Path, bin_dir: Path, teacher: Path, scorer: Path, threads: int) 
         cmd = [str(bin_dir / "hamburger-eval"), "score", "-m", str(teacher), "--baseline", str(scorer),
                "-t", str(threads), "--top", str(TOP)]
         proc = subprocess.Popen(cmd, stdin=inp, stdout=subprocess.PIPE, text=True)
-        for line in proc.stdout:
-            v = json.loads(line)
-            out.write(json.dumps({k: v[k] for k in ("id", "split", "ids", "n_prompt", "entropy", "top")}) + "\n")
-            out.flush()
-            n += 1
-            prog.update(n, len(v["entropy"]))
+        try:
+            for line in proc.stdout:
+                v = json.loads(line)
+                out.write(json.dumps({k: v[k] for k in ("id", "split", "ids", "n_prompt", "entropy", "top")}) + "\n")
+                out.flush()
+                n += 1
+                prog.update(n, len(v["entropy"]))
+        except BaseException:  # stopped: the scorer goes too (its answers so far are kept)
+            proc.kill()
+            raise
         if proc.wait() != 0:
             raise RuntimeError(f"hamburger-eval score exited with {proc.returncode}")
     prog.update(n, force=True)
