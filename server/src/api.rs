@@ -1,6 +1,7 @@
 //! The OpenAI request bodies the server accepts, parsed with the path of any
 //! field at fault, and checked into a prompt plus [`JobParams`]. HAMburger's
-//! own knobs are extension fields: `confidence` and `max_steps`.
+//! own knobs are extension fields: `confidence` and `max_steps`, and
+//! llama-server's `speculative.*` ([`crate::speculative`]).
 
 use hamburger::{Param, ParamError, SamplerParams, StepParams, Timings, MAX_TOP_LOGPROBS};
 use serde::de::DeserializeOwned;
@@ -11,6 +12,7 @@ use crate::error::ApiError;
 use crate::fields;
 use crate::messages::ChatMessage;
 use crate::scheduler::{FinishReason, JobParams, ModelInfo};
+use crate::speculative::{self, SpecFields};
 
 /// Parses a JSON body into `T`, naming the field at fault.
 ///
@@ -113,6 +115,18 @@ pub struct Common {
     pub grammar: Option<String>,
     /// llama-server's JSON schema field.
     pub json_schema: Option<Value>,
+    /// `none` (macro steps) or `draft-mtp` (self-verified), see [`crate::speculative`].
+    #[serde(rename = "speculative.type")]
+    pub spec_type: Option<String>,
+    /// llama-server's: the most tokens drafted after each verified one.
+    #[serde(rename = "speculative.n_max")]
+    pub spec_n_max: Option<u64>,
+    /// llama-server's: tokens drafted at every step whatever the gate says.
+    #[serde(rename = "speculative.n_min")]
+    pub spec_n_min: Option<u64>,
+    /// llama-server's: the least probability a drafted token needs.
+    #[serde(rename = "speculative.p_min")]
+    pub spec_p_min: Option<f64>,
 }
 
 /// `logprobs`: chat's flag, or the legacy completions' count of alternatives.
@@ -233,6 +247,10 @@ fn field(p: Param) -> &'static str {
     match p {
         Param::NPredict => "max_tokens",
         Param::Temp => "temperature",
+        Param::SpecType => "speculative.type",
+        Param::DraftNMax => "speculative.n_max",
+        Param::DraftNMin => "speculative.n_min",
+        Param::DraftPMin => "speculative.p_min",
         p => p.name(),
     }
 }
@@ -249,6 +267,16 @@ fn as_f32(v: Option<f64>) -> Option<f32> {
 }
 
 impl Common {
+    /// The `speculative.*` fields.
+    fn speculative(&self) -> SpecFields<'_> {
+        SpecFields {
+            spec_type: self.spec_type.as_deref(),
+            n_max: self.spec_n_max,
+            n_min: self.spec_n_min,
+            p_min: self.spec_p_min,
+        }
+    }
+
     /// Whether the answer is streamed.
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
@@ -342,6 +370,7 @@ impl Common {
         let step = StepParams {
             confidence: as_f32(self.confidence).unwrap_or(info.step.confidence),
             max_steps: self.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
+            draft: speculative::draft(self.speculative(), info.step.draft)?,
             ..info.step
         };
         let rule = step.rule(info.max_steps).map_err(|e| refused(&e))?;
@@ -447,8 +476,10 @@ pub fn usage(prompt: usize, completion: usize) -> Value {
 }
 
 /// The `timings` object: llama-server's fields (`prompt_n` the prompt tokens
-/// processed, `cache_n` those reused from the slot's cells) plus HAMburger's
-/// macro steps.
+/// processed, `cache_n` those reused from the slot's cells; `draft_n` the
+/// drafted tokens checked, `draft_n_accepted` those accepted) plus
+/// HAMburger's macro steps (base forwards) and, self-verified, the forwards
+/// that checked drafts and the drafted tokens accepted per such forward.
 pub fn timings(t: &Timings) -> Value {
     let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     json!({
@@ -463,5 +494,9 @@ pub fn timings(t: &Timings) -> Value {
         "tokens_per_step": t.tokens_per_step(),
         "kv_entries": t.kv_entries,
         "kv_bytes_per_entry": t.kv_bytes_per_entry,
+        "draft_n": t.drafted,
+        "draft_n_accepted": t.draft_accepted,
+        "verify_forwards": t.verify_forwards,
+        "accepted_per_verify": t.accepted_per_verify(),
     })
 }

@@ -154,6 +154,9 @@ impl Totals {
             sum.reached.resize(t.reached.len(), 0);
         }
         sum.reached.iter_mut().zip(&t.reached).for_each(|(s, r)| *s += r);
+        sum.drafted += t.drafted;
+        sum.draft_accepted += t.draft_accepted;
+        sum.verify_forwards += t.verify_forwards;
     }
 
     /// The `usage` object: the prompts once each, the completion tokens of every choice.

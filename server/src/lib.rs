@@ -9,6 +9,8 @@
 //! * `choices`: a request's `n` choices per prompt fanned out into jobs
 //!   (a prompt's admitted together), their events merged, their usage summed;
 //! * [`fields`]: which request fields are honoured, no-ops, or refused;
+//! * [`speculative`]: a request's decoding mode (`speculative.type`: macro
+//!   steps or self-verified) and drafts (`speculative.n_max` ...);
 //! * [`webui`]: the chat page at `/`, built into the binary;
 //! * [`structured`]: `response_format`, `grammar` and `json_schema` compiled into a constraint;
 //! * [`tools`]: `tools` / `tool_choice`: the template's tools, the call's grammar, `tool_calls`;
@@ -27,6 +29,7 @@ pub mod messages;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
+pub mod speculative;
 pub mod structured;
 pub mod tools;
 pub mod webui;

@@ -19,12 +19,13 @@ use hamburger::chat::ChatTemplate;
 use hamburger::constraint::Grammars;
 use hamburger::generate::{self, DecodeConfig};
 use hamburger::kv_cache::SeqId;
+use hamburger::row_class::reusable_prefix;
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
 
-use super::request::{Request, ScoredPrompt};
+use super::request::{Request, Reused, ScoredPrompt};
 use super::slot_board::SlotBoard;
-use super::slots::Slots;
+use super::slots::{Cached, Slots};
 use super::{JobGroup, ModelInfo, SchedulerConfig, StartError};
 use crate::metrics::{self, Metrics};
 
@@ -178,9 +179,12 @@ impl<'t> EngineLoop<'t, '_> {
     fn admit(&mut self) {
         while self.waiting.front().is_some_and(|group| group.len() <= self.slots.n_free()) {
             for job in self.waiting.pop_front().expect("a waiting group") {
-                let (seq, common) = self.slots.take(&job.prompt, job.params.cache_prompt).expect("a free slot");
+                let taken = self.slots.take(&job.prompt, job.params.cache_prompt).expect("a free slot");
+                let seq = taken.seq;
                 self.m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-                let cached = self.engine.keep_prefix(seq, common.min(job.prompt.len().saturating_sub(1)));
+                let classes = self.engine.row_classes();
+                let reuse = reusable_prefix(classes, self.decode.n_batch, taken.common, job.prompt.len(), taken.alike);
+                let cached = self.engine.keep_prefix(seq, reuse.keep);
                 metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
                 metrics::add(&self.m.prompt_tokens_cached, cached as u64);
                 self.tasks += 1;
@@ -190,12 +194,13 @@ impl<'t> EngineLoop<'t, '_> {
                         log::error!("scoring the prompt of task {} failed: {e}", self.tasks);
                         let _ = job.events.send(super::Event::Failed(e.to_string()));
                         self.engine.clear_seq(seq);
-                        self.slots.give_back(seq, Vec::new());
+                        self.slots.give_back(seq, Cached::default());
                         continue;
                     }
                 };
                 let no_tokens = job.params.n_predict == 0;
-                let r = Request::admit(self.tasks, seq, job, cached, scored, self.info);
+                let reused = Reused { tokens: cached, exact: reuse.exact, alike_before: taken.alike };
+                let r = Request::admit(self.tasks, seq, job, reused, scored, self.info);
                 if no_tokens {
                     let held = r.held(&self.engine);
                     r.answer(self.info, self.m);
@@ -234,7 +239,7 @@ impl<'t> EngineLoop<'t, '_> {
                 let seq = r.seq();
                 r.fail(&e.to_string());
                 self.engine.clear_seq(seq);
-                self.slots.give_back(seq, Vec::new());
+                self.slots.give_back(seq, Cached::default());
             }
         }
     }

@@ -7,13 +7,14 @@
 use std::borrow::{Borrow, BorrowMut};
 use std::time::Instant;
 
-use hamburger::generate::SeqGen;
+use hamburger::generate::{Pending, SeqGen};
 use hamburger::kv_cache::SeqId;
 use hamburger::tokenizer::TextStream;
 use hamburger::{Engine, Sampler, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::slot_board::{SlotParams, SlotState};
+use super::slots::Cached;
 use super::{Event, FinishReason, Job, ModelInfo};
 use crate::metrics::{self, Metrics};
 
@@ -26,15 +27,25 @@ pub(super) struct ScoredPrompt {
     pub(super) ms: f64,
 }
 
+/// What a request reuses of its slot's cells ([`hamburger::row_class::reusable_prefix`]).
+pub(super) struct Reused {
+    /// Leading prompt tokens whose cells are kept.
+    pub(super) tokens: usize,
+    /// Whether the answer is the one a fresh read of the prompt gives.
+    pub(super) exact: bool,
+    /// The slot's [`Cached::alike`] before the request.
+    pub(super) alike_before: usize,
+}
+
 /// A request admitted into a slot (one engine sequence), from admission to its last event.
 pub(super) struct Request<'t> {
     /// The request's number since the server started (in its log line).
     task: u64,
     /// Its decoding: prompt still to feed, sampler, budget and generated tokens.
     gen: SeqGen<'static>,
-    /// The whole prompt, its first `cached` tokens' entries reused from the slot's cells.
+    /// The whole prompt, its first `reused.tokens` tokens' entries reused from the slot's cells.
     prompt: Vec<u32>,
-    cached: usize,
+    reused: Reused,
     /// Its prompt's log-probabilities, when scored at admission.
     scored: Option<ScoredPrompt>,
     events: UnboundedSender<Event>,
@@ -65,7 +76,7 @@ pub(super) struct Request<'t> {
 
 impl<'t> Request<'t> {
     /// Admits `job` as task number `task` into sequence `seq`, whose cells
-    /// hold the entries of the prompt's first `cached` tokens (reused), then
+    /// hold the entries of the prompt's first `reused.tokens` tokens, then
     /// those `scored` fed, and nothing else. It may take the slot's share of
     /// the cache, `info.n_ctx_slot` cells (one per macro step, so k tokens a
     /// step answer k times longer in them); its text is decoded with the
@@ -74,16 +85,17 @@ impl<'t> Request<'t> {
         task: u64,
         seq: SeqId,
         job: Job,
-        cached: usize,
+        reused: Reused,
         scored: Option<ScoredPrompt>,
         info: &'t ModelInfo,
     ) -> Request<'t> {
         let p = job.params;
         let shown = SlotParams::from(&p);
-        let (before, rest) = job.prompt.split_at(cached + scored.as_ref().map_or(0, |s| s.logprobs.len()));
+        let (before, rest) = job.prompt.split_at(reused.tokens + scored.as_ref().map_or(0, |s| s.logprobs.len()));
         let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
-        let mut gen =
-            SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Vec::new(), before.to_vec()).with_rule(p.rule);
+        let mut gen = SeqGen::new(seq, rest, p.n_predict, sampler)
+            .continuing(Pending::default(), before.to_vec())
+            .with_rule(p.rule);
         gen = gen.with_cell_limit(info.n_ctx_slot);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
@@ -98,7 +110,7 @@ impl<'t> Request<'t> {
             task,
             gen,
             prompt: job.prompt,
-            cached,
+            reused,
             scored,
             events: job.events,
             stop: p.stop,
@@ -149,13 +161,24 @@ impl<'t> Request<'t> {
         self.gen.is_done()
     }
 
-    /// The tokens whose entries its slot's cells hold: the prompt, then the
-    /// generated tokens as they were fed (all but the last step's).
-    pub(super) fn held(&self, engine: &Engine) -> Vec<u32> {
+    /// What its slot's cells hold: the prompt, then the generated tokens as
+    /// they were fed (all but the last step's); and how many leading tokens'
+    /// cells are what a fresh read of a prompt that long computes: the whole
+    /// prompt's when the reuse was exact and the rest was read alike (not
+    /// when scored, whose forwards are cut otherwise), else the slot's
+    /// earlier prompt's when they were kept, else none.
+    pub(super) fn held(&self, engine: &Engine) -> Cached {
         let output = &self.gen.generation().output_ids;
-        let mut held: Vec<u32> = self.prompt.iter().chain(output).copied().collect();
-        held.truncate(engine.next_pos(self.seq()));
-        held
+        let mut tokens: Vec<u32> = self.prompt.iter().chain(output).copied().collect();
+        tokens.truncate(engine.next_pos(self.seq()));
+        let alike = if !self.reused.exact {
+            self.reused.alike_before
+        } else if self.scored.is_none() && self.gen.prompt_read_alike() && tokens.len() >= self.prompt.len() {
+            self.prompt.len()
+        } else {
+            0
+        };
+        Cached { tokens, alike }
     }
 
     /// The macro steps it has run.
@@ -228,12 +251,15 @@ impl<'t> Request<'t> {
         let mut timings = generation.timings.clone();
         let ended_by_eog = !self.ignore_eos && generation.output_ids.last().is_some_and(|t| info.eog.contains(t));
         timings.gen_tokens = self.n_tokens_to_stop.unwrap_or(timings.gen_tokens);
-        timings.cached_tokens = self.cached;
+        timings.cached_tokens = self.reused.tokens;
         // The prompt's tokens not reused, scored at admission or fed by its first macro step.
-        timings.prompt_tokens = self.prompt.len() - self.cached;
+        timings.prompt_tokens = self.prompt.len() - self.reused.tokens;
         timings.prompt_ms += self.scored.as_ref().map_or(0.0, |s| s.ms);
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
+        metrics::add(&m.draft_tokens, timings.drafted as u64);
+        metrics::add(&m.draft_accepted, timings.draft_accepted as u64);
+        metrics::add(&m.verify_forwards, timings.verify_forwards as u64);
         let reason = if self.timed_out
             || !(self.stopped_by_string || ended_by_eog)
                 && (timings.gen_tokens >= self.n_predict || generation.context_full)
@@ -244,7 +270,7 @@ impl<'t> Request<'t> {
         };
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
-        log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms);
+        log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {} of {} drafted tokens accepted; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms, t.draft_accepted, t.drafted);
         let logprobs = self.logprobs(self.sent_tokens, timings.gen_tokens);
         let prompt_logprobs = self.scored.as_ref().map(|s| s.logprobs.clone()).unwrap_or_default();
         let _ = self.events.send(Event::Done { reason, timings, logprobs, prompt_logprobs });
