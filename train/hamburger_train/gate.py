@@ -11,7 +11,11 @@ off is probed now and then, at intervals that double after each failed
 probe. A drafted token less likely than `p_min` under the micro decoder is
 dropped, with the drafting (llama.cpp's `--spec-draft-p-min`); `n_min`
 drafts are always made. Everything here mirrors that code line for line;
-when it changes, this must.
+when it changes, this must. The runtime's gate also has `may_draft` and `skip` (a
+forward stores no features when no bucket pays and no probe is due, and
+the step after it counts toward the next probe without asking the gate):
+that decides as `wants` does here, where such a step is gated off and
+counted the same way, so there is nothing of it to port.
 """
 
 from __future__ import annotations
