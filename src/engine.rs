@@ -224,6 +224,17 @@ impl<'m> Engine<'m> {
         self.forward(batch, want, OutputRows::LastOfEachSequence)
     }
 
+    /// One base forward over `batch` (single-token inputs) with outputs at
+    /// every input, in batch order, and no features stored: a verify
+    /// forward of speculative decoding, which reads the distribution after
+    /// the last committed token and after each drafted one ([`crate::draft_model`]).
+    ///
+    /// # Errors
+    /// As [`Engine::decode`].
+    pub fn decode_every(&mut self, batch: &Batch, want: Wants) -> Result<Vec<(SeqId, StepOut)>> {
+        self.forward(batch, Wants { features: false, ..want }, OutputRows::Every)
+    }
+
     /// Scores `tokens` in sequence `seq` with the base alone, as a plain
     /// Llama reads a prompt: feeds all but the last token as single-token
     /// inputs after `seq`'s context, at most `n_batch` per forward, reading

@@ -24,10 +24,8 @@ pub enum Error {
         /// Every problem, `;`-separated.
         problems: String,
     },
-    /// The file is not a HAMburger GGUF.
-    #[error(
-        "{path}: architecture is '{found}', expected 'hamburger' (a base-only llama GGUF runs in llama.cpp, not here)"
-    )]
+    /// The file is neither a HAMburger GGUF nor a llama one (a base alone).
+    #[error("{path}: architecture is '{found}', expected 'hamburger' (or 'llama', a base model alone)")]
     WrongArchitecture {
         /// The model file.
         path: PathBuf,
@@ -81,6 +79,19 @@ pub enum Error {
     /// A setting outside what the runtime accepts (it names the parameters at fault).
     #[error(transparent)]
     Param(#[from] ParamError),
+    /// A draft model whose vocabulary is not the target's: its token ids
+    /// would mean other tokens.
+    #[error("the draft model {draft} has a vocabulary of {draft_vocab} tokens, the target {target} one of {target_vocab}: a draft model needs the target's vocabulary")]
+    VocabMismatch {
+        /// The draft model's file.
+        draft: PathBuf,
+        /// Its vocabulary size.
+        draft_vocab: usize,
+        /// The target model's file.
+        target: PathBuf,
+        /// Its vocabulary size.
+        target_vocab: usize,
+    },
     /// An invalid option value.
     #[error("{0}")]
     Invalid(String),
@@ -121,9 +132,11 @@ pub enum Param {
     /// How the micro decoder's tokens are used: kept as macro steps, or
     /// drafted and verified by the base ([`crate::StepParams::draft`]).
     SpecType,
-    /// The most tokens drafted after each verified token ([`crate::DraftParams::n_max`]).
+    /// The most tokens drafted per verify forward, by the micro decoder
+    /// ([`crate::DraftParams::n_max`]) or a draft model.
     DraftNMax,
-    /// The tokens always drafted.
+    /// The tokens always drafted (self-verified), or the fewest drafted
+    /// tokens worth a verify forward (a draft model).
     DraftNMin,
     /// The least probability a drafted token needs.
     DraftPMin,

@@ -77,6 +77,15 @@ impl HParams {
         self.n_embd / self.n_merger_head.max(1)
     }
 
+    /// These hyper-parameters as the runtime runs a base-only (llama) model:
+    /// one token per forward (`max_steps` 1), no micro decoder, and the
+    /// final layer as the only feature layer, so that nothing is sized for
+    /// grafted modules the file does not have. (Checked before: a micro
+    /// decoder of 0 layers is no valid HAMburger.)
+    pub fn without_grafted(self) -> HParams {
+        HParams { max_steps: 1, n_micro_layer: 0, feature_layers: vec![self.n_layer - 1], ..self }
+    }
+
     /// Every inconsistency, one line each (empty when valid).
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use ggml::gguf::{Array, Gguf};
 use ggml::MappedFile;
 
-use crate::arch::{keys, token_type, Key, ARCH_HAMBURGER, END_OF_GENERATION_TEXTS};
+use crate::arch::{keys, token_type, Key, ARCH_HAMBURGER, ARCH_LLAMA, END_OF_GENERATION_TEXTS};
 use crate::hparams::HParams;
 use crate::placement::{LoadOptions, PlacementPlan};
 use crate::weights::{self, Weights};
@@ -83,7 +83,9 @@ impl VocabInfo {
     }
 }
 
-/// A HAMburger model.
+/// A HAMburger model, or a base-only (llama) one: the same loader, graphs
+/// and engine, without the grafted modules (one token per forward), as the
+/// target a HAMburger drafts for (`crate::draft_model`).
 pub struct Model {
     /// The GGUF file.
     pub path: PathBuf,
@@ -122,27 +124,33 @@ pub fn recommended_confidence_of(path: &Path) -> Result<Option<f32>> {
 }
 
 impl Model {
-    /// Opens a HAMburger GGUF: the header is parsed once, the hyper-parameters
-    /// validated, a [`PlacementPlan`] built from `options`, and every weight
-    /// checked and placed. CPU weights stay on the memory-mapped file, except
-    /// matrices whose type has a repacked CPU layout (Q4_0, Q4_K, IQ4_NL... on
-    /// x86), which are copied into it as llama.cpp does by default.
+    /// Opens a HAMburger GGUF, or a llama GGUF as a base-only model (its
+    /// base alone: [`HParams::without_grafted`]): the header is parsed once,
+    /// the hyper-parameters validated, a [`PlacementPlan`] built from
+    /// `options`, and every weight checked and placed. CPU weights stay on
+    /// the memory-mapped file, except matrices whose type has a repacked CPU
+    /// layout (Q4_0, Q4_K, IQ4_NL... on x86), which are copied into it as
+    /// llama.cpp does by default.
     ///
     /// # Errors
-    /// When the file is not a valid HAMburger GGUF (wrong architecture, missing
-    /// keys, missing/misshapen tensors), naming the file and the culprit; when
-    /// the device asked for is not available; on failed allocations.
+    /// When the file is not a valid HAMburger or llama GGUF (another
+    /// architecture, missing keys, missing/misshapen tensors), naming the
+    /// file and the culprit; when the device asked for is not available; on
+    /// failed allocations.
     pub fn open(path: &Path, options: &LoadOptions) -> Result<Model> {
         let gguf = Gguf::open(path)?;
         let arch = gguf.get_str(keys::ARCHITECTURE)?.unwrap_or("").to_string();
-        if arch != ARCH_HAMBURGER {
-            return Err(Error::WrongArchitecture { path: path.into(), found: arch });
-        }
-        let hp = HParams::from_gguf(&gguf, ARCH_HAMBURGER)?;
+        let base_only = match arch.as_str() {
+            ARCH_HAMBURGER => false,
+            ARCH_LLAMA => true,
+            _ => return Err(Error::WrongArchitecture { path: path.into(), found: arch }),
+        };
+        let hp = HParams::from_gguf(&gguf, &arch)?;
+        let hp = if base_only { hp.without_grafted() } else { hp };
         let vocab = VocabInfo::from_gguf(&gguf, hp.n_vocab)?;
         let plan = PlacementPlan::new(options, hp.n_layer)?;
         let map = Rc::new(MappedFile::open(path)?);
-        let weights = weights::load(&gguf, map, &hp, &plan)?;
+        let weights = weights::load(&gguf, map, &hp, &plan, base_only)?;
         Ok(Model {
             path: path.into(),
             name: gguf.get_str(keys::NAME)?.unwrap_or("").to_string(),
@@ -153,5 +161,11 @@ impl Model {
             plan,
             recommended_confidence: recommended_confidence(&gguf)?,
         })
+    }
+
+    /// Whether this is a base model alone (a llama GGUF): no merger, micro
+    /// decoder or stop head, one token per forward.
+    pub fn is_base_only(&self) -> bool {
+        self.weights.grafted.is_none()
     }
 }

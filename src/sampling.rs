@@ -171,49 +171,29 @@ impl Sampler {
         if self.p.temp <= 0.0 {
             return dist.first().map_or(0, |c| c.0);
         }
-        let mut r = self.rng.random::<f32>();
-        for &(t, p) in dist {
-            if r < p {
-                return t;
-            }
-            r -= p;
-        }
-        dist.last().map_or(0, |c| c.0)
+        draw(dist, self.rng.random())
     }
 
     /// Speculative sampling's check of a drafted token `draft`, drawn from
     /// the draft distribution `q`, against the target distribution `p` (both
-    /// [`Sampler::distribution`]s): it is accepted with probability
-    /// `min(1, p(draft) / q(draft))`; otherwise the token is drawn from the
-    /// normalised residual `max(0, p - q)`. Either way the token that results
-    /// is distributed as `p` (Leviathan et al., 2023). Greedy distributions
-    /// (one token each) accept exactly when the tokens agree, and draw no
-    /// random number.
-    pub fn verify_draft(&mut self, p: &[(u32, f32)], q: &[(u32, f32)], draft: u32) -> Verdict {
-        let prob = |d: &[(u32, f32)], t: u32| d.iter().find(|c| c.0 == t).map_or(0.0, |c| c.1);
-        let (pd, qd) = (prob(p, draft), prob(q, draft));
-        if pd >= qd || (pd > 0.0 && self.rng.random::<f32>() < pd / qd) {
-            return Verdict::Accepted;
-        }
-        let residual: Vec<(u32, f32)> =
-            p.iter().map(|&(t, pt)| (t, (pt - prob(q, t)).max(0.0))).filter(|c| c.1 > 0.0).collect();
-        let total: f32 = residual.iter().map(|c| c.1).sum();
-        if total <= 0.0 || self.p.temp <= 0.0 {
-            // Rounding left nothing (p and q agree), or greedy: p's own choice.
-            return Verdict::Rejected(p.first().map_or(0, |c| c.0));
-        }
-        let norm: Vec<(u32, f32)> = residual.into_iter().map(|(t, r)| (t, r / total)).collect();
-        Verdict::Rejected(self.draw(&norm))
+    /// [`Sampler::distribution`]s), with this sampler's random numbers:
+    /// [`crate::speculative::check_draft`]. `None`: accepted; `Some(t)`:
+    /// rejected, `t` takes its place.
+    pub fn verify_draft(&mut self, p: &[(u32, f32)], q: &[(u32, f32)], draft: u32) -> Option<u32> {
+        crate::speculative::check_draft(p, q, draft, &mut self.rng)
     }
 }
 
-/// What speculative sampling decides about a drafted token ([`Sampler::verify_draft`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The drafted token stands.
-    Accepted,
-    /// The drafted token is rejected; this token, drawn from the residual, takes its place.
-    Rejected(u32),
+/// The token of `dist` (probabilities in order, summing to 1) at which the
+/// cumulative probability passes `r` in 0..1: a draw, given a uniform `r`.
+pub fn draw(dist: &[(u32, f32)], mut r: f32) -> u32 {
+    for &(t, p) in dist {
+        if r < p {
+            return t;
+        }
+        r -= p;
+    }
+    dist.last().map_or(0, |c| c.0)
 }
 
 impl Sampler {
@@ -361,10 +341,7 @@ mod tests {
         let mut counts = [0usize; 3];
         for _ in 0..n {
             let d = s.draw(&q);
-            let t = match s.verify_draft(&p, &q, d) {
-                Verdict::Accepted => d,
-                Verdict::Rejected(t) => t,
-            };
+            let t = s.verify_draft(&p, &q, d).unwrap_or(d);
             counts[t as usize] += 1;
         }
         for (t, want) in [(0, 0.5), (1, 0.3), (2, 0.2)] {
@@ -373,8 +350,8 @@ mod tests {
         }
         // Greedy: the tokens agree or the target's own token replaces the draft.
         let mut g = Sampler::new(SamplerParams::greedy());
-        assert_eq!(g.verify_draft(&[(4, 1.0)], &[(4, 1.0)], 4), Verdict::Accepted);
-        assert_eq!(g.verify_draft(&[(4, 1.0)], &[(5, 1.0)], 5), Verdict::Rejected(4));
+        assert_eq!(g.verify_draft(&[(4, 1.0)], &[(4, 1.0)], 4), None);
+        assert_eq!(g.verify_draft(&[(4, 1.0)], &[(5, 1.0)], 5), Some(4));
     }
 
     #[test]

@@ -68,7 +68,17 @@ pub struct StopHeadWeights {
     pub out: Linear,
 }
 
-/// All weights of a HAMburger model.
+/// The modules grafted onto the base: absent from a base-only (llama) model.
+pub struct GraftedWeights {
+    /// Micro-step decoder layers.
+    pub micro: Vec<LayerWeights>,
+    /// The merger.
+    pub merger: MergerWeights,
+    /// The stop head.
+    pub stop: StopHeadWeights,
+}
+
+/// All weights of a HAMburger model, or of its base alone.
 pub struct Weights {
     /// Token embedding `[D, V]`.
     pub tok_embd: Tensor,
@@ -80,18 +90,29 @@ pub struct Weights {
     pub rope_freqs: Option<Tensor>,
     /// Base layers.
     pub layers: Vec<LayerWeights>,
-    /// Micro-step decoder layers.
-    pub micro: Vec<LayerWeights>,
-    /// The merger.
-    pub merger: MergerWeights,
-    /// The stop head.
-    pub stop: StopHeadWeights,
+    /// The merger, micro decoder and stop head; `None` for a base-only
+    /// (llama) model, which reads one token per input and emits one per forward.
+    pub grafted: Option<GraftedWeights>,
 }
 
 impl Weights {
     /// The lm_head matrix (the embedding when tied).
     pub fn lm_head(&self) -> &Tensor {
         self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+
+    /// The grafted modules, which a merged input, a micro step or the stop
+    /// head need.
+    ///
+    /// # Errors
+    /// For a base-only model, which has none.
+    pub fn grafted(&self) -> Result<&GraftedWeights> {
+        self.grafted.as_ref().ok_or_else(|| {
+            Error::Invalid(
+                "a base-only (llama) model has no merger, micro decoder or stop head: it reads and emits one token per forward"
+                    .into(),
+            )
+        })
     }
 }
 
@@ -117,13 +138,14 @@ struct Placed {
 }
 
 /// Loads and checks every weight of `gguf` (already mapped as `map`),
-/// placing each where `plan` says.
+/// placing each where `plan` says; a `base_only` file holds the base's
+/// tensors alone (a llama GGUF).
 ///
 /// # Errors
 /// A missing, unexpected, misshapen or mistyped tensor, or a failed allocation.
-pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan) -> Result<Weights> {
+pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan, base_only: bool) -> Result<Weights> {
     let path = &gguf.path;
-    let set = TensorSet::of_file(|name| gguf.tensor(&name.to_string()).is_some());
+    let set = TensorSet { base_only, ..TensorSet::of_file(|name| gguf.tensor(&name.to_string()).is_some()) };
     let expected = hp.tensor_shapes(set);
     for t in &gguf.tensors {
         if !expected.iter().any(|(n, _)| n.to_string() == t.name) {
@@ -201,29 +223,30 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
         w_down: take(f(LayerTensor::FfnDown)),
     };
     let layers = (0..hp.n_layer).map(|i| layer(&mut take, &|lt| TensorName::Base(i, lt))).collect();
-    let micro = (0..hp.n_micro_layer).map(|i| layer(&mut take, &|lt| TensorName::Micro(i, lt))).collect();
-    let mut linear = |m: MergerLinear| Linear {
-        w: take(TensorName::Merger(m, Part::Weight)),
-        b: take(TensorName::Merger(m, Part::Bias)),
-    };
-    let merger = MergerWeights {
-        q: linear(MergerLinear::Q),
-        k: linear(MergerLinear::K),
-        v: linear(MergerLinear::V),
-        out: linear(MergerLinear::Out),
-        pos: take(TensorName::MergerPos),
-    };
-    let mut stop =
-        |s: StopLinear| Linear { w: take(TensorName::Stop(s, Part::Weight)), b: take(TensorName::Stop(s, Part::Bias)) };
-    let stop = StopHeadWeights { fc1: stop(StopLinear::Fc1), fc2: stop(StopLinear::Fc2), out: stop(StopLinear::Out) };
+    let grafted = (!base_only).then(|| {
+        let micro = (0..hp.n_micro_layer).map(|i| layer(&mut take, &|lt| TensorName::Micro(i, lt))).collect();
+        let pos = take(TensorName::MergerPos);
+        let mut linear = |p: fn(Part) -> TensorName| Linear { w: take(p(Part::Weight)), b: take(p(Part::Bias)) };
+        let merger = MergerWeights {
+            q: linear(|p| TensorName::Merger(MergerLinear::Q, p)),
+            k: linear(|p| TensorName::Merger(MergerLinear::K, p)),
+            v: linear(|p| TensorName::Merger(MergerLinear::V, p)),
+            out: linear(|p| TensorName::Merger(MergerLinear::Out, p)),
+            pos,
+        };
+        let stop = StopHeadWeights {
+            fc1: linear(|p| TensorName::Stop(StopLinear::Fc1, p)),
+            fc2: linear(|p| TensorName::Stop(StopLinear::Fc2, p)),
+            out: linear(|p| TensorName::Stop(StopLinear::Out, p)),
+        };
+        GraftedWeights { micro, merger, stop }
+    });
     Ok(Weights {
         tok_embd: take(TensorName::TokenEmbd),
         output_norm: take(TensorName::OutputNorm),
         output: if set.tied_output { output_dup } else { Some(take(TensorName::Output)) },
         rope_freqs: set.rope_freqs.then(|| take(TensorName::RopeFreqs)),
         layers,
-        micro,
-        merger,
-        stop,
+        grafted,
     })
 }

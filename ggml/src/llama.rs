@@ -326,6 +326,20 @@ impl<'m> LlamaContext<'m> {
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
     }
 
+    /// Forgets sequence `seq`'s entries at positions `pos` and later (a
+    /// verification's rejected rows).
+    ///
+    /// # Errors
+    /// When libllama refuses (a partial removal its memory cannot do).
+    pub fn truncate(&mut self, seq: i32, pos: i32) -> Result<()> {
+        // SAFETY: the context and its memory are live; -1 is "to the end".
+        let ok = unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), seq, pos, -1) };
+        if !ok {
+            return Err(Error::Llama(format!("cannot remove sequence {seq}'s entries from position {pos}")));
+        }
+        Ok(())
+    }
+
     /// Waits for pending computation.
     pub fn synchronize(&self) {
         // SAFETY: the context is live.

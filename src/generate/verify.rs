@@ -12,7 +12,7 @@ use super::micro_loop::Start;
 use super::{DecodeConfig, SeqGen};
 use crate::engine::Engine;
 use crate::graph::StepOut;
-use crate::sampling::{TokenLogprob, Verdict};
+use crate::sampling::TokenLogprob;
 use crate::step::MacroStep;
 use crate::Result;
 
@@ -42,8 +42,8 @@ pub(super) fn check(
         let p = sg.distribution(&out, true);
         let (token, agreed) = match draft.tokens.get(j) {
             Some(&d) => match sg.sampler.verify_draft(&p, &draft.q[j], d) {
-                Verdict::Accepted => (d, true),
-                Verdict::Rejected(t) => (t, false),
+                None => (d, true),
+                Some(t) => (t, false),
             },
             None => (sg.sampler.draw(&p), false),
         };

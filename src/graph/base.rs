@@ -245,7 +245,7 @@ pub fn build(
     let mut first = 0;
     for (k, m) in shape.merged.iter().enumerate().map(|(i, &m)| (i + 2, m)).filter(|&(_, m)| m > 0) {
         let ek = g.view(&e, &[d, (k * m) as i64], &[col], first * col);
-        parts.push(merger::merge(&g, &w.merger, hp, &g.reshape(&ek, &[d, k as i64, m as i64]))); // [D, m]
+        parts.push(merger::merge(&g, &w.grafted()?.merger, hp, &g.reshape(&ek, &[d, k as i64, m as i64]))); // [D, m]
         first += k * m;
     }
     if shape.n_plain > 0 {

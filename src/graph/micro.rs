@@ -143,7 +143,7 @@ pub fn build(
     let attn = AttnInputs::new(&g, cache, hp.n_embd_kv(), n_rows, shape.n_kv, flash);
     let lc = LayerCtx { hp, cache, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last = hp.n_micro_layer - 1;
-    for (il, lw) in w.micro.iter().enumerate() {
+    for (il, lw) in w.grafted()?.micro.iter().enumerate() {
         x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last).then_some(shape.n_seqs));
     }
     finish(gs, backends, w, &x, shape.stop_head, MicroInputs { tokens, gather, attn })

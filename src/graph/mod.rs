@@ -131,7 +131,7 @@ pub fn finish<I>(
     let GraphStart { g, mut gf, size } = gs;
     let logits = g.mul_mat(w.lm_head(), out).named("logits"); // [V, n_out]
     let argmax = g.argmax(&logits).named("argmax"); // [n_out]
-    let p_stop = stop_head.then(|| stop_probability(&g, &w.stop, out));
+    let p_stop = if stop_head { Some(stop_probability(&g, &w.grafted()?.stop, out)) } else { None };
     for t in [Some(&logits), Some(&argmax), p_stop.as_ref()].into_iter().flatten() {
         t.set_output();
         gf.expand(t);

@@ -27,7 +27,12 @@ impl StandaloneMerger {
         let mut graph = Graph::new(&g, NODES);
         let ids = token_input(&g, k);
         let e = g.reshape(&g.get_rows(&model.weights.tok_embd, &ids), &[model.hp.n_embd as i64, k as i64, 1]);
-        let merged = merger::merge(&g, &model.weights.merger, &model.hp, &e);
+        let merged = merger::merge(
+            &g,
+            &model.weights.grafted.as_ref().expect("a HAMburger model: a base-only one has no merger").merger,
+            &model.hp,
+            &e,
+        );
         merged.set_output();
         graph.expand(&merged);
         let cpu = Backend::cpu()?;

@@ -13,7 +13,7 @@ use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use rand::{Rng, SeedableRng};
 
 use hamburger::generate::{self, SeqGen};
-use hamburger::{Engine, EngineParams, Model, Result, Sampler, SamplerParams, Session, SessionParams};
+use hamburger::{Batch, Engine, EngineParams, Model, Result, Sampler, SamplerParams, Session, SessionParams, Wants};
 
 /// One test's samples.
 #[derive(Debug, Clone)]
@@ -208,6 +208,83 @@ pub fn llama_tg_parallel<'m>(
         ctx.pause_threads();
         Ok(ns)
     }))
+}
+
+/// Verify forwards, a target's work in speculative decoding: after a
+/// context of `n_context` random tokens (fed once, untimed), `n_forwards`
+/// forwards of `k` single-token rows, every row an output (the target's
+/// token after each of `k - 1` drafted ones; argmax only, as a greedy
+/// verification reads), each rolled back before the next. The measurement
+/// counts rows.
+///
+/// # Errors
+/// When the engine cannot be created or a forward fails.
+pub fn hamburger_verify<'m>(
+    model: &'m Model,
+    params: &EngineParams,
+    k: usize,
+    n_context: usize,
+    n_forwards: usize,
+) -> Result<(Runner<'m>, Measurement)> {
+    let mut engine = Engine::new(model, &EngineParams { n_ctx: n_context + k + 1, n_seq: 1, ..params.clone() })?;
+    let none = Wants { stop_head: false, logits: false, features: false };
+    for chunk in random_tokens(n_context, model.hp.n_vocab, 1).chunks(params.n_batch) {
+        let mut batch = Batch::new();
+        batch.push_tokens(0, chunk);
+        engine.decode(&batch, none)?;
+    }
+    let mut batch = Batch::new();
+    batch.push_tokens(0, &random_tokens(k, model.hp.n_vocab, 4));
+    let meta = Measurement::prompt(k * n_forwards);
+    let run = Box::new(move || {
+        let t = Instant::now();
+        for _ in 0..n_forwards {
+            engine.decode_every(&batch, none)?;
+            engine.keep_prefix(0, n_context);
+        }
+        let ns = t.elapsed().as_nanos() as u64;
+        engine.pause_threads();
+        Ok(ns)
+    });
+    Ok((run, meta))
+}
+
+/// libllama's verify forwards with the same settings (see
+/// [`hamburger_verify`]): `k` tokens in one `llama_decode`, logits at each,
+/// as llama.cpp's speculative decoding verifies a draft.
+///
+/// # Errors
+/// When libllama cannot create the context or a decode fails.
+pub fn llama_verify<'m>(
+    model: &'m LlamaModel,
+    params: &EngineParams,
+    k: usize,
+    n_context: usize,
+    n_forwards: usize,
+) -> Result<(Runner<'m>, Measurement)> {
+    let mut ctx = LlamaContext::new(model, llama_params(params, n_context + k + 1))?;
+    let context: Vec<i32> = random_tokens(n_context, model.n_vocab(), 1).into_iter().map(|t| t as i32).collect();
+    for c in context.chunks(params.n_batch) {
+        ctx.decode(c)?;
+    }
+    let rows: Vec<(i32, i32, i32)> = random_tokens(k, model.n_vocab(), 4)
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (t as i32, (n_context + i) as i32, 0))
+        .collect();
+    let meta = Measurement::prompt(k * n_forwards);
+    let run = Box::new(move || {
+        let t = Instant::now();
+        for _ in 0..n_forwards {
+            ctx.decode_seqs(&rows)?;
+            ctx.truncate(0, n_context as i32)?;
+        }
+        ctx.synchronize();
+        let ns = t.elapsed().as_nanos() as u64;
+        ctx.pause_threads();
+        Ok(ns)
+    });
+    Ok((run, meta))
 }
 
 /// Measures `n`-token prompt processing alone (`reps` after a warm-up).

@@ -274,15 +274,17 @@ pub struct SpecArgs {
     /// model (-md). n-gram and other llama.cpp types are refused.
     #[arg(long, default_value = "none", value_parser = SpecType::parse)]
     pub spec_type: SpecType,
-    /// Self-verified: the most tokens drafted after each verified one
-    /// (default: the model's max_steps - 1, the most its micro decoder drafts).
+    /// The most tokens drafted per verify forward (self-verified, default:
+    /// the model's max_steps - 1, the most its micro decoder drafts; with
+    /// -md, default 3, llama.cpp's).
     #[arg(long)]
     pub spec_draft_n_max: Option<usize>,
-    /// Self-verified: tokens drafted at every step whatever the gate says (default 0).
+    /// Self-verified: tokens drafted at every step whatever the gate says;
+    /// with -md: fewer drafted tokens than this are not verified (default 0).
     #[arg(long)]
     pub spec_draft_n_min: Option<usize>,
-    /// Self-verified: a drafted token less likely than this under the micro
-    /// decoder ends the draft (default 0).
+    /// A drafted token less likely than this under the drafter (the micro
+    /// decoder, or -md's model) ends the draft (default 0).
     #[arg(long, alias = "draft-p-min", value_parser = finite, allow_negative_numbers = true)]
     pub spec_draft_p_min: Option<f32>,
 }
@@ -292,19 +294,21 @@ impl SpecArgs {
     /// checked against a model when the step rule is resolved.
     ///
     /// # Errors
-    /// `draft-simple` (a draft model is another tool's), or draft flags
-    /// without `--spec-type draft-mtp`.
-    pub fn draft(&self) -> anyhow::Result<Option<DraftParams>> {
+    /// `draft-simple` without a draft model (`draft_model`: whether `-md`
+    /// was given), or draft flags with neither `--spec-type draft-mtp` nor
+    /// a draft model.
+    pub fn draft(&self, draft_model: bool) -> anyhow::Result<Option<DraftParams>> {
         match self.spec_type {
             SpecType::SelfVerified => Ok(Some(DraftParams {
                 n_max: self.spec_draft_n_max,
                 n_min: self.spec_draft_n_min.unwrap_or(0),
                 p_min: self.spec_draft_p_min.unwrap_or(0.0),
             })),
-            SpecType::DraftModel => {
+            SpecType::DraftModel if !draft_model => {
                 anyhow::bail!("--spec-type draft-simple needs a draft model (-md, --model-draft)")
             }
-            SpecType::None => {
+            _ if draft_model => Ok(None),
+            _ => {
                 let given = [
                     ("--spec-draft-n-max", self.spec_draft_n_max.is_some()),
                     ("--spec-draft-n-min", self.spec_draft_n_min.is_some()),
@@ -312,12 +316,51 @@ impl SpecArgs {
                 ];
                 match given.iter().find(|g| g.1) {
                     Some((flag, _)) => anyhow::bail!(
-                        "{flag} applies to self-verified decoding: add --spec-type draft-mtp (macro steps draft nothing)"
+                        "{flag} sets how drafts are made: add --spec-type draft-mtp (the model's own micro decoder drafts) or -md (a draft model); macro steps draft nothing"
                     ),
                     None => Ok(None),
                 }
             }
         }
+    }
+}
+
+/// Speculative decoding with a draft model: llama.cpp's `-md` (its
+/// `--spec-draft-*` flags are [`SpecArgs`]'s, shared with self-verified
+/// decoding).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DraftModelArgs {
+    /// A draft model (also -md, --spec-draft-model): a HAMburger (or llama)
+    /// GGUF of -m's vocabulary whose macro steps -m verifies, several rows
+    /// per forward; the output is -m's own (greedy token for token, sampled
+    /// in distribution).
+    #[arg(long = "model-draft", alias = "spec-draft-model")]
+    pub model_draft: Option<std::path::PathBuf>,
+}
+
+impl DraftModelArgs {
+    /// The draft model's settings (`None`: no draft model), from `spec`'s
+    /// `--spec-draft-*` flags with llama.cpp's defaults (3, 0, 0).
+    ///
+    /// # Errors
+    /// A value out of range, or `--spec-type draft-mtp` beside `-md`.
+    pub fn params(&self, spec: &SpecArgs) -> anyhow::Result<Option<hamburger::draft_model::DraftModelParams>> {
+        if self.model_draft.is_none() {
+            return Ok(None);
+        }
+        if spec.spec_type == SpecType::SelfVerified {
+            anyhow::bail!(
+                "--spec-type draft-mtp drafts with -m's own micro decoder, -md with a draft model: give one of them"
+            );
+        }
+        let d = hamburger::draft_model::DraftModelParams::default();
+        let p = hamburger::draft_model::DraftModelParams {
+            n_max: spec.spec_draft_n_max.unwrap_or(d.n_max),
+            n_min: spec.spec_draft_n_min.unwrap_or(d.n_min),
+            p_min: spec.spec_draft_p_min.unwrap_or(d.p_min),
+        };
+        p.validate()?;
+        Ok(Some(p))
     }
 }
 
@@ -441,6 +484,7 @@ pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
             "-ts" => "--tensor-split".into(),
             "-np" => "--parallel".into(),
             "-jf" => "--json-schema-file".into(),
+            "-md" => "--model-draft".into(),
             _ => a,
         })
         .collect()

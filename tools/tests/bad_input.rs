@@ -99,9 +99,11 @@ fn hostile_hyper_parameters() {
 }
 
 #[test]
-fn llama_gguf_given_as_hamburger() {
-    let p = tiny(true);
-    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["llama", "hamburger"]);
+fn an_architecture_neither_hamburger_nor_llama() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("qwen.gguf");
+    rewrite(&tiny(true), &p, Edit::Set("general.architecture", Value::Str("qwen2".into())));
+    assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["qwen.gguf", "qwen2", "hamburger", "llama"]);
 }
 
 #[test]
@@ -356,4 +358,29 @@ fn missing_or_directory_model_is_named_once() {
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
     let dir = tempfile::tempdir().unwrap();
     assert_clean_error(&["-m", dir.path().to_str().unwrap(), "-p", "hi"], &["is a directory"]);
+}
+
+/// `-md` and its flags: out-of-range values name the flag, a draft of
+/// another vocabulary names both sizes, and what does not combine says why.
+#[test]
+fn draft_model_flags_and_a_draft_of_another_vocabulary() {
+    let (base, ham) = (tiny(true), tiny(false));
+    let (b, h) = (base.to_str().unwrap(), ham.to_str().unwrap());
+    let run = |extra: &[&str], must: &[&str]| {
+        let args: Vec<&str> = ["-m", b, "--prompt-ids", "1,2,3", "-n", "4"].iter().chain(extra).copied().collect();
+        assert_clean_error(&args, must);
+    };
+    run(&["-md", h, "--spec-draft-n-max", "0"], &["--spec-draft-n-max 0"]);
+    run(
+        &["-md", h, "--spec-draft-n-max", "2", "--spec-draft-n-min", "3"],
+        &["--spec-draft-n-min 3", "--spec-draft-n-max 2"],
+    );
+    run(&["-md", h, "--spec-draft-p-min", "1.5"], &["--spec-draft-p-min 1.5"]);
+    run(&["--spec-draft-n-max", "4"], &["--spec-draft-n-max", "-md"]);
+    run(&["-md", h, "--spec-draft-n-max", "600", "-b", "512"], &["--spec-draft-n-max 600", "-b 512"]);
+    run(&["-md", h, "--grammar", "start: \"a\""], &["-md", "grammar"]);
+    run(&["-md", "/nonexistent/draft.gguf"], &["-md", "/nonexistent/draft.gguf"]);
+    let ck = testing::testmodel::smollm2_checkpoint().unwrap();
+    let smol = converted(&ck, "smollm2", ggml::Type::F32, true).unwrap();
+    run(&["-md", smol.to_str().unwrap()], &["49152", "512", "vocabulary"]);
 }

@@ -148,3 +148,106 @@ fn context_defaults_to_the_model_and_a_full_context_ends_with_a_notice() {
     let (_, err) = cli(&["-m", &m, "-c", "64", "-n", "4", "-p", "Hi", "--temp", "0", "-t", "2"], "");
     assert!(!err.contains("full context"), "-n within the context: no notice: {err}");
 }
+
+/// `-m` a llama GGUF (the tiny fixture's base-only export), alone and with
+/// the tiny HAMburger drafting for it (`-md`): the same greedy tokens. A
+/// verify forward computes several rows, whose kernels sum in another order
+/// than one row's, so equality holds where no two best logits are within
+/// rounding: checked first, on the target's own run (every margin above
+/// 1e-3, where F32 rounding moves logits by about 1e-5).
+#[test]
+fn a_draft_model_gives_the_targets_greedy_output() {
+    use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
+    let ckpt = tiny_fixture().join("hamburger.ckpt");
+    let (base, ham) = (
+        converted(&ckpt, "tiny", ggml::Type::F32, true).unwrap(),
+        converted(&ckpt, "tiny", ggml::Type::F32, false).unwrap(),
+    );
+    let case = &testing::golden::cases()[1];
+    let n = 24;
+    let target = Model::open(&base, &LoadOptions::default()).unwrap();
+    let engine = EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, ..Default::default() };
+    let p = SessionParams {
+        engine: EngineParams { n_threads: 2, ..engine },
+        step: StepParams { confidence: 1.01, ..Default::default() },
+        keep_logits: true,
+        ..Default::default()
+    };
+    let gen = Session::new(&target, p).unwrap().generate(&case.prompt_ids, n, |_| true).unwrap();
+    for (i, step) in gen.macro_steps.iter().enumerate() {
+        let mut l = step.logits[0].clone();
+        l.sort_by(|a, b| b.total_cmp(a));
+        assert!(l[0] - l[1] > 1e-3, "token {i} is a near tie: pick another prompt");
+    }
+    let ids: Vec<String> = case.prompt_ids.iter().map(u32::to_string).collect();
+    let common = [
+        "--prompt-ids",
+        &ids.join(","),
+        "-n",
+        &n.to_string(),
+        "--temp",
+        "0",
+        "--json",
+        "-c",
+        "256",
+        "-fa",
+        "off",
+        "--cache-type",
+        "f32",
+        "-t",
+        "2",
+    ];
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let args: Vec<&str> = ["-m", base.to_str().unwrap()].iter().chain(extra).chain(&common).copied().collect();
+        serde_json::from_str(&cli(&args, "").0).unwrap()
+    };
+    let alone = run(&[]);
+    let want: Vec<u64> = gen.output_ids.iter().map(|&t| t as u64).collect();
+    assert_eq!(alone["output_ids"], serde_json::json!(want), "a llama GGUF decodes one token per forward");
+    // One token per draft step (the draft's base is the target: high
+    // acceptance) and the golden cases' confidence (random micro decoders: low).
+    for (confidence, n_max) in [("1.01", "1"), ("1.01", "3"), ("0.3", "3")] {
+        let md = ["-md", ham.to_str().unwrap(), "--confidence", confidence, "--spec-draft-n-max", n_max];
+        let drafted = run(&md);
+        assert_eq!(drafted["output_ids"], alone["output_ids"], "confidence {confidence}, n_max {n_max}");
+        let d = &drafted["draft"];
+        assert!(d["drafted"].as_u64().unwrap() > 0 && d["accepted"].as_u64() <= d["drafted"].as_u64(), "{d}");
+        if confidence == "1.01" {
+            assert!(d["target_forwards"].as_u64().unwrap() < n as u64, "drafted tokens save target forwards: {d}");
+        }
+    }
+}
+
+/// A chat with the trained SmolLM2-HAMburger drafting for SmolLM2: the second
+/// turn goes on from the first in both models' caches.
+#[test]
+fn a_chat_with_a_draft_model_keeps_history() {
+    let target = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, true).unwrap();
+    let draft = converted(
+        &testing::testmodel::smollm2_trained_checkpoint().unwrap(),
+        "smollm2-trained",
+        ggml::Type::F32,
+        false,
+    )
+    .unwrap();
+    let args = [
+        "-m",
+        target.to_str().unwrap(),
+        "-md",
+        draft.to_str().unwrap(),
+        "-cnv",
+        "--temp",
+        "0",
+        "-n",
+        "32",
+        "-t",
+        "2",
+        "-c",
+        "512",
+    ];
+    let (out, err) = cli(&args, "What is the capital of France?\nAnd of Germany?\n");
+    let replies: Vec<&str> = out.split("> ").skip(1).take(2).collect();
+    assert!(replies[0].contains("Paris"), "{out}");
+    assert!(replies[1].trim().len() > 3, "{out}");
+    assert!(err.contains("draft model:") && err.contains("accepted"), "{err}");
+}

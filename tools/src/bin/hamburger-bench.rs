@@ -58,6 +58,14 @@ struct Args {
     /// slots; aggregate tokens/s against libllama's multi-sequence decode).
     #[arg(long, value_delimiter = ',')]
     parallel: Vec<usize>,
+    /// Verify forwards of these many rows (comma-separated): a target's work
+    /// in speculative decoding, every row an output, after a context of
+    /// --verify-context tokens, each forward rolled back; t/s counts rows.
+    #[arg(long, value_delimiter = ',')]
+    verify_rows: Vec<usize>,
+    /// The context before each verify forward.
+    #[arg(long, default_value_t = 128)]
+    verify_context: usize,
     /// Flash attention: on, off or auto (on); also 1 and 0, as llama-bench takes it.
     #[arg(long = "flash-attn", value_enum, default_value_t = FlashAttn::On)]
     flash_attn: FlashAttn,
@@ -98,7 +106,7 @@ fn settings(args: &Args, model: &Model) -> Result<Vec<Setting>> {
             forced_steps: k,
         })
         .collect();
-    if let Some(draft) = args.spec.draft()? {
+    if let Some(draft) = args.spec.draft(false)? {
         let n = draft.n_max.map_or_else(String::new, |n| format!(" n={}..{n}", draft.n_min));
         let step = StepParams { draft: Some(draft), ..args.decode.step_params(None) };
         out.push(Setting { label: format!("verified{n}"), step, forced_steps: None });
@@ -172,20 +180,17 @@ fn measure(
     let r = args.repetitions.max(1);
     let mut rows = Vec::new();
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
-        let (run, mut ours) = bench::hamburger_pp(model, &params, n)?;
-        let mut runners = vec![run];
-        let mut base = None;
-        if let Some(b) = baseline {
-            let (run, m) = bench::llama_pp(b, &params.engine, n)?;
-            runners.push(run);
-            base = Some(m);
-        }
-        let mut samples = bench::interleaved(r, &mut runners)?.into_iter();
-        ours.samples_ns = samples.next().unwrap_or_default();
-        if let Some(m) = base.as_mut() {
-            m.samples_ns = samples.next().unwrap_or_default();
-        }
+        let base = baseline.map(|b| bench::llama_pp(b, &params.engine, n)).transpose()?;
+        let (ours, base) = interleave_pair(r, bench::hamburger_pp(model, &params, n)?, base)?;
         rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, verified: false, ours, base });
+    }
+    // A repetition runs enough verify forwards to take about as long as a pp64.
+    for &k in args.verify_rows.iter().filter(|&&k| k > 0) {
+        let n_forwards = 64usize.div_ceil(k).max(8);
+        let (ctx, engine) = (args.verify_context, &params.engine);
+        let base = baseline.map(|b| bench::llama_verify(b, engine, k, ctx, n_forwards)).transpose()?;
+        let (ours, base) = interleave_pair(r, bench::hamburger_verify(model, engine, k, ctx, n_forwards)?, base)?;
+        rows.push(Row { threads, test: format!("verify{k} @{ctx}"), forced_steps: None, verified: false, ours, base });
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         // One round runs every setting and the baseline in turn.
@@ -251,6 +256,25 @@ fn measure(
         }
     }
     Ok(rows)
+}
+
+/// Our test and (with a baseline) libllama's, interleaved over `r` rounds.
+fn interleave_pair(
+    r: usize,
+    (run, mut ours): (bench::Runner, Measurement),
+    base: Option<(bench::Runner, Measurement)>,
+) -> Result<(Measurement, Option<Measurement>)> {
+    let mut runners = vec![run];
+    let mut base = base.map(|(run, m)| {
+        runners.push(run);
+        m
+    });
+    let mut samples = bench::interleaved(r, &mut runners)?.into_iter();
+    ours.samples_ns = samples.next().unwrap_or_default();
+    if let Some(m) = base.as_mut() {
+        m.samples_ns = samples.next().unwrap_or_default();
+    }
+    Ok((ours, base))
 }
 
 fn print_md(name: &str, size_gib: f64, rows: &[Row]) {

@@ -7,18 +7,23 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
+use hamburger::draft_model::{DraftSession, DraftSessionParams, DraftStats};
 use hamburger::tokenizer::{TextStream, Tokenizer};
 use hamburger::{EngineParams, Generation, Model, Session, SessionParams, StepParams};
 use tools::cli::FlashAttn;
+use tools::decoder::{draft_report, Decoder};
 
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
 /// emits up to --max-steps tokens.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// The HAMburger GGUF file.
+    /// The HAMburger GGUF file (with -md: the target, whose output it is;
+    /// a llama GGUF too, decoded one token per forward).
     #[arg(short = 'm', long, required_unless_present = "list_devices")]
     model: Option<PathBuf>,
+    #[command(flatten)]
+    draft: tools::cli::DraftModelArgs,
     #[command(flatten)]
     placement: tools::cli::PlacementArgs,
     /// List the devices of this build (and of the --rpc servers) and exit.
@@ -132,7 +137,7 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     };
     Ok(SessionParams {
         engine,
-        step: StepParams { draft: args.spec.draft()?, ..args.decode.step_params(None) },
+        step: StepParams { draft: args.spec.draft(args.draft.model_draft.is_some())?, ..args.decode.step_params(None) },
         sampling: args.sampling.sampler_params()?,
         ignore_eog: args.ignore_eos,
         keep_logits: false,
@@ -155,11 +160,11 @@ impl Budget {
     ///
     /// # Errors
     /// When the prompt itself does not fit the context.
-    fn new(args: &Args, session: &Session, prompt_len: usize) -> Result<Budget> {
-        let n_ctx = session.params().engine.n_ctx;
-        let used = session.n_slots() + prompt_len + 1;
+    fn new(args: &Args, decoder: &Decoder, prompt_len: usize) -> Result<Budget> {
+        let n_ctx = decoder.n_ctx();
+        let used = decoder.n_slots() + prompt_len + 1;
         if used > n_ctx {
-            bail!("the prompt ({prompt_len} tokens, {} in context before it) does not fit the context of {n_ctx} entries: raise -c", session.n_slots());
+            bail!("the prompt ({prompt_len} tokens, {} in context before it) does not fit the context of {n_ctx} entries: raise -c", decoder.n_slots());
         }
         let room = n_ctx - used;
         let n_predict = usize::try_from(args.n_predict).map_or(room, |n| n.min(room));
@@ -187,6 +192,10 @@ fn check(args: &Args) -> Result<()> {
     if args.json && args.chat_mode() {
         bail!("--json prints one completion; chat mode (-cnv/-st) streams turns: drop one of them");
     }
+    if args.draft.model_draft.is_some() && args.grammar.is_set() {
+        bail!("-md with a grammar or JSON schema is not supported: the draft model's tokens are not constrained");
+    }
+    args.draft.params(&args.spec)?;
     Ok(())
 }
 
@@ -239,14 +248,30 @@ fn run(mut args: Args) -> Result<()> {
     }
     let path = args.model.as_deref().context("-m MODEL is required")?;
     let model = hamburger::Model::open(path, &args.placement.load_options())?;
-    args.decode.default_from_model(model.recommended_confidence);
-    let mut session = Session::new(&model, session_params(&args, &model)?)?;
-    if args.grammar.is_set() {
-        let tok = Tokenizer::from_model(&model)?;
-        session.set_constraint(Some(args.grammar.constraint(&tok, &model.vocab.eog)?));
-    }
+    let draft = match &args.draft.model_draft {
+        Some(p) => Some(hamburger::Model::open(p, &args.placement.load_options()).context("-md")?),
+        None => None,
+    };
+    // The stop rule's flags apply to the model that runs macro steps: the draft, if any.
+    args.decode.default_from_model(draft.as_ref().unwrap_or(&model).recommended_confidence);
+    let params = session_params(&args, &model)?;
+    let mut decoder = match (&draft, args.draft.params(&args.spec)?) {
+        (Some(d), Some(drafting)) => {
+            let SessionParams { engine, step, sampling, ignore_eog, .. } = params;
+            let p = DraftSessionParams { engine, step, sampling, draft: drafting, ignore_eog };
+            Decoder::Drafted(Box::new(DraftSession::new(&model, d, p)?))
+        }
+        _ => {
+            let mut session = Session::new(&model, params)?;
+            if args.grammar.is_set() {
+                let tok = Tokenizer::from_model(&model)?;
+                session.set_constraint(Some(args.grammar.constraint(&tok, &model.vocab.eog)?));
+            }
+            Decoder::Macro(Box::new(session))
+        }
+    };
     if args.chat_mode() {
-        return chat(&args, &model, &mut session);
+        return chat(&args, &model, &mut decoder);
     }
     let (prompt_ids, tokenizer) = match &args.prompt_ids {
         Some(ids) => {
@@ -266,7 +291,7 @@ fn run(mut args: Args) -> Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let budget = Budget::new(&args, &session, prompt_ids.len())?;
+    let budget = Budget::new(&args, &decoder, prompt_ids.len())?;
     let mut out = std::io::stdout().lock();
     if !args.json && !args.no_display_prompt {
         if let Some(t) = &tokenizer {
@@ -274,7 +299,7 @@ fn run(mut args: Args) -> Result<()> {
         }
     }
     let mut printer = StepPrinter::new(tokenizer.as_ref(), args.color);
-    let gen = session.generate(&prompt_ids, budget.n_predict, |tokens| {
+    let (gen, drafted) = decoder.generate(&prompt_ids, budget.n_predict, |tokens| {
         let text = printer.text(&model, tokens);
         if !args.json {
             printer.print(&mut out, &text);
@@ -283,10 +308,10 @@ fn run(mut args: Args) -> Result<()> {
     })?;
     if args.json {
         let text = tokenizer.as_ref().map(|t| t.decode(&visible(&model, &gen.output_ids))).unwrap_or_default();
-        writeln!(out, "{}", json_report(&prompt_ids, &gen, &text))?;
+        writeln!(out, "{}", json_report(&prompt_ids, &gen, drafted.as_ref(), &text))?;
     } else {
         writeln!(out)?;
-        eprint!("{}", report(&gen));
+        eprint!("{}", report(&gen, drafted.as_ref()));
     }
     budget.notice(&gen);
     Ok(())
@@ -335,7 +360,7 @@ fn visible(model: &Model, tokens: &[u32]) -> Vec<u32> {
     tokens.iter().copied().filter(|t| !model.vocab.eog.contains(t)).collect()
 }
 
-fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Value {
+fn json_report(prompt: &[u32], gen: &Generation, drafted: Option<&DraftStats>, text: &str) -> serde_json::Value {
     let mut kept = gen.output_ids.len();
     let steps: Vec<Vec<u32>> = gen
         .macro_steps
@@ -346,18 +371,28 @@ fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Valu
             s.tokens[..n].to_vec()
         })
         .collect();
-    serde_json::json!({
+    let mut report = serde_json::json!({
         "prompt_ids": prompt,
         "output_ids": gen.output_ids,
         "macro_steps": steps,
         "text": text,
         // The server's timings object: one schema for both tools.
         "timings": server::api::timings(&gen.timings),
-    })
+    });
+    if let Some(d) = drafted {
+        report["draft"] = serde_json::json!({
+            "draft_forwards": d.draft_forwards,
+            "target_forwards": d.target_forwards,
+            "drafted": d.drafted,
+            "accepted": d.accepted,
+        });
+    }
+    report
 }
 
-/// The statistics printed to stderr after a generation.
-fn report(gen: &Generation) -> String {
+/// The statistics printed to stderr after a generation (with -md, a
+/// "macro step" is a verify forward of the target).
+fn report(gen: &Generation, drafted: Option<&DraftStats>) -> String {
     let t = &gen.timings;
     let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     let mut s = format!(
@@ -383,7 +418,10 @@ fn report(gen: &Generation) -> String {
         .enumerate()
         .map(|(i, &r)| format!("{}: {:.0}%", i + 1, 100.0 * r as f64 / t.macro_steps.max(1) as f64))
         .collect();
-    s.push_str(&format!("micro-step positions reached: {}\n", reach.join(", ")));
+    match drafted {
+        Some(d) => s.push_str(&draft_report(d)),
+        None => s.push_str(&format!("micro-step positions reached: {}\n", reach.join(", "))),
+    }
     if t.verify_forwards > 0 {
         s.push_str(&format!(
             "self-verified: {} drafted tokens checked in {} forwards, {} accepted ({:.2} per verify forward)\n",
@@ -396,7 +434,7 @@ fn report(gen: &Generation) -> String {
     s
 }
 
-fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
+fn chat(args: &Args, model: &Model, decoder: &mut Decoder) -> Result<()> {
     let tok = Tokenizer::from_model(model)?;
     let template = match args.template.source()? {
         Some(source) => ChatTemplate::for_model(&source, model, &tok).context("--chat-template")?,
@@ -408,7 +446,7 @@ fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     let mut first = true;
-    let mut last: Option<Generation> = None;
+    let mut last: Option<(Generation, Option<DraftStats>)> = None;
     // llama-cli's -p (or -f) is the first user turn.
     let mut given = args.prompt_text()?;
     loop {
@@ -430,9 +468,9 @@ fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
         let delta = chat.user(&line)?;
         let ids = tok.encode(&delta, first)?;
         first = false;
-        let budget = Budget::new(args, session, ids.len())?;
+        let budget = Budget::new(args, decoder, ids.len())?;
         let mut printer = StepPrinter::new(Some(&tok), args.color);
-        let gen = session.generate(&ids, budget.n_predict, |tokens| {
+        let (gen, drafted) = decoder.generate(&ids, budget.n_predict, |tokens| {
             let text = printer.text(model, tokens);
             printer.print(&mut out, &text);
             !reverse_prompt_seen(args, &printer.turn)
@@ -441,14 +479,14 @@ fn chat(args: &Args, model: &Model, session: &mut Session) -> Result<()> {
         writeln!(out)?;
         let reply = tok.decode(&visible(model, &gen.output_ids));
         chat.assistant(&tok.decode(&gen.output_ids), &reply);
-        last = Some(gen);
+        last = Some((gen, drafted));
         if args.single_turn {
             break;
         }
     }
     writeln!(out)?;
-    if let Some(gen) = last {
-        eprint!("{}", report(&gen));
+    if let Some((gen, drafted)) = last {
+        eprint!("{}", report(&gen, drafted.as_ref()));
     }
     Ok(())
 }

@@ -92,12 +92,46 @@ enum Cmd {
         #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
         top: u16,
     },
+    /// Speculative decoding with a draft model, greedy, on every prompt in
+    /// turn: the target alone (ours and libllama's), the target verifying
+    /// the HAMburger's drafts (-md, at each confidence), and libllama with
+    /// an ordinary draft model (llama.cpp's draft-model loop); prints
+    /// tokens/s, tokens per target forward and accepted tokens per draft forward.
+    Draft {
+        /// The target GGUF (a llama GGUF; our engine and libllama both run it).
+        #[arg(short = 'm', long)]
+        target: PathBuf,
+        /// The HAMburger GGUF that drafts for it (also -md).
+        #[arg(long = "model-draft")]
+        draft: PathBuf,
+        /// The ordinary draft GGUF libllama drafts with (llama.cpp's -md).
+        #[arg(long)]
+        baseline_draft: PathBuf,
+        /// JSON lines with a `prompt` field (a user message).
+        #[arg(long)]
+        prompts: PathBuf,
+        /// Use only the first N prompts.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// New tokens per prompt (end of generation ignored).
+        #[arg(short = 'n', long, default_value_t = 96, value_parser = tools::cli::at_least_one)]
+        n_predict: usize,
+        /// The HAMburger's stop-head confidences, comma-separated (one row each).
+        #[arg(long, value_delimiter = ',', default_value = "0.9", value_parser = tools::cli::finite, allow_negative_numbers = true)]
+        confidence: Vec<f32>,
+        /// The most tokens drafted per verification, both sides.
+        #[arg(long, default_value_t = hamburger::draft_model::DraftModelParams::default().n_max)]
+        spec_draft_n_max: usize,
+        /// CPU threads.
+        #[arg(short = 't', long, default_value_t = hamburger::EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
+        threads: usize,
+    },
 }
 
 fn main() -> ExitCode {
     tools::cli::run_tool("hamburger-eval", "warn", |args: Args| match args.cmd {
         Cmd::Run { model, baseline, scorer, prompts, limit, n_predict, confidence, threads, output, grammar, spec } => {
-            let opts = RunOptions { n_predict, confidence, threads, limit, grammar, draft: spec.draft()? };
+            let opts = RunOptions { n_predict, confidence, threads, limit, grammar, draft: spec.draft(false)? };
             let rows = run(&model, &baseline, scorer.as_deref(), &prompts, &opts)?;
             match output.as_str() {
                 "md" => print!("{}", eval::markdown(&rows)),
@@ -107,6 +141,22 @@ fn main() -> ExitCode {
         }
         Cmd::Score { model, baseline, threads, ctx_size, top } => {
             score(&model, &baseline, threads, ctx_size, top.into())
+        }
+        Cmd::Draft {
+            target,
+            draft,
+            baseline_draft,
+            prompts,
+            limit,
+            n_predict,
+            confidence,
+            spec_draft_n_max,
+            threads,
+        } => {
+            let texts = read_prompts(&prompts, limit)?;
+            let o = DraftOptions { n_predict, confidence, n_max: spec_draft_n_max, threads };
+            print!("{}", draft_run(&target, &draft, &baseline_draft, &texts, &o)?);
+            Ok(())
         }
     })
 }
@@ -231,4 +281,69 @@ fn score(model: &Path, baseline: &Path, threads: usize, n_ctx: usize, top: usize
         writeln!(out, "{v}")?;
     }
     Ok(())
+}
+
+struct DraftOptions {
+    n_predict: usize,
+    confidence: Vec<f32>,
+    n_max: usize,
+    threads: usize,
+}
+
+/// `hamburger-eval draft` (see [`tools::draft_eval`]).
+fn draft_run(target: &Path, draft: &Path, baseline_draft: &Path, texts: &[String], o: &DraftOptions) -> Result<String> {
+    use hamburger::draft_model::{DraftModelParams, DraftSession, DraftSessionParams};
+    use tools::draft_eval::{self, SpecRow};
+    let model = Model::open(target, &LoadOptions::default())?;
+    let ham = Model::open(draft, &LoadOptions::default()).context("--model-draft")?;
+    let chat = Prompts::new(&model)?;
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| chat.user(t)).collect::<Result<_>>()?;
+    let n_ctx = ids.iter().map(Vec::len).max().unwrap_or(0) + o.n_predict + o.n_max + 8;
+    let params = SessionParams { ignore_eog: true, ..eval::session_params(1.01, None, o.threads, n_ctx) };
+    let mut alone = Session::new(&model, params.clone())?;
+    let mut drafted: Vec<DraftSession> = o
+        .confidence
+        .iter()
+        .map(|&c| {
+            let p = DraftSessionParams {
+                engine: params.engine.clone(),
+                step: hamburger::StepParams { confidence: c, ..Default::default() },
+                sampling: params.sampling,
+                draft: DraftModelParams { n_max: o.n_max, ..Default::default() },
+                ignore_eog: true,
+            };
+            DraftSession::new(&model, &ham, p)
+        })
+        .collect::<hamburger::Result<_>>()?;
+    let (base, base_draft) = (load_base(target)?, load_base(baseline_draft)?);
+    let lp = LlamaContextParams { n_ctx: n_ctx as u32, n_threads: o.threads as i32, ..Default::default() };
+    let (mut llama_target, mut llama_draft) = (LlamaContext::new(&base, lp)?, LlamaContext::new(&base_draft, lp)?);
+    let mut rows: Vec<SpecRow> = ["target alone (ours)", "target alone (libllama)"]
+        .iter()
+        .map(|l| l.to_string())
+        .chain(o.confidence.iter().map(|c| format!("HAMburger draft, confidence {c} (ours)")))
+        .chain([format!("ordinary draft ({}, libllama)", baseline_draft.display())])
+        .map(|label| SpecRow { label, ..Default::default() })
+        .collect();
+    // Warm-up: one short untimed run of each (graphs built, pages mapped).
+    let n_warm = o.n_predict.min(16);
+    draft_eval::target_alone(&mut alone, &ids[0], n_warm)?;
+    for s in &mut drafted {
+        draft_eval::hamburger_drafted(s, &ids[0], n_warm)?;
+    }
+    draft_eval::llama_drafted(&mut llama_target, Some(&mut llama_draft), &ids[0], n_warm, o.n_max)?;
+    for (i, prompt) in ids.iter().enumerate() {
+        let reference = draft_eval::target_alone(&mut alone, prompt, o.n_predict)?;
+        let mut runs = vec![draft_eval::llama_drafted(&mut llama_target, None, prompt, o.n_predict, 0)?];
+        for s in &mut drafted {
+            runs.push(draft_eval::hamburger_drafted(s, prompt, o.n_predict)?);
+        }
+        runs.push(draft_eval::llama_drafted(&mut llama_target, Some(&mut llama_draft), prompt, o.n_predict, o.n_max)?);
+        rows[0].add(&reference, &reference.ids);
+        for (row, run) in rows[1..].iter_mut().zip(&runs) {
+            row.add(run, &reference.ids);
+        }
+        log::info!("prompt {}/{} done", i + 1, ids.len());
+    }
+    Ok(draft_eval::markdown(&rows))
 }

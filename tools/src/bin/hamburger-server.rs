@@ -120,7 +120,7 @@ fn run(mut args: Args) -> Result<()> {
         model: args.model,
         load: args.placement.load_options(),
         engine,
-        step: StepParams { draft: args.spec.draft()?, ..args.decode.step_params(args.forced_steps) },
+        step: StepParams { draft: args.spec.draft(false)?, ..args.decode.step_params(args.forced_steps) },
         queue: args.queue,
         chat_template: args.template.source()?,
         template_isolation: Some(tools::cli::template_isolation()?),

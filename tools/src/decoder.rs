@@ -1,0 +1,64 @@
+//! What `hamburger-cli` decodes with: a [`Session`] of one model (macro
+//! steps), or a [`DraftSession`] of a target verifying a draft model's
+//! tokens (`-md`); one interface for completion and chat, and the report
+//! of what the drafting earned.
+
+use hamburger::draft_model::{DraftSession, DraftStats};
+use hamburger::{Generation, Result, Session};
+
+/// The CLI's decoder.
+pub enum Decoder<'t, 'd> {
+    /// One model's macro steps.
+    Macro(Box<Session<'t>>),
+    /// A target model verifying a draft model's tokens.
+    Drafted(Box<DraftSession<'t, 'd>>),
+}
+
+impl Decoder<'_, '_> {
+    /// KV entries of the context.
+    pub fn n_ctx(&self) -> usize {
+        match self {
+            Decoder::Macro(s) => s.params().engine.n_ctx,
+            Decoder::Drafted(s) => s.params().engine.n_ctx,
+        }
+    }
+
+    /// KV entries in use.
+    pub fn n_slots(&self) -> usize {
+        match self {
+            Decoder::Macro(s) => s.n_slots(),
+            Decoder::Drafted(s) => s.n_slots(),
+        }
+    }
+
+    /// Generates up to `n_predict` tokens after `prompt`, `on_step` seeing
+    /// the tokens of each step (a macro step, or a verify forward); with a
+    /// draft model, also what the drafting earned.
+    ///
+    /// # Errors
+    /// As [`Session::generate`] and [`DraftSession::generate`].
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        n_predict: usize,
+        on_step: impl FnMut(&[u32]) -> bool,
+    ) -> Result<(Generation, Option<DraftStats>)> {
+        match self {
+            Decoder::Macro(s) => Ok((s.generate(prompt, n_predict, on_step)?, None)),
+            Decoder::Drafted(s) => s.generate(prompt, n_predict, on_step).map(|(g, d)| (g, Some(d))),
+        }
+    }
+}
+
+/// The lines `hamburger-cli` prints on stderr about a draft model's work.
+pub fn draft_report(d: &DraftStats) -> String {
+    format!(
+        "draft model: {} tokens drafted in {} draft forwards, {} accepted ({:.0}%, {:.2} per draft forward); {} target forwards\n",
+        d.drafted,
+        d.draft_forwards,
+        d.accepted,
+        100.0 * d.acceptance(),
+        d.accepted_per_draft_forward(),
+        d.target_forwards
+    )
+}
