@@ -8,6 +8,8 @@
     hamburger-train export    --work DIR --out DIR   # the original checkpoint layout
     hamburger-train all       --work DIR --out DIR   # data, segment, train, calibrate, diagnose, export in turn
     hamburger-train greedy    --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check)
+    hamburger-train draft     --work DIR --init GRAFTED   # the micro decoder as a draft head (verified decoding)
+    hamburger-train accept    --work DIR --prompts FILE   # accepted tokens per verify forward of a draft head
 
 Each subcommand takes its own flags (`hamburger-train STAGE --help`), `all`
 those of the stages it runs; `-t N` (CPU threads) goes before or after the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
@@ -104,6 +107,30 @@ def train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", type=Path, help="start from this grafted.safetensors (e.g. the shipped model's)")
 
 
+def draft_flags(p: argparse.ArgumentParser) -> None:
+    """`draft`'s training flags."""
+    p.add_argument("--init", type=Path, help="the grafted.safetensors whose base verifies and whose micro decoder "
+                   "and stop head training starts from (default: the base checkpoint's own modules)")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps in all")
+    p.add_argument("--batch", type=int, default=32, help="answer rows (drafting positions) per optimizer step")
+    p.add_argument("--lr", type=float, default=2e-4, help="peak learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed")
+    p.add_argument("--micro-lr-scale", type=float, default=1.0, help="the micro decoder's learning rate as a "
+                   "share of --lr (0: frozen, only the stop head learns: about half the compute a row)")
+    p.add_argument("--out", type=Path, help="where the run's state, history and grafted.safetensors go "
+                   "(default WORK/draft; several runs can share one work directory's features)")
+
+
+def rule_flags(p: argparse.ArgumentParser) -> None:
+    """The draft rules `draft` and `accept` measure (each gate alone, and every pair)."""
+    p.add_argument("--confidence", type=numbers, default=[0.5],
+                   help="stop-head confidences a draft token needs (its 'go on' probability before it), "
+                        "comma-separated (default 0.5)")
+    p.add_argument("--p-min", type=numbers, default=[0.5],
+                   help="micro-decoder probabilities a draft token needs (llama.cpp's --spec-draft-p-min), "
+                        "comma-separated (default 0.5)")
+
+
 def report_flags(p: argparse.ArgumentParser) -> None:
     """How `diagnose` reports."""
     p.add_argument("--confidence", type=numbers, default=[0.5, 0.6, 0.7, 0.8, 0.9],
@@ -146,6 +173,19 @@ def parser() -> Parser:
     a = stage("all", f"every stage in turn ({', '.join(ALL_STAGES)}), each resuming where it stopped",
               work, data, segment, train, report, out)
     a.set_defaults(grafted=None, snapshot=None)
+    drafting = flags(rule_flags)
+    stage("draft", "the micro decoder and stop head trained as a draft head on the frozen base's cached features "
+          "at one token per entry", work, data, flags(draft_flags), drafting)
+    c = stage("accept", "accepted tokens per verify forward of a draft head on a prompt set", work, drafting)
+    c.add_argument("--prompts", type=Path, required=True, help="JSON lines with id and prompt "
+                   "(e.g. train/heldout-prompts.jsonl)")
+    c.add_argument("--grafted", type=Path, help="the grafted.safetensors to measure (default: the work "
+                   "directory's draft result)")
+    c.add_argument("--max-tokens", type=int, default=128, help="most tokens per answer")
+    c.add_argument("--slots", type=int, default=4, help="concurrent requests (server -np)")
+    c.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    c.add_argument("--runtime-gguf", type=Path, help="that model as a GGUF: also measure the runtime's "
+                   "self-verified greedy decoding of the same prompts (hamburger-cli --spec-type draft-mtp)")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
     g.add_argument("--out", type=Path, required=True, metavar="CHECKPOINT", help="the checkpoint directory")
     g.add_argument("--ids", type=token_ids, required=True, help="prompt token ids, comma-separated")
@@ -156,8 +196,14 @@ def parser() -> Parser:
 
 def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     """Runs one stage of the work directory with its flags from `a`."""
-    from . import calibrate, data, diagnose, export, segment, train
-    if stage == "data":
+    from . import accept, calibrate, data, diagnose, draft, export, segment, train
+    if stage == "draft":
+        draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
+                  a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale)
+    elif stage == "accept":
+        accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
+                   a.p_min, a.json, a.runtime_gguf)
+    elif stage == "data":
         data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip)
     elif stage == "segment":
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
@@ -172,9 +218,16 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         export.run(a.work, base, a.out, a.snapshot, a.recommended_confidence)
 
 
+def stopped(signum, frame) -> NoReturn:
+    """SIGTERM: exit as SIGINT would, through the `finally` blocks (each
+    stage's files are written atomically, so it resumes where it stopped)."""
+    raise SystemExit(f"hamburger-train: stopped by signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line `argv` (default: the process's)."""
     a = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, stopped)  # so that `finally` blocks run (the teacher server is stopped)
     import torch
     torch.set_num_threads(a.threads)
     if a.stage == "greedy":

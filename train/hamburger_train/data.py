@@ -31,6 +31,8 @@ from . import records
 from .progress import Progress
 
 HELD_OUT_ONE_IN = 40
+ANSWER_TIMEOUT_S = 3600  # one answer on a machine shared with builds can take many minutes
+STOP_GRACE_S = 10
 SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "ensurepip", "__pycache__"}
 
 
@@ -126,7 +128,7 @@ def start_server(bin_dir: Path, gguf: Path, slots: int, threads: int) -> tuple[s
     """Starts hamburger-server on loopback and waits for /health."""
     port = free_port()
     cmd = [str(bin_dir / "hamburger-server"), "-m", str(gguf), "-np", str(slots), "-c", str(1024 * slots),
-           "--port", str(port), "--confidence", "1.01", "-t", str(threads)]
+           "--port", str(port), "--confidence", "1.01", "-t", str(threads), "--timeout", str(ANSWER_TIMEOUT_S)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -141,12 +143,23 @@ def start_server(bin_dir: Path, gguf: Path, slots: int, threads: int) -> tuple[s
     raise RuntimeError("hamburger-server did not answer /health")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stops the teacher server: gracefully when it has nothing under way,
+    at once after `STOP_GRACE_S` when it still has (answers nobody waits for)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def complete(url: str, prompt: str, max_tokens: int) -> dict:
     """The server's greedy chat completion of `prompt` (the OpenAI-style response)."""
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                        "temperature": 0}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
+    with urllib.request.urlopen(req, timeout=ANSWER_TIMEOUT_S) as r:
         return json.loads(r.read())
 
 
@@ -157,30 +170,37 @@ def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots
     earlier one was trained on: new data for training that goes on)."""
     out.mkdir(parents=True, exist_ok=True)
     gguf = teacher_gguf(bin_dir, base, out)
-    rows = build_prompts(out, limit)[skip:]
-    resp_path = out / "responses.jsonl"
+    answer(out / "responses.jsonl", bin_dir, gguf, build_prompts(out, limit)[skip:], max_tokens, slots, threads)
+
+
+def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tokens: int, slots: int,
+           threads: int) -> None:
+    """Answers every prompt of `rows` (`id`, `prompt`, and `split` when
+    known) not yet in `resp_path` greedily with the teacher `gguf` at
+    confidence > 1 (exactly its base), appending as the answers come."""
     done = records.done_ids(resp_path)
     todo = [r for r in rows if r["id"] not in done]
     if not todo:
         print(f"data: all {len(rows)} prompts answered", file=sys.stderr)
         return
     proc, url = start_server(bin_dir, gguf, slots, threads)
-    prog = Progress("data", len(rows), "tokens", initial=len(done))
-    n_done = len(done)
+    n_done = len(rows) - len(todo)
+    prog = Progress("data", len(rows), "tokens", initial=n_done)
+    pool = ThreadPoolExecutor(slots)
     try:
-        with open(resp_path, "a") as f, ThreadPoolExecutor(slots) as pool:
+        with open(resp_path, "a") as f:
             for r, a in zip(todo, pool.map(lambda r: complete(url, r["prompt"], max_tokens), todo)):
                 choice = a["choices"][0]
-                f.write(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],
+                f.write(json.dumps({"id": r["id"], "split": r.get("split", "heldout"), "prompt": r["prompt"],
                                     "response": choice["message"]["content"],
                                     "finish_reason": choice["finish_reason"]}) + "\n")
                 f.flush()
                 n_done += 1
                 prog.update(n_done, a["usage"]["completion_tokens"])
         prog.update(n_done, force=True)
-    finally:
-        proc.terminate()
-        proc.wait()
+    finally:  # stopped or failed: the requests not sent are dropped, the ones under way end with the server
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_server(proc)
 
 
 def base_checkpoint(bin_dir: Path) -> Path:

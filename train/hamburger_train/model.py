@@ -262,8 +262,11 @@ class HAMburger(nn.Module):
             layer.merge_adapters()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """lm_head(h)."""
-        return h @ (self.embed.weight if self.lm_head is None else self.lm_head).T
+        """lm_head(h), for h of any leading shape, as one matrix product of
+        its rows (a 3-D view that is not contiguous, as the micro decoder's
+        outputs are, takes a path some 10 times slower on the CPU)."""
+        w = self.embed.weight if self.lm_head is None else self.lm_head
+        return F.linear(h.reshape(-1, h.shape[-1]), w).view(*h.shape[:-1], w.shape[0])
 
     def base(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past: list | None = None,
              want_kv: bool = False) -> tuple[list[torch.Tensor], list | None]:

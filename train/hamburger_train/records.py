@@ -24,3 +24,9 @@ def read(path: Path) -> list[dict]:
 def done_ids(path: Path) -> set[str]:
     """The `id` of every whole record of `path`: the work a resumed stage skips."""
     return {r["id"] for r in read(path) if "id" in r}
+
+
+def append(path: Path, record: dict) -> None:
+    """Appends one whole record (a line) to `path`."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")

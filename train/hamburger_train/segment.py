@@ -59,34 +59,49 @@ def base_only_gguf(bin_dir: Path, base: Path, work: Path) -> Path:
     return gguf
 
 
-def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_entropy: float) -> None:
-    """Scores every answer not yet in `scored.jsonl`, then writes `segments.jsonl`."""
-    from .data import teacher_gguf
-    max_steps = json.loads((base / "hamburger.json").read_text())["max_steps"]
+def score(work: Path, bin_dir: Path, teacher: Path, scorer: Path, threads: int) -> None:
+    """Scores every answer of `work/responses.jsonl` not yet in
+    `work/scored.jsonl` (`hamburger-eval score`: the `teacher` GGUF's
+    tokenizer and chat template, the base-only `scorer` GGUF's entropies and
+    `TOP` most likely tokens at every answer token)."""
     scored_path = work / "scored.jsonl"
     done = records.done_ids(scored_path)
     rows = records.read(work / "responses.jsonl")
     todo = [r for r in rows if r["id"] not in done]
-    if todo:
-        teacher, scorer = teacher_gguf(bin_dir, base, work), base_only_gguf(bin_dir, base, work)
-        prog = Progress("segment: scoring", len(rows), "tokens", initial=len(done))
-        n = len(done)
-        with tempfile.TemporaryFile("w+") as inp, open(scored_path, "a") as out:
-            inp.write("".join(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],
-                                          "response": r["response"]}) + "\n" for r in todo))
-            inp.seek(0)
-            cmd = [str(bin_dir / "hamburger-eval"), "score", "-m", str(teacher), "--baseline", str(scorer),
-                   "-t", str(threads), "--top", str(TOP)]
-            proc = subprocess.Popen(cmd, stdin=inp, stdout=subprocess.PIPE, text=True)
+    if not todo:
+        return
+    prog = Progress("segment: scoring", len(rows), "tokens", initial=len(done))
+    n = len(done)
+    with tempfile.TemporaryFile("w+") as inp, open(scored_path, "a") as out:
+        inp.write("".join(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],
+                                      "response": r["response"]}) + "\n" for r in todo))
+        inp.seek(0)
+        cmd = [str(bin_dir / "hamburger-eval"), "score", "-m", str(teacher), "--baseline", str(scorer),
+               "-t", str(threads), "--top", str(TOP)]
+        proc = subprocess.Popen(cmd, stdin=inp, stdout=subprocess.PIPE, text=True)
+        try:
             for line in proc.stdout:
                 v = json.loads(line)
                 out.write(json.dumps({k: v[k] for k in ("id", "split", "ids", "n_prompt", "entropy", "top")}) + "\n")
                 out.flush()
                 n += 1
                 prog.update(n, len(v["entropy"]))
-            if proc.wait() != 0:
-                raise RuntimeError(f"hamburger-eval score exited with {proc.returncode}")
-        prog.update(n, force=True)
+        except BaseException:  # stopped: the scorer goes too (its answers so far are kept)
+            proc.kill()
+            raise
+        if proc.wait() != 0:
+            raise RuntimeError(f"hamburger-eval score exited with {proc.returncode}")
+    prog.update(n, force=True)
+
+
+def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_entropy: float) -> None:
+    """Scores every answer not yet in `scored.jsonl`, then writes `segments.jsonl`."""
+    from .data import teacher_gguf
+    max_steps = json.loads((base / "hamburger.json").read_text())["max_steps"]
+    scored_path = work / "scored.jsonl"
+    done = records.done_ids(scored_path)
+    if any(r["id"] not in done for r in records.read(work / "responses.jsonl")):
+        score(work, bin_dir, teacher_gguf(bin_dir, base, work), base_only_gguf(bin_dir, base, work), threads)
     tokens = steps_total = 0
     tmp = work / "segments.part"
     with open(tmp, "w") as out:

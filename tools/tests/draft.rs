@@ -1,0 +1,217 @@
+//! `hamburger-train draft` and `accept` (train/, PyTorch on the CPU) on the
+//! tiny fixture: the micro decoder trained as a draft head on the base's
+//! features cached once; an interrupted run resuming to the same weights as
+//! one that was not; caches of another base or tokenizer refused by name;
+//! the acceptance measure's walk and its teacher-forced twin agreeing.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+use testing::testmodel::tiny_fixture;
+
+/// The directory of the project's binaries (the teacher server, the scorer, the converter).
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_hamburger-convert")).parent().unwrap().to_path_buf()
+}
+
+/// `hamburger-train -t 1 STAGE --work WORK --base BASE --bin BIN ARGS...`.
+fn stage(name: &str, work: &Path, base: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/hamburger-train"));
+    c.args(["-t", "1", name, "--work"]).arg(work).arg("--base").arg(base).arg("--bin").arg(bin_dir()).args(args);
+    c
+}
+
+fn run_ok(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{:?} failed: {}", c, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The one-line error of a command that must fail.
+fn one_line_error(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "{c:?} succeeded: {err}");
+    assert_eq!(err.lines().count(), 1, "not one line: {err}");
+    err
+}
+
+/// A work directory whose answers are the fixture's golden generations,
+/// scored as `segment` scores them (the token at 0.8, two neighbours at
+/// 0.15 and 0.05), every third held out, and no prompts left to answer.
+fn fixture_work(dir: &Path) {
+    let golden: Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("golden.json")).unwrap()).unwrap();
+    let mut lines = String::new();
+    for (i, case) in golden["cases"].as_array().unwrap().iter().enumerate() {
+        let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        let out: Vec<u64> = serde_json::from_value(case["output_ids"].clone()).unwrap();
+        let top: Vec<Value> = out
+            .iter()
+            .map(|&t| json!([[t, 0.8f64.ln()], [(t + 1) % 512, 0.15f64.ln()], [(t + 2) % 512, 0.05f64.ln()]]))
+            .collect();
+        let split = if i % 3 == 0 { "heldout" } else { "train" };
+        let ids: Vec<u64> = prompt.iter().chain(&out).copied().collect();
+        let row = json!({"id": format!("case{i}"), "split": split, "ids": ids, "n_prompt": prompt.len(),
+                         "entropy": vec![0.5; out.len()], "top": top});
+        lines.push_str(&format!("{row}\n"));
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("scored.jsonl"), lines).unwrap();
+    std::fs::write(dir.join("prompts.jsonl"), "").unwrap();
+}
+
+const SCHEDULE: [&str; 8] = ["--prompts", "0", "--steps", "30", "--batch", "16", "--lr", "1e-3"];
+
+fn history(work: &Path) -> Vec<Value> {
+    serde_json::from_str(&std::fs::read_to_string(work.join("draft/history.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, cut) = (dir.path().join("whole"), dir.path().join("cut"));
+    fixture_work(&whole);
+    fixture_work(&cut);
+    run_ok(&mut stage("draft", &whole, &tiny_fixture(), &SCHEDULE));
+
+    // The cache: one f16 feature row per answer token, 4 feature layers of 128.
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(whole.join("features/meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["feature_layers"], json!([3, 7, 11, 15]), "{meta}");
+    let bytes = std::fs::read(whole.join("features/shard-00000.safetensors")).unwrap();
+    let shard = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let feats = shard.tensor("features").unwrap();
+    let tokens: usize = std::fs::read_to_string(whole.join("scored.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["entropy"].as_array().unwrap().len())
+        .sum();
+    assert_eq!((feats.dtype(), feats.shape()), (safetensors::Dtype::F16, &[tokens, 4, 128][..]));
+
+    // The token loss falls; the acceptance is measured before and after.
+    let h = history(&whole);
+    let ce: Vec<f64> = h.iter().filter(|e| e["kind"] == "train").map(|e| e["ce"].as_f64().unwrap()).collect();
+    assert!(ce.len() == 6 && ce[5] < ce[0] * 0.8, "token CE did not fall: {ce:?}");
+    let val_steps: Vec<u64> = h.iter().filter(|e| e["kind"] == "val").map(|e| e["step"].as_u64().unwrap()).collect();
+    assert_eq!(val_steps.first(), Some(&0));
+    assert_eq!(val_steps.last(), Some(&30));
+
+    // The same run stopped by SIGTERM while training, then run again.
+    let mut child = stage("draft", &cut, &tiny_fixture(), &SCHEDULE).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let started = lines.by_ref().map(Result::unwrap).find(|l| l.starts_with("draft: 1/30"));
+    assert!(started.is_some(), "no training progress");
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(!child.wait().unwrap().success(), "not stopped: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("saved: run the same command to go on")), "{rest:?}");
+    let stopped_at = history(&cut).iter().rev().find_map(|e| e["step"].as_u64()).unwrap();
+    assert!(stopped_at < 30, "stopped at {stopped_at}");
+    run_ok(&mut stage("draft", &cut, &tiny_fixture(), &SCHEDULE));
+    let (a, b) = (whole.join("draft/grafted.safetensors"), cut.join("draft/grafted.safetensors"));
+    assert!(std::fs::read(a).unwrap() == std::fs::read(b).unwrap(), "resumed weights differ from the whole run's");
+
+    // Every row's acceptance: the measure's drafts (each from the one
+    // before, as the runtime drafts) and the training's teacher-forced ones
+    // agree at every validation.
+    for e in history(&whole).iter().filter(|e| e["kind"] == "val" && e["rule"] == "n_max 3") {
+        let (walked, forced) = (e["all_accepted"].as_f64().unwrap(), e["teacher_forced_accepted"].as_f64().unwrap());
+        assert!((walked - forced).abs() < 1e-9, "{e}");
+    }
+    accept_measures_the_draft_head_on_the_verifiers_own_answers(&whole, dir.path());
+}
+
+/// `accept` on three prompts: the verifier answers them (the teacher server
+/// at confidence > 1), the answers are scored and their features cached, and
+/// each rule's walk is reported; with no draft allowed (p_min above 1) every
+/// draftable row is a verify forward and nothing is accepted.
+fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir: &Path) {
+    let prompts = dir.join("few.jsonl");
+    let rows: Vec<String> = ["Tell me a story.", "Write a function.", "What is a list?"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}\n", json!({"id": format!("p{i}"), "prompt": p})))
+        .collect();
+    std::fs::write(&prompts, rows.concat()).unwrap();
+    let args = ["--prompts", prompts.to_str().unwrap(), "--max-tokens", "24", "--confidence", "0.5", "--p-min", "1.01"];
+    let report: Value =
+        serde_json::from_str(&run_ok(&mut stage("accept", work, &tiny_fixture(), &[&args[..], &["--json"]].concat())))
+            .unwrap();
+    assert_eq!(report["answers"], json!(3), "{report}");
+    let rule = |name: &str| report["rules"].as_array().unwrap().iter().find(|r| r["rule"] == name).unwrap().clone();
+    let none = rule("n_max 3, p >= 1.01");
+    assert_eq!((none["accepted_per_forward"].as_f64(), none["drafted_per_forward"].as_f64()), (Some(0.0), Some(0.0)));
+    assert_eq!(none["forwards"], none["rows"], "{none}");
+    let all = rule("n_max 3");
+    assert!(all["forwards"].as_u64() <= none["forwards"].as_u64(), "{all}");
+    assert!(all["drafted_per_forward"].as_f64().unwrap() > 2.0, "{all}");
+    assert!(work.join("accept/few/features/meta.json").exists());
+}
+
+/// Each stage takes its own flags: `draft` refuses `export`'s `--snapshot`
+/// and `accept` refuses `draft`'s `--steps`, in one line naming them.
+#[test]
+fn draft_and_accept_refuse_another_stages_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = one_line_error(&mut stage("draft", dir.path(), &tiny_fixture(), &["--snapshot", "3"]));
+    assert!(err.contains("--snapshot"), "{err}");
+    let err = one_line_error(&mut stage("accept", dir.path(), &tiny_fixture(), &["--prompts", "x", "--steps", "5"]));
+    assert!(err.contains("--steps"), "{err}");
+}
+
+/// A copy of the fixture whose `edit` changed it.
+fn fixture_copy(dir: &Path, edit: impl FnOnce(&Path)) -> PathBuf {
+    let copy = dir.join("base");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in ["config.json", "hamburger.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tiny_fixture().join(f), copy.join(f)).unwrap();
+    }
+    edit(&copy);
+    copy
+}
+
+#[test]
+fn a_feature_cache_of_another_base_or_tokenizer_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    fixture_work(&work);
+    run_ok(&mut stage("draft", &work, &tiny_fixture(), &["--prompts", "0", "--steps", "1", "--batch", "4"]));
+
+    // Another chat template: the answers' token ids would differ.
+    let other_template = fixture_copy(&dir.path().join("t"), |d| {
+        let path = d.join("tokenizer_config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let changed = text.replace("<|im_start|>assistant", "<|im_start|>Assistant");
+        assert_ne!(text, changed);
+        std::fs::write(path, changed).unwrap();
+    });
+    let err = one_line_error(&mut stage("draft", &work, &other_template, &["--prompts", "0", "--steps", "2"]));
+    assert!(err.contains("tokenizer") && err.contains(&*work.join("features").to_string_lossy()), "{err}");
+
+    // One base weight changed: the cached features are another base's.
+    let other_base = fixture_copy(&dir.path().join("b"), |d| {
+        let path = d.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let key = "model.model.layers.0.mlp.down_proj.weight";
+        let mut changed = st.tensor(key).unwrap().data().to_vec();
+        changed[1] ^= 0x40;
+        let views: Vec<(String, safetensors::tensor::TensorView)> = st
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                if name == key {
+                    (name, safetensors::tensor::TensorView::new(view.dtype(), view.shape().to_vec(), &changed).unwrap())
+                } else {
+                    (name, view)
+                }
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+    });
+    let err = one_line_error(&mut stage("draft", &work, &other_base, &["--prompts", "0", "--steps", "2"]));
+    assert!(err.contains("another base") && err.contains(&*work.join("features").to_string_lossy()), "{err}");
+}

@@ -1,0 +1,109 @@
+"""`accept`: accepted tokens per verify forward of a grafted file's micro
+decoder as a draft head, on a prompt set, with the runtime's draft rules.
+
+The verifier (the base with the file's base layers and adapters folded in,
+`drafting.verifier`) answers every prompt greedily through
+`hamburger-server` at confidence > 1, exactly as self-verified greedy
+decoding answers it; `hamburger-eval score` gives the answer's token ids;
+the verifier's features at one token per entry are cached
+(`features`); `drafting.measure` then walks each answer as the runtime
+would: at each verify forward the micro decoder drafts from the last
+accepted row, and the base accepts the drafts that equal its own tokens.
+Everything lives in `WORK/accept/<prompt file's stem>/` and is made once
+per base: measuring another file of the same base reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from . import data, features, records, segment
+from .draft import rules_of, verifier_ggufs
+from .drafting import measure, verifier
+
+
+def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Path, max_tokens: int, slots: int,
+        threads: int, confidences: list[float], p_mins: list[float], as_json: bool,
+        runtime_gguf: Path | None = None) -> None:
+    """Measures `grafted` (default: the work directory's `draft` result) on
+    the prompts of `prompts` (JSON lines with `id` and `prompt`); with
+    `runtime_gguf` (that model as a GGUF) also the runtime's self-verified
+    greedy decoding of the same prompts (`runtime`)."""
+    grafted = grafted or work / "draft" / "grafted.safetensors"
+    if not grafted.exists():
+        raise SystemExit(f"accept: {grafted} does not exist (run draft first, or give --grafted)")
+    try:
+        rows = records.read(prompts)
+        rows = [{"id": r["id"], "prompt": r["prompt"], "split": "heldout"} for r in rows]
+    except (OSError, KeyError, TypeError) as e:
+        raise SystemExit(f"accept: {prompts}: not JSON lines with id and prompt ({e})") from None
+    if not rows:
+        raise SystemExit(f"accept: {prompts} holds no prompts")
+    model = verifier(base, grafted, "accept")
+    meta = features.meta_of(model, base)
+    teacher, scorer = verifier_ggufs(work, bin_dir, base, model, meta, "accept")
+    here = work / "accept" / prompts.stem
+    here.mkdir(parents=True, exist_ok=True)
+    data.answer(here / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
+    segment.score(here, bin_dir, teacher, scorer, threads)
+    features.build(here / "features", model, base, records.read(here / "scored.jsonl"))
+    cache = features.load(here / "features", meta)
+    results = measure(model, cache, rules_of(confidences, p_mins, model.cfg.max_steps - 1))
+    report = {"grafted": str(grafted), "prompts": str(prompts), "answers": len(cache.answers),
+              "tokens": len(cache.next), "rules": [asdict(r) for r in results]}
+    if runtime_gguf is not None:
+        scored = {r["id"]: r for r in records.read(here / "scored.jsonl")}
+        report["runtime"] = [runtime(bin_dir, runtime_gguf, [scored[a["id"]] for a in cache.answers], p, threads)
+                             for p in sorted({0.0, *p_mins})]
+    if as_json:
+        print(json.dumps(report))
+        return
+    print(f"{grafted} on {len(cache.answers)} answers of {prompts} ({len(cache.next)} tokens)\n")
+    print("| draft rule | base forwards | verify forwards | accepted per base forward | per verify forward "
+          "| drafted per base forward | every row: accepted | drafted |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        every = " | ".join("-" if x is None else f"{x:.3f}" for x in (r.all_accepted, r.all_drafted))
+        print(f"| {r.rule} | {r.forwards} | {r.verify_forwards} | {r.accepted_per_forward:.3f} "
+              f"| {r.accepted_per_verify_forward:.3f} | {r.drafted_per_forward:.3f} | {every} |")
+    for r in report.get("runtime", []):
+        print(f"| runtime ({runtime_gguf}), p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']}, "
+              f"shared prefix {r['shared_prefix']:.1f} "
+              f"| {r['forwards']} | {r['verify_forwards']} | {r['accepted_per_forward']:.3f} "
+              f"| {r['accepted_per_verify_forward']:.3f} | {r['drafted_per_forward']:.3f} | | |")
+
+
+def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int) -> dict:
+    """The runtime's self-verified greedy decoding (`hamburger-cli
+    --spec-type draft-mtp`) of each answer's prompt ids, as many tokens as
+    the answer has before the end-of-turn token `score` ends it with: its
+    drafts, accepted drafts and verify forwards summed (the CLI's timings),
+    its base forwards (one per committed token not accepted as a draft), how
+    many outputs equal the answers, and the mean length of the prefix they
+    share (greedy outputs part at near-ties: a forward of several rows sums
+    in another order than one of one row)."""
+    drafted = accepted = verifies = forwards = same = shared = 0
+    for a in answers:
+        ids, n_prompt = a["ids"], a["n_prompt"]
+        answer = ids[n_prompt:-1]
+        cmd = [str(bin_dir / "hamburger-cli"), "-m", str(gguf), "--prompt-ids", ",".join(map(str, ids[:n_prompt])),
+               "-n", str(len(answer)), "--temp", "0", "--json", "-t", str(threads), "--spec-type", "draft-mtp",
+               "--spec-draft-p-min", str(p_min)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"accept: {cmd[0]} failed: {out.stderr.strip().splitlines()[-1:]}")
+        v = json.loads(out.stdout.strip().splitlines()[-1])
+        t, got = v["timings"], v["output_ids"]
+        drafted, accepted, verifies = drafted + t["draft_n"], accepted + t["draft_n_accepted"], verifies + t["verify_forwards"]
+        forwards += len(got) - 1 - t["draft_n_accepted"]
+        k = next((i for i, (x, y) in enumerate(zip(got, answer)) if x != y), min(len(got), len(answer)))
+        same += k == len(answer)
+        shared += k
+    n = max(len(answers), 1)
+    return {"p_min": p_min, "answers": len(answers), "same_text": same, "shared_prefix": shared / n,
+            "forwards": forwards, "verify_forwards": verifies, "accepted_per_forward": accepted / max(forwards, 1),
+            "accepted_per_verify_forward": accepted / max(verifies, 1), "drafted_per_forward": drafted / max(forwards, 1)}

@@ -1,0 +1,311 @@
+"""`draft`: the micro decoder and stop head trained as a draft head for
+self-verified decoding, on the frozen base's features at one token per entry.
+
+EAGLE and Medusa train heads on a frozen base's hidden states with the
+base's own outputs as targets; the base here never changes either, so this
+stage pays for the base once:
+
+1. **The verifier.** The base checkpoint (`--base`) with `--init`'s base
+   layers and adapters folded in (the shipped model's base: what verified
+   decoding of the shipped model runs), written once as a checkpoint
+   (`WORK/verifier/`) for the tools that answer and score.
+2. **Answers** (`data`'s prompts, `--prompts`, `--skip`): the verifier's own
+   greedy answers through `hamburger-server` at confidence > 1, so every
+   answer token is the base's greedy choice after the tokens before it.
+3. **Scores** (`segment`'s scoring): token ids and the base's 8 most likely
+   tokens at every answer token, the soft targets.
+4. **Features**, cached once on disk (`features`: `WORK/features/`), and
+   refused by name if they were made with another base or tokenizer.
+5. **Training**, teacher-forced at every answer row: the micro decoder reads
+   [features, t0, t1, t2] (t0 the base's token at the row) and learns the
+   base's distribution at the next three tokens (distilled over its top 8);
+   the stop head reads out_s (the final features for s = 0; detached, so it
+   is a probe and does not pull the drafts) and learns whether draft s + 1
+   will be accepted (its teacher-forced argmax is the base's token).
+
+Only the micro decoder and stop head train; the merger and the base stay as
+`--init` has them. Resumable (`WORK/draft/state.pt` every `SAVE_EVERY`
+steps, with the rows seen and the CPU seconds spent); every `VAL_EVERY`
+steps `drafting.measure` on the work directory's first `VAL_ANSWERS`
+held-out answers gives the acceptance curve (`WORK/draft/history.json`).
+The result is `WORK/draft/grafted.safetensors`: `--init` with the new
+micro decoder and stop head.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from . import data, features, records, segment
+from .drafting import DraftRule, measure, text_after, draftable, verifier
+from .export import SIDE_FILES, write_safetensors
+from .gate import GatedRule
+from .model import HAMburger
+from .progress import Progress
+from .state import write_state
+from .train import lr_at
+
+SAVE_EVERY = 25
+VAL_EVERY = 100
+VAL_ANSWERS = 8
+STOP_WEIGHT = 0.5
+
+
+def draft_optimizer(model: HAMburger, lr: float, micro_lr_scale: float) -> tuple[torch.optim.Optimizer, list]:
+    """AdamW over what trains: the micro decoder at `micro_lr_scale` times
+    `lr` (0: frozen) and the stop head at `lr`, the rest frozen; and those parameters."""
+    model.requires_grad_(False)
+    groups = [{"params": list(model.stop_head.parameters()), "scale": 1.0}]
+    if micro_lr_scale > 0:
+        groups.append({"params": list(model.micro.parameters()), "scale": micro_lr_scale})
+    params = [p for g in groups for p in g["params"]]
+    for p in params:
+        p.requires_grad_(True)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), weight_decay=0.01), params
+
+
+def head_state(model: HAMburger) -> dict[str, torch.Tensor]:
+    """The micro decoder's and stop head's tensors under the original key names."""
+    return {k: v for k, v in model.original_state(grafted_only=True).items() if k.startswith("micro_step_decoder.")}
+
+
+def verifier_ggufs(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta: dict,
+                   stage: str) -> tuple[Path, Path]:
+    """The verifying model's GGUFs in `work`: the teacher that answers
+    (`data.teacher_gguf`) and the base-only scorer (`segment.base_only_gguf`),
+    converted from `work/verifier/` (the original layout, adapters folded;
+    written once, with the `meta` it was made with). A work directory whose
+    verifier has another base is refused naming it."""
+    ckpt = work / "verifier"
+    if (ckpt / "meta.json").exists():
+        have = json.loads((ckpt / "meta.json").read_text())
+        if have["base"] != meta["base"] or have["tokenizer"] != meta["tokenizer"]:
+            raise SystemExit(f"{stage}: {ckpt} is another base or tokenizer than this one's: use another --work")
+    else:
+        if (work / "teacher-q8_0.gguf").exists() or (work / "base-q8_0.gguf").exists():
+            raise SystemExit(f"{stage}: {work} has GGUFs of an unknown base: use another --work")
+        ckpt.mkdir(parents=True, exist_ok=True)
+        for f in SIDE_FILES:
+            shutil.copyfile(base / f, ckpt / f)
+        write_safetensors(model.original_state(), ckpt / "model.safetensors")
+        (ckpt / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    work.mkdir(parents=True, exist_ok=True)
+    return data.teacher_gguf(bin_dir, ckpt, work), segment.base_only_gguf(bin_dir, ckpt, work)
+
+
+def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int,
+            slots: int, threads: int) -> tuple[HAMburger, dict]:
+    """Steps 1-4: the verifier, its answers, their scores and their cached
+    features; returns the verifier and the cache's `meta`."""
+    model = verifier(base, init, "draft")
+    meta = features.meta_of(model, base)
+    features.check_meta(work / "features", meta)
+    teacher, scorer = verifier_ggufs(work, bin_dir, base, model, meta, "draft")
+    data.answer(work / "responses.jsonl", bin_dir, teacher, data.build_prompts(work, prompts)[skip:prompts], max_tokens,
+                slots, threads)
+    segment.score(work, bin_dir, teacher, scorer, threads)
+    features.build(work / "features", model, base, records.read(work / "scored.jsonl"))
+    return model, meta
+
+
+def batch_loss(model: HAMburger, cache: features.Cache, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The loss of the drafts at `rows`, teacher-forced, and its sums for
+    the log: token cross-entropy against the base's distribution, stop BCE,
+    drafts right per micro step, and accepted drafts per row when every
+    right draft is taken (the ungated rule)."""
+    n = model.cfg.max_steps - 1
+    feats = cache.features[rows].float()
+    text = text_after(cache, rows, n)
+    valid = text >= 0
+    tokens = torch.cat([cache.next[rows][:, None], text[:, :-1].clamp(min=0)], 1)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and next(model.micro.parameters()).requires_grad):
+        out = model.micro_decode(feats, tokens)  # out_1..out_n: drafts 1..n
+    logp = F.log_softmax(model.logits(out), -1)
+    at = (rows[:, None] + 1 + torch.arange(n)[None]).clamp(max=len(cache.next) - 1)
+    top_p = torch.softmax(cache.top_logprobs[at], -1)
+    ce = -(top_p * logp.gather(-1, cache.top_ids[at])).sum(-1)
+    right = (logp.argmax(-1) == text) & valid
+    stop_in = torch.cat([feats[:, -1:], out[:, :-1].detach()], 1)  # out_s before draft s + 1
+    stop_logit = model.stop_head(stop_in)
+    bce = F.binary_cross_entropy_with_logits(stop_logit, (~right).float(), reduction="none")
+    v = valid.float()
+    n_valid = v.sum().clamp(min=1)
+    loss = ((ce * v).sum() + STOP_WEIGHT * (bce * v).sum()) / n_valid
+    sums = {"rows": len(rows), "ce": (ce * v).sum().item(), "bce": (bce * v).sum().item(),
+            "slots": v.sum(0).tolist(), "right": right.sum(0).tolist(),
+            "accepted": right.long().cumprod(1).sum().item()}
+    return loss, sums
+
+
+@torch.no_grad()
+def teacher_forced_accepted(model: HAMburger, cache: features.Cache, batch: int = 256) -> float:
+    """Accepted drafts per row when every draft is taken, teacher-forced
+    (`batch_loss`'s count): what `drafting.measure` finds for the ungated
+    rule with the runtime's autoregressive drafts, since a draft is only
+    accepted when the ones before it were, and then it read the text."""
+    rows = draftable(cache, model.cfg.eos)
+    taken = sum(batch_loss(model, cache, rows[i:i + batch])[1]["accepted"] for i in range(0, len(rows), batch))
+    return taken / max(len(rows), 1)
+
+
+def summary(window: list[dict]) -> dict:
+    """The means of `batch_loss`'s sums over the steps since the last log."""
+    rows = sum(w["rows"] for w in window)
+    slots = [sum(w["slots"][s] for w in window) for s in range(len(window[0]["slots"]))]
+    right = [sum(w["right"][s] for w in window) for s in range(len(slots))]
+    return {"ce": sum(w["ce"] for w in window) / max(sum(slots), 1),
+            "stop_bce": sum(w["bce"] for w in window) / max(sum(slots), 1),
+            "draft_acc": [r / max(n, 1) for r, n in zip(right, slots)],
+            "accepted_per_row": sum(w["accepted"] for w in window) / max(rows, 1)}
+
+
+def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[DraftRule | GatedRule]:
+    """The ungated rule, each stop-head confidence alone, each p_min alone,
+    and every pair; then the runtime's gate, alone and with each p_min."""
+    return ([DraftRule(n_max, c, p) for c in [None, *confidences] for p in [None, *p_mins]]
+            + [GatedRule(n_max, 0, p) for p in sorted({0.0, *p_mins})])
+
+
+def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int, slots: int,
+        threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
+        p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0) -> None:
+    """Prepares the work directory (`prepare`), then trains until `steps`
+    optimizer steps of `batch` rows, resuming from `out/state.pt` (default
+    `WORK/draft/`, where the run's history and result go too); the micro
+    decoder learns at `micro_lr_scale` times `lr` (0: only the stop head
+    learns). SIGINT or SIGTERM stops it after the step under way, saved."""
+    if init is not None and not init.exists():
+        raise SystemExit(f"draft: --init {init} does not exist")
+    model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads)
+    out = out or work / "draft"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "state.pt"
+    st = torch.load(path, weights_only=False) if path.exists() else None
+    if st is not None:  # a run resumes with the settings it started with
+        micro_lr_scale = st.get("micro_lr_scale", 1.0)
+    opt, params = draft_optimizer(model, lr, micro_lr_scale)
+    step, history, cpu_s = 0, [], 0.0
+    if st is not None:
+        if st["base"] != meta["base"]:
+            raise SystemExit(f"draft: {path} was trained on another base than this one (--init {init})")
+        load_head(model, st["head"])
+        opt.load_state_dict(st["opt"])
+        step, history, cpu_s = st["step"], st["history"], st["cpu_s"]
+        print(f"draft: resumed at step {step}", file=sys.stderr)
+    rules = rules_of(confidences, p_mins, model.cfg.max_steps - 1)
+    cache = features.load(work / "features", meta, "train")
+    held = features.load(work / "features", meta, "heldout", VAL_ANSWERS)
+    rows = draftable(cache, model.cfg.eos)
+    seen = history[-1]["seen_rows"] if history else 0
+    t0 = time.process_time()
+
+    def cpu() -> float:
+        """CPU seconds this run has spent (all threads), resumed runs included."""
+        return cpu_s + time.process_time() - t0
+
+    def validate() -> None:
+        """The acceptance of every rule on the held-out answers, into the
+        history, with the ungated rule's teacher-forced twin."""
+        forced = teacher_forced_accepted(model, held)
+        for a in measure(model, held, rules):
+            history.append({"kind": "val", "step": step, "seen_rows": seen, "cpu_s": cpu(), **asdict(a),
+                            "teacher_forced_accepted": forced})
+
+    def save() -> None:
+        """The training state (atomic) and `history.json`."""
+        write_state(path, {"head": head_state(model), "opt": opt.state_dict(), "step": step, "history": history,
+                           "cpu_s": cpu(), "base": meta["base"], "micro_lr_scale": micro_lr_scale})
+        (out / "history.json").write_text(json.dumps(history))
+
+    if step == 0 and not history:
+        validate()
+    prog = Progress("draft", steps, "rows", every=30, initial=step)
+    window: list[dict] = []
+    order, order_epoch = [], -1
+    with StopSignals() as stop:
+        while step < steps:
+            epoch, i0 = divmod(step * batch, len(rows))
+            if epoch != order_epoch:
+                order, order_epoch = list(range(len(rows))), epoch
+                random.Random(seed + epoch).shuffle(order)
+            picks = rows[torch.tensor([order[(i0 + b) % len(rows)] for b in range(batch)])]
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, steps, lr) * g["scale"]
+            opt.zero_grad()
+            loss, sums = batch_loss(model, cache, picks)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            seen += batch
+            window.append(sums)
+            prog.update(step, batch)
+            if step % 5 == 0 or step == steps:
+                m = summary(window)
+                window = []
+                history.append({"kind": "train", "step": step, "seen_rows": seen, "cpu_s": cpu(), **m})
+                prog.update(step, extra=f"ce {m['ce']:.3f} stop {m['stop_bce']:.3f} draft acc "
+                            + "/".join(f"{a:.2f}" for a in m["draft_acc"])
+                            + f" accepted/row {m['accepted_per_row']:.3f}", force=True)
+            if step % VAL_EVERY == 0 or step == steps:
+                validate()
+            if step % SAVE_EVERY == 0 or step == steps or stop.asked:
+                save()
+            if stop.asked and step < steps:
+                raise SystemExit(f"draft: stopped at step {step} of {steps}, saved: run the same command to go on")
+    export(model, init, out / "grafted.safetensors")
+    for a in (h for h in history if h["kind"] == "val" and h["step"] == step):
+        print(f"draft: {a['rule']}: {a['accepted_per_forward']:.3f} accepted per base forward, "
+              f"{a['accepted_per_verify_forward']:.3f} per verify forward ({a['drafted_per_forward']:.2f} drafted "
+              "per base forward)", file=sys.stderr)
+
+
+class StopSignals:
+    """Within it, SIGINT and SIGTERM only set `asked` (the training loop
+    saves and stops after the step under way); the handlers before are
+    restored on leaving."""
+
+    def __init__(self):
+        self.asked = False
+        self.before: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.before[sig] = signal.signal(sig, self.ask)
+        return self
+
+    def ask(self, signum, frame) -> None:
+        """The handler: asks the loop to stop."""
+        self.asked = True
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+
+
+def load_head(model: HAMburger, head: dict[str, torch.Tensor]) -> None:
+    """Copies a saved micro decoder and stop head (`head_state`) into `model`."""
+    own = model.original_state(grafted_only=True)
+    with torch.no_grad():
+        for k, t in head.items():
+            own[k].copy_(t)
+
+
+def export(model: HAMburger, init: Path | None, path: Path) -> None:
+    """`init`'s grafted file (None: the model's grafted modules) with the
+    trained micro decoder and stop head, f16."""
+    sd = load_file(str(init)) if init is not None else model.original_state(grafted_only=True)
+    sd.update({k: v.detach().to(torch.float16) for k, v in head_state(model).items()})
+    write_safetensors(sd, path)
+    print(f"draft: {path}", file=sys.stderr)

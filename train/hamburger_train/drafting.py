@@ -1,0 +1,228 @@
+"""The micro decoder as a draft head for self-verified decoding, and the
+measure of what it earns: accepted tokens per verify forward.
+
+Self-verified decoding (`docs/model.md`) reads one token per KV entry. The
+base's output at a row gives its own token t0; the micro decoder drafts t1,
+t2, t3 from that row's features, micro step 0 reading [features..., embed(t0)]
+as in a macro step; the next base forward reads t0 and the drafts as
+single-token rows and accepts the longest prefix of the drafts that equals
+its own greedy tokens, plus one token of its own; the next draft starts from
+the row of that last token. Given the text the base produces (its greedy
+answer) and the features of its rows (`features`), that loop is simulated
+exactly here, without the base: the drafts are the micro decoder's own
+(autoregressive), a draft token is accepted while it equals the text's.
+
+How many tokens are drafted is the runtime's rule (`DraftRule`): a token is
+drafted while the stop head's "go on" probability before it is at least
+`confidence` (the stop head predicts whether the draft will be accepted) and
+its own probability under the micro decoder at least `p_min` (llama.cpp's
+`--spec-draft-p-min`), up to `n_max` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from .features import Cache
+from .gate import DraftGate, GatedRule, draft_cost
+from .model import HAMburger
+
+
+def verifier(base: Path, grafted: Path | None, stage: str) -> HAMburger:
+    """The model that verifies and drafts: the base checkpoint `base` with
+    what `grafted` (a `grafted.safetensors`; None: nothing) changes: its
+    base layers and adapters (folded into the weights: the frozen verifying
+    base) and its grafted modules (the micro decoder and stop head that
+    draft). A broken file is refused in one line naming it (`stage` first)."""
+    model = HAMburger.from_checkpoint(base)
+    try:
+        if grafted is not None:
+            model.load_original(load_file(str(grafted)), grafted_only=True)
+    except (OSError, KeyError, RuntimeError, SafetensorError) as e:
+        raise SystemExit(f"{stage}: {grafted}: {e}") from None
+    model.merge_adapters()
+    return model
+
+
+@dataclass(frozen=True)
+class DraftRule:
+    """How many tokens the runtime drafts after the base's own token: up to
+    `n_max`, each while the stop head's "go on" probability before it is at
+    least `confidence` (None: not gated by it) and the micro decoder's
+    probability of it at least `p_min` (None: not gated by it)."""
+
+    n_max: int = 3
+    confidence: float | None = None
+    p_min: float | None = None
+
+    def __str__(self) -> str:
+        gates = [f"n_max {self.n_max}"]
+        if self.confidence is not None:
+            gates.append(f"stop head >= {self.confidence:g}")
+        if self.p_min is not None:
+            gates.append(f"p >= {self.p_min:g}")
+        return ", ".join(gates)
+
+
+@dataclass
+class Drafts:
+    """The micro decoder's drafts at N rows: `tokens` [N, S], each one's
+    probability `p` [N, S] and the stop head's "go on" probability before
+    it `go_on` [N, S] (micro step s reads out_s: the base's final features
+    for s = 0)."""
+
+    tokens: torch.Tensor
+    p: torch.Tensor
+    go_on: torch.Tensor
+
+    def lengths(self, rule: DraftRule) -> torch.Tensor:
+        """How many of each row's drafts `rule` lets through, [N]."""
+        ok = torch.ones_like(self.p, dtype=torch.bool)[:, : rule.n_max]
+        if rule.confidence is not None:
+            ok &= self.go_on[:, : rule.n_max] >= rule.confidence
+        if rule.p_min is not None:
+            ok &= self.p[:, : rule.n_max] >= rule.p_min
+        return ok.long().cumprod(1).sum(1)
+
+
+@torch.no_grad()
+def draft(model: HAMburger, feats: torch.Tensor, t0: torch.Tensor, n: int) -> Drafts:
+    """The micro decoder's `n` drafts from features `feats` [N, F, D] after
+    the base's tokens `t0` [N], each from the ones before (as the runtime
+    drafts: autoregressive, greedy)."""
+    tokens = t0[:, None]
+    drafted, probs, go_on = [], [], [torch.sigmoid(-model.stop_head(feats[:, -1]))]
+    for s in range(n):
+        out = model.micro_decode(feats, tokens)[:, -1]
+        p, d = F.softmax(model.logits(out), -1).max(-1)
+        drafted.append(d)
+        probs.append(p)
+        if s + 1 < n:
+            go_on.append(torch.sigmoid(-model.stop_head(out)))
+        tokens = torch.cat([tokens, d[:, None]], 1)
+    return Drafts(torch.stack(drafted, 1), torch.stack(probs, 1), torch.stack(go_on, 1))
+
+
+def accepted(drafts: torch.Tensor, text: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """How many of each row's first `lengths` drafts [N, S] agree with the
+    text's tokens after it `text` [N, S] (-1 past the text's end), as a
+    prefix: the tokens the base accepts."""
+    s = torch.arange(drafts.shape[1])[None]
+    return ((drafts == text) & (s < lengths[:, None])).long().cumprod(1).sum(1)
+
+
+@dataclass
+class Acceptance:
+    """What a draft rule earns on a set of answers. Along the runtime's own
+    path (a base forward after the last accepted row each time, drafting
+    there): the base `forwards`, those that verified a draft
+    (`verify_forwards`, the runtime's count), accepted drafts per forward and
+    per verify forward, drafted tokens per forward. Over every row (`all_*`,
+    each row drafting as if verified there; None for the runtime's gate,
+    whose decisions depend on the path): accepted and drafted tokens per row."""
+
+    rule: str
+    forwards: int
+    verify_forwards: int
+    accepted_per_forward: float
+    accepted_per_verify_forward: float
+    drafted_per_forward: float
+    rows: int
+    all_accepted: float | None
+    all_drafted: float | None
+
+
+def text_after(cache: Cache, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The text's `n` tokens after each of `rows` [N] (-1 past the answer's end), [N, n]."""
+    at = rows[:, None] + 1 + torch.arange(n)[None]
+    inside = at < cache.end[rows][:, None]
+    return torch.where(inside, cache.next[at.clamp(max=len(cache.next) - 1)], torch.full_like(at, -1))
+
+
+def draftable(cache: Cache, end_tokens: list[int]) -> torch.Tensor:
+    """The rows a verify forward follows: the base's token there is not an
+    end token and the text goes on after it."""
+    rows = torch.arange(len(cache.next))
+    is_end = torch.isin(cache.next, torch.tensor(end_tokens))
+    return rows[~is_end & (rows + 1 < cache.end)]
+
+
+@torch.no_grad()
+def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], batch: int = 256) -> list[Acceptance]:
+    """Accepted tokens per verify forward of each rule on every answer of
+    `cache`: the drafts of every row once (the longest any rule drafts),
+    then each rule's walk along each answer from the prompt's last row."""
+    n = max(r.n_max for r in rules)
+    rows = draftable(cache, model.cfg.eos)
+    out: list[Drafts] = []
+    for i in range(0, len(rows), batch):
+        r = rows[i:i + batch]
+        out.append(draft(model, cache.features[r].float(), cache.next[r], n))
+    d = Drafts(*(torch.cat([getattr(o, k) for o in out]) for k in ("tokens", "p", "go_on")))
+    text = text_after(cache, rows, n)
+    room = (text >= 0).sum(1)
+    where = {int(r): i for i, r in enumerate(rows)}
+    results = []
+    for rule in rules:
+        if isinstance(rule, GatedRule):
+            counts = walk_gated(model, cache, rule, d, text, room, where)
+            every = (None, None)
+        else:
+            lengths = d.lengths(rule).clamp(max=room)
+            acc = accepted(d.tokens, text, lengths)
+            counts = walk(cache, where, lambda i: (int(lengths[i]), int(acc[i])))
+            every = (acc.sum().item() / max(len(rows), 1), lengths.sum().item() / max(len(rows), 1))
+        forwards, verifies, taken, drafted = counts
+        results.append(Acceptance(str(rule), forwards, verifies, taken / max(forwards, 1), taken / max(verifies, 1),
+                                  drafted / max(forwards, 1), len(rows), *every))
+    return results
+
+
+def walk(cache: Cache, where: dict[int, int], step: Callable[[int], tuple[int, int]],
+         start: Callable[[], None] = lambda: None) -> tuple[int, int, int, int]:
+    """Walks every answer as the runtime decodes it: a base forward after
+    the base's token at row r, whose draft (`step(index of r)`: drafted,
+    accepted) moves r past the accepted drafts and the base's own next token;
+    `start` is called before each answer. Returns the forwards, those with a
+    draft, the accepted and the drafted tokens."""
+    forwards = verifies = taken = drafted = 0
+    for a in cache.answers:
+        start()
+        r = a["start"]
+        while r in where:
+            n, k = step(where[r])
+            forwards, verifies, taken, drafted = forwards + 1, verifies + (n > 0), taken + k, drafted + n
+            r += 1 + k
+    return forwards, verifies, taken, drafted
+
+
+def walk_gated(model: HAMburger, cache: Cache, rule: GatedRule, d: Drafts, text: torch.Tensor, room: torch.Tensor,
+               where: dict[int, int]) -> tuple[int, int, int, int]:
+    """`walk` with the runtime's gate deciding each draft's length (a new
+    gate per answer, as per sequence), taught by each verification."""
+    cost = draft_cost(model.cfg)
+    gate = [DraftGate(cost)]
+    tokens, probs, p_stops = d.tokens.tolist(), d.p.tolist(), (1 - d.go_on).tolist()
+    t0s, rooms, texts = cache.next.tolist(), room.tolist(), text.tolist()
+    rows = sorted(where, key=where.get)
+
+    def step(i: int) -> tuple[int, int]:
+        """The gate's draft at row index i, verified against the text."""
+        n, before = gate[0].draft(rule, tokens[i], probs[i], p_stops[i], t0s[rows[i]], rooms[i], model.cfg.eos)
+        k = 0
+        while k < n and tokens[i][k] == texts[i][k]:
+            k += 1
+        gate[0].record(before, k)
+        return n, k
+
+    def start() -> None:
+        gate[0] = DraftGate(cost)
+
+    return walk(cache, where, step, start)

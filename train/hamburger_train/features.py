@@ -1,0 +1,189 @@
+"""The verifying base's features at one token per entry, computed once and
+cached on disk for `draft` and `accept`.
+
+Verified decoding reads one token per KV entry, so at every row the base is
+plain Llama, and the micro decoder drafts from the features of the row that
+produced the base's own token (`docs/model.md`). Those features depend on
+the base and the text alone; the base never changes while a draft head
+trains, so they are computed once (PyTorch, f32, stored f16) and read back
+for every epoch and every measurement.
+
+A cache directory holds:
+
+* `meta.json`: what it was computed with: `base` (SHA-256 of the verifying
+  base's weights, adapters folded in), `tokenizer` (SHA-256 of
+  `tokenizer.json` and `tokenizer_config.json`), `feature_layers` and `dim`.
+  `load` refuses a cache whose base or tokenizer differs, naming which.
+* `shard-NNNNN.safetensors`, each up to `SHARD` answers, one row per answer
+  token: `features` [R, F, D] f16 (the features of the stream row that
+  predicts that token: the prompt's last row, then each answer row but the
+  last), `next` [R] (the token itself: the base's greedy choice at the row),
+  `top_ids` [R, K] and `top_logprobs` [R, K] (the base's K most likely
+  tokens there, as `segment` scores them: libllama on the verifier's
+  base-only Q8_0 export); the header's metadata lists the shard's answers
+  (`id`, `split`, `rows`).
+* `index.jsonl`: one line per shard once it is in place (what a resumed run
+  skips; a shard is written to a `.part` file and renamed).
+
+Size: F x D x 2 bytes per answer token (4 x 576 x 2 = 4.6 KB for SmolLM2)
+plus 104 bytes of tokens and targets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from . import records
+from .model import HAMburger
+from .progress import Progress
+
+SHARD = 64
+"""Answers per shard file: the unit a resumed caching run redoes at most."""
+
+
+def base_fingerprint(model: HAMburger) -> str:
+    """SHA-256 of the base's weights as the model holds them (its grafted
+    modules excluded, adapters counted only once folded in)."""
+    h = hashlib.sha256()
+    for k, t in sorted(model.original_state().items()):
+        if k.startswith("model."):
+            h.update(k.encode())
+            h.update(t.detach().float().contiguous().numpy().tobytes())
+    for i, layer in enumerate(model.layers):
+        for k, t in sorted(layer.adapters.items()):
+            h.update(f"adapter.{i}.{k}".encode())
+            h.update(t.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def tokenizer_fingerprint(base: Path) -> str:
+    """SHA-256 of a checkpoint directory's tokenizer and chat template files."""
+    h = hashlib.sha256()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        h.update((base / name).read_bytes())
+    return h.hexdigest()
+
+
+def meta_of(model: HAMburger, base: Path) -> dict:
+    """What a cache made with `model` on `base`'s tokenizer records (`meta.json`)."""
+    return {"base": base_fingerprint(model), "tokenizer": tokenizer_fingerprint(base),
+            "feature_layers": model.cfg.feature_layers, "dim": model.cfg.dim}
+
+
+def check_meta(cache: Path, want: dict) -> None:
+    """Refuses (one line) a cache made with another base or tokenizer."""
+    path = cache / "meta.json"
+    if not path.exists():
+        return
+    have = json.loads(path.read_text())
+    for key, what in (("base", "base"), ("tokenizer", "tokenizer"), ("feature_layers", "feature layers"),
+                      ("dim", "width")):
+        if have.get(key) != want[key]:
+            raise SystemExit(f"features: {cache} was computed with another {what} ({key} {have.get(key)}, "
+                             f"this model's {want[key]}): remove it or use another --work")
+
+
+@torch.no_grad()
+def answer_features(model: HAMburger, ids: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """The features [n_answer, F, D] of the rows that predict each answer
+    token, the base reading `ids` one token per entry."""
+    x = ids[:-1]
+    T = len(x)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    feats, _ = model.base(model.embed(x)[None], torch.arange(T)[None], mask)
+    return torch.stack([f[0, n_prompt - 1:] for f in feats], 1)
+
+
+def build(cache: Path, model: HAMburger, base: Path, scored: list[dict]) -> None:
+    """Caches the features of every `scored` answer (`segment`'s records:
+    `id`, `split`, `ids`, `n_prompt`, `top`) not cached yet."""
+    cache.mkdir(parents=True, exist_ok=True)
+    meta = meta_of(model, base)
+    check_meta(cache, meta)
+    (cache / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    index = records.read(cache / "index.jsonl")
+    done = {i for r in index for i in r["ids"]}
+    todo = [r for r in scored if r["id"] not in done and "top" in r]
+    if not todo:
+        print(f"features: all {len(done)} answers cached in {cache}", file=sys.stderr)
+        return
+    prog = Progress("features", len(done) + len(todo), "tokens", initial=len(done))
+    n = len(done)
+    for s in range(0, len(todo), SHARD):
+        chunk = todo[s:s + SHARD]
+        feats, nxt, tops, answers = [], [], [], []
+        for r in chunk:
+            ids = torch.tensor(r["ids"])
+            f = answer_features(model, ids, r["n_prompt"])
+            feats.append(f.to(torch.float16))
+            nxt.append(ids[r["n_prompt"]:])
+            tops.append(torch.tensor(r["top"]))
+            answers.append({"id": r["id"], "split": r["split"], "rows": len(f)})
+            n += 1
+            prog.update(n, len(f))
+        top = torch.cat(tops)
+        name = f"shard-{len(index):05d}.safetensors"
+        tmp = cache / (name + ".part")
+        save_file({"features": torch.cat(feats).contiguous(), "next": torch.cat(nxt),
+                   "top_ids": top[..., 0].long().contiguous(), "top_logprobs": top[..., 1].float().contiguous()},
+                  str(tmp), metadata={"answers": json.dumps(answers)})
+        tmp.replace(cache / name)
+        records.append(cache / "index.jsonl", {"shard": name, "ids": [a["id"] for a in answers]})
+        index.append({"shard": name})
+    prog.update(n, force=True)
+
+
+@dataclass
+class Cache:
+    """A loaded cache's rows, answer after answer: `features` [R, F, D] f16,
+    `next` [R], `top_ids` / `top_logprobs` [R, K], and for each row the end
+    (exclusive) of its answer's rows (`end`); `answers` as the shards list
+    them, each with its first row (`start`)."""
+
+    features: torch.Tensor
+    next: torch.Tensor
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+    end: torch.Tensor
+    answers: list[dict]
+
+
+def load(cache: Path, want: dict, split: str | None = None, limit: int | None = None) -> Cache:
+    """The cached rows of the answers of `split` (all when None; the first
+    `limit` answers when given), refusing a cache made with another base or
+    tokenizer than `want` (`meta_of`)."""
+    if not (cache / "meta.json").exists():
+        raise SystemExit(f"features: {cache} holds no feature cache")
+    check_meta(cache, want)
+    parts: dict[str, list] = {k: [] for k in ("features", "next", "top_ids", "top_logprobs")}
+    answers: list[dict] = []
+    ends: list[torch.Tensor] = []
+    rows = 0
+    for entry in records.read(cache / "index.jsonl"):
+        with safe_open(str(cache / entry["shard"]), "pt") as f:
+            listed = json.loads(f.metadata()["answers"])
+            keep, at = [], 0
+            for a in listed:
+                if (split is None or a["split"] == split) and (limit is None or len(answers) < limit):
+                    keep.append((at, a))
+                at += a["rows"]
+            if not keep:
+                continue
+            tensors = {k: f.get_tensor(k) for k in parts}
+        for at, a in keep:
+            for k in parts:
+                parts[k].append(tensors[k][at:at + a["rows"]])
+            answers.append({**a, "start": rows})
+            rows += a["rows"]
+            ends.append(torch.full((a["rows"],), rows))
+    if not answers:
+        raise SystemExit(f"features: {cache} holds no {split or ''} answers".replace("  ", " "))
+    return Cache(*(torch.cat(parts[k]) for k in parts), torch.cat(ends), answers)
