@@ -154,6 +154,44 @@ impl<'m> Engine<'m> {
         kept
     }
 
+    /// Makes the cached entries in `cells` (held or pinned, in position
+    /// order, a prefix of some context from position 0) the context of
+    /// `seq`, which must hold nothing: its next input continues after the
+    /// last of them. Returns the tokens they cover (0 when `cells` is empty).
+    ///
+    /// # Errors
+    /// When `seq` is unknown or holds cells, or a cell is free.
+    pub fn adopt(&mut self, seq: SeqId, cells: &[usize]) -> Result<usize> {
+        if seq >= self.n_seq() || self.kv.n_cells_of(seq) > 0 {
+            return Err(Error::Invalid(format!("sequence {seq} cannot adopt cached entries: unknown or not empty")));
+        }
+        let mut next = 0;
+        for &c in cells {
+            let Some(pos) = self.kv.pos_of(c) else {
+                self.kv.clear_seq(seq);
+                return Err(Error::Invalid(format!("cell {c} holds no entry to adopt")));
+            };
+            self.kv.share(c, seq);
+            next = next.max(pos as usize + 1);
+        }
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = next;
+        self.has_features[seq] = false;
+        Ok(next)
+    }
+
+    /// Pins cell `cell`: it keeps its entry when the sequences holding it
+    /// leave (a cache of prefixes keeps it for later sequences to
+    /// [`Engine::adopt`]); false when it is free.
+    pub fn pin(&mut self, cell: usize) -> bool {
+        self.kv.pin(cell)
+    }
+
+    /// Takes one pin off cell `cell`, freeing it when no sequence holds it.
+    pub fn unpin(&mut self, cell: usize) {
+        self.kv.unpin(cell);
+    }
+
     fn check_tokens<'a>(&self, tokens: impl IntoIterator<Item = &'a u32>) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         match tokens.into_iter().find(|&&t| t as usize >= n_vocab) {

@@ -5,6 +5,7 @@
 //! steps continue, batched, sampling each sequence with its own sampler.
 
 use std::borrow::BorrowMut;
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::batch::Batch;
@@ -66,6 +67,10 @@ pub struct SeqGen<'a> {
     merged: Vec<u32>,
     prompt: Vec<u32>,
     fed: usize,
+    /// Inputs fed again after the sequence was preempted, each ONE base
+    /// input as it was first written (a prompt token, or a macro step's
+    /// tokens merged), after the prompt.
+    refeed: VecDeque<Vec<u32>>,
     n_predict: usize,
     sampler: Sampler,
     /// The structured-output constraint every token of this sequence obeys.
@@ -100,6 +105,7 @@ impl<'a> SeqGen<'a> {
             merged: Vec::new(),
             prompt: prompt.to_vec(),
             fed: 0,
+            refeed: VecDeque::new(),
             n_predict,
             sampler,
             constraint: None,
@@ -163,6 +169,31 @@ impl<'a> SeqGen<'a> {
     /// The sequence id.
     pub fn seq(&self) -> SeqId {
         self.seq
+    }
+
+    /// Resumes the sequence in `seq` after it was preempted (its cells
+    /// taken back): `seq`'s cells hold the entries of its context's start,
+    /// and `inputs` are the rest of its context as it was first written,
+    /// each ONE base input (a prompt token, or a macro step's tokens merged),
+    /// the last one the input its next macro step would have fed. They
+    /// replace whatever was left to feed, so the sequence goes on with the
+    /// same KV entries as if it had never stopped (feeding a merged step
+    /// token by token instead would change its entries and its answer).
+    pub fn refeed(&mut self, seq: SeqId, inputs: Vec<Vec<u32>>) {
+        self.seq = seq;
+        self.fed = self.prompt.len();
+        self.merged.clear();
+        self.refeed = inputs.into();
+    }
+
+    /// Base inputs it has left to feed before its next macro step's outputs.
+    pub fn pending_inputs(&self) -> usize {
+        usize::from(!self.merged.is_empty()) + self.prompt.len() - self.fed + self.refeed.len()
+    }
+
+    /// Whether its whole prompt has been fed (its entries are all written).
+    pub fn prompt_fed(&self) -> bool {
+        self.fed == self.prompt.len()
     }
 
     /// Whether the sequence has finished.
@@ -321,9 +352,9 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
     let mut seqs: Vec<&mut SeqGen<'a>> = seqs.iter_mut().map(BorrowMut::borrow_mut).collect();
     let mut batch = Batch::new();
     let mut budget = cfg.n_batch;
-    let mut fed: Vec<(usize, usize)> = Vec::new(); // (sequence index, prompt tokens fed)
+    let mut fed: Vec<(usize, usize, usize)> = Vec::new(); // (sequence index, prompt tokens fed, inputs refed)
     for (i, sg) in seqs.iter_mut().enumerate().filter(|(_, s)| !s.done) {
-        if sg.merged.is_empty() && sg.fed == sg.prompt.len() {
+        if sg.pending_inputs() == 0 {
             return Err(Error::Invalid("nothing to feed: the prompt is empty".into()));
         }
         if budget == 0 {
@@ -340,18 +371,22 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
         let take = budget.min(sg.prompt.len() - sg.fed);
         batch.push_tokens(sg.seq, &sg.prompt[sg.fed..sg.fed + take]);
         budget -= take;
-        fed.push((i, take));
+        let refed = budget.min(sg.refeed.len());
+        sg.refeed.iter().take(refed).for_each(|input| batch.push_merged(sg.seq, input));
+        budget -= refed;
+        fed.push((i, take, refed));
     }
     let want_logits = cfg.keep_logits || seqs.iter().any(|s| s.wants_logits());
     let stop_head = seqs.iter().any(|s| !s.done && s.rule(cfg).needs_stop_head());
     let features = seqs.iter().any(|s| !s.done && s.rule(cfg).may_continue());
     let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?;
     let mut ready = Vec::new();
-    for (i, take) in fed {
+    for (i, take, refed) in fed {
         let sg = &mut seqs[i];
         sg.merged.clear();
         sg.fed += take;
-        if sg.fed == sg.prompt.len() {
+        sg.refeed.drain(..refed);
+        if sg.fed == sg.prompt.len() && sg.refeed.is_empty() {
             let j = outs.iter().position(|(s, _)| *s == sg.seq).expect("every sequence of the batch has an output");
             if sg.gen_started.is_none() {
                 sg.gen.timings.prompt_ms = sg.started.elapsed().as_secs_f64() * 1e3;
