@@ -350,7 +350,7 @@ fn json_report(prompt: &[u32], gen: &Generation, text: &str) -> serde_json::Valu
         "macro_steps": steps,
         "text": text,
         // The server's timings object: one schema for both tools.
-        "timings": server::api::timings(&gen.timings),
+        "timings": server::response::timings(&gen.timings),
     })
 }
 

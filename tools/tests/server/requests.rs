@@ -473,7 +473,8 @@ fn llama_server_props_apply_template_and_metrics() {
     let s = Served::smollm2(&["-np", "2", "-c", "1024", "-n", "7"]);
     let props: Value = client().get(s.url("/props")).send().unwrap().json().unwrap();
     assert_eq!(props["total_slots"], 2, "{props}");
-    assert_eq!(props["default_generation_settings"]["n_ctx"], 512, "{props}");
+    // The slots share one pool: each may use all of it (llama-server's unified cache).
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 1024, "{props}");
     assert_eq!(props["default_generation_settings"]["params"]["n_predict"], 7, "{props}");
     assert_eq!(props["default_generation_settings"]["params"]["confidence"], 0.3, "{props}");
     assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"), "{props}");
@@ -510,7 +511,7 @@ fn slots_show_the_running_request_and_are_idle_after() {
     let slots = || client().get(s.url("/slots")).send().unwrap().json::<Value>().unwrap();
     let idle = slots();
     assert_eq!(idle.as_array().unwrap().len(), 2, "{idle}");
-    assert!(idle.as_array().unwrap().iter().all(|s| s["is_processing"] == false && s["n_ctx"] == 1024), "{idle}");
+    assert!(idle.as_array().unwrap().iter().all(|s| s["is_processing"] == false && s["n_ctx"] == 2048), "{idle}");
     let body = json!({"prompt": [1, 2, 3, 4], "max_tokens": 300, "stream": true, "ignore_eos": true, "temperature": 0, "confidence": 0.7});
     let mut reader = BufReader::new(s.open_stream(&body));
     read_until(&mut reader, "data: ");
