@@ -191,9 +191,10 @@ impl<'a> SeqGen<'a> {
         usize::from(!self.merged.is_empty()) + self.prompt.len() - self.fed + self.refeed.len()
     }
 
-    /// Whether its whole prompt has been fed (its entries are all written).
+    /// Whether its whole prompt has been fed (its entries are all written),
+    /// and whatever it had to feed again after a preemption.
     pub fn prompt_fed(&self) -> bool {
-        self.fed == self.prompt.len()
+        self.fed == self.prompt.len() && self.refeed.is_empty()
     }
 
     /// Whether the sequence has finished.

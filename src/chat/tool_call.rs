@@ -117,7 +117,10 @@ mod tests {
         let hermes = CallFormat { open: "<tool_call>\n", close: "\n</tool_call>", args_key: "arguments" };
         let llama = CallFormat { open: "", close: "", args_key: "parameters" };
         let want = ToolCall { name: "f".into(), arguments: json!({"x": 1}) };
-        assert_eq!(hermes.parse("<tool_call>\n{\"name\":\"f\",\"arguments\":{\"x\":1}}\n</tool_call>"), Some(want.clone()));
+        assert_eq!(
+            hermes.parse("<tool_call>\n{\"name\":\"f\",\"arguments\":{\"x\":1}}\n</tool_call>"),
+            Some(want.clone())
+        );
         assert_eq!(llama.parse("{\"name\":\"f\",\"parameters\":{\"x\":1}}"), Some(want));
         assert_eq!(llama.parse("{\"name\":\"f\",\"arguments\":{}}"), None, "the other format's key");
         assert_eq!(hermes.parse("<tool_call>\n{\"name\":\"f\""), None, "a call cut short");
