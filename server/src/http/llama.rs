@@ -35,6 +35,7 @@ async fn props(State(s): State<AppState>) -> Json<Value> {
             "n_ctx": info.n_ctx,
             "params": {
                 "n_predict": n_predict,
+                "temperature": hamburger::SamplerParams::default().temp.to_string().parse::<f64>().unwrap_or_default(),
                 // As the flag was written (0.8, not f32's 0.800000011920929).
                 "confidence": info.step.confidence.to_string().parse::<f64>().unwrap_or_default(),
                 "max_steps": if info.step.max_steps == 0 { info.max_steps } else { info.step.max_steps },
