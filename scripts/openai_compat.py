@@ -78,13 +78,15 @@ def main(base: str) -> None:
     assert "Question:" not in content, content
     print(f"lm-eval local-chat-completions: {out['choices'][0]['finish_reason']}")
 
-    # n choices and a list of prompts, read through the client's own types
+    # n choices and a list of prompts, read through the client's own types;
+    # both read fresh (no cached cells), so that they compute alike
+    fresh = {"cache_prompt": False}
     many = client.completions.create(
-        model=model, prompt=["The sky is", "Grass is"], n=2, max_tokens=6, temperature=0.9, seed=5
+        model=model, prompt=["The sky is", "Grass is"], n=2, max_tokens=6, temperature=0.9, seed=5, extra_body=fresh
     )
     assert [c.index for c in many.choices] == [0, 1, 2, 3], many
     again = client.completions.create(
-        model=model, prompt=["The sky is", "Grass is"], n=2, max_tokens=6, temperature=0.9, seed=5
+        model=model, prompt=["The sky is", "Grass is"], n=2, max_tokens=6, temperature=0.9, seed=5, extra_body=fresh
     )
     assert [c.text for c in again.choices] == [c.text for c in many.choices], (again, many)
     print(f"completions n=2 over 2 prompts: {len(many.choices)} choices, reproduced with a seed")

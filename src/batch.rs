@@ -2,7 +2,9 @@
 //! forward: each input is one token, or the tokens of a macro step merged
 //! into one input by the compositional embedder. Each input writes one KV
 //! cell; the last input of each sequence in the batch yields outputs
-//! (logits, stop probability, features for the micro decoder).
+//! (logits, stop probability, features for the micro decoder), and so does
+//! every input pushed as an output row (the drafted tokens a self-verified
+//! forward checks, [`Batch::push_output_rows`]).
 
 use crate::kv_cache::SeqId;
 
@@ -15,6 +17,8 @@ pub struct BaseInput {
     pub first: usize,
     /// Its token count: 1, or k > 1 tokens merged into one input.
     pub n_tokens: usize,
+    /// Whether it yields outputs even when it is not its sequence's last input.
+    pub output: bool,
 }
 
 /// The inputs of one base forward, in the order they were added.
@@ -32,8 +36,19 @@ impl Batch {
 
     /// Adds `tokens` of `seq`, each its own input (a prompt).
     pub fn push_tokens(&mut self, seq: SeqId, tokens: &[u32]) {
+        self.push_rows(seq, tokens, false);
+    }
+
+    /// Adds `tokens` of `seq`, each its own input and each an output row: a
+    /// self-verified forward reads the base's distribution after every one
+    /// (the last committed token and the drafted tokens that follow it).
+    pub fn push_output_rows(&mut self, seq: SeqId, tokens: &[u32]) {
+        self.push_rows(seq, tokens, true);
+    }
+
+    fn push_rows(&mut self, seq: SeqId, tokens: &[u32], output: bool) {
         for &t in tokens {
-            self.inputs.push(BaseInput { seq, first: self.tokens.len(), n_tokens: 1 });
+            self.inputs.push(BaseInput { seq, first: self.tokens.len(), n_tokens: 1, output });
             self.tokens.push(t);
         }
     }
@@ -43,7 +58,7 @@ impl Batch {
         if tokens.is_empty() {
             return;
         }
-        self.inputs.push(BaseInput { seq, first: self.tokens.len(), n_tokens: tokens.len() });
+        self.inputs.push(BaseInput { seq, first: self.tokens.len(), n_tokens: tokens.len(), output: false });
         self.tokens.extend_from_slice(tokens);
     }
 

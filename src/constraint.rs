@@ -230,7 +230,12 @@ impl std::fmt::Debug for Constraint {
 impl Constraint {
     /// A matcher for one sequence, at the start of its output.
     pub fn start(&self) -> SeqConstraint {
-        SeqConstraint { matcher: self.matcher.deep_clone(), policy: self.policy, fast_forward: self.fast_forward }
+        SeqConstraint {
+            matcher: self.matcher.deep_clone(),
+            policy: self.policy,
+            fast_forward: self.fast_forward,
+            consumed: 0,
+        }
     }
 }
 
@@ -239,6 +244,8 @@ pub struct SeqConstraint {
     matcher: Matcher,
     policy: MicroPolicy,
     fast_forward: bool,
+    /// Tokens the matcher consumed (what a [`SeqConstraint::rollback_to`] counts back).
+    consumed: usize,
 }
 
 impl SeqConstraint {
@@ -270,8 +277,28 @@ impl SeqConstraint {
         if self.matcher.is_stopped() {
             return;
         }
-        if let Err(e) = self.matcher.consume_token(token) {
-            log::warn!("constraint rejected token {token}: {e}");
+        match self.matcher.consume_token(token) {
+            Ok(()) => self.consumed += 1,
+            Err(e) => log::warn!("constraint rejected token {token}: {e}"),
+        }
+    }
+
+    /// A mark of the tokens committed so far, to roll back to (drafted
+    /// tokens are committed to compute the masks of the tokens after them,
+    /// and taken back before the base checks them).
+    pub fn mark(&self) -> usize {
+        self.consumed
+    }
+
+    /// Takes back the tokens committed since `mark`.
+    pub fn rollback_to(&mut self, mark: usize) {
+        let n = self.consumed.saturating_sub(mark);
+        if n == 0 {
+            return;
+        }
+        match self.matcher.rollback(n) {
+            Ok(()) => self.consumed = mark,
+            Err(e) => log::warn!("constraint could not take back {n} drafted tokens: {e}"),
         }
     }
 
@@ -286,6 +313,7 @@ impl SeqConstraint {
         if self.matcher.consume_tokens(&forced).is_err() {
             return Vec::new();
         }
+        self.consumed += forced.len();
         forced
     }
 

@@ -17,6 +17,7 @@ use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants
 use crate::graph::{StepGraph, StepOut};
 use crate::kv_cache::{KvCache, SeqId};
 use crate::model::Model;
+use crate::row_class::RowClasses;
 use crate::sampling::TokenLogprob;
 use crate::{Error, Result};
 
@@ -51,14 +52,23 @@ pub struct Engine<'m> {
     backends: Vec<Rc<Backend>>,
     kv: KvCache,
     micro: KvCache,
-    /// Each sequence's features `[D, F * n_seq]`: the base forward writes them, micro step 0 reads them.
+    /// Each sequence's features `[D, F * R * n_seq]`, R slots per sequence
+    /// ([`base::feature_rows_per_seq`]), one per output row of its last base
+    /// forward: the base forward writes them, micro step 0 reads one slot.
     features: Tensor,
     _features_buf: Buffer,
     base_graphs: GraphCache<BaseShape, StepGraph<BaseInputs>>,
     micro_graphs: GraphCache<MicroShape, StepGraph<MicroInputs>>,
     next_pos: Vec<usize>,
-    /// Whether each sequence's feature columns hold its last base forward's.
-    has_features: Vec<bool>,
+    /// The feature slot of each sequence that micro step 0 reads (its last
+    /// base forward's last output row, or the row [`Engine::keep_through_output`]
+    /// kept); `None` when that forward stored no features.
+    feature_row: Vec<Option<usize>>,
+    /// The rope positions of each sequence's output rows in its last base forward.
+    out_pos: Vec<Vec<i32>>,
+    /// Per sequence: inputs at positions below this one rewrite, in place,
+    /// the entry the sequence already holds there ([`Engine::rewind`]).
+    rewrite_below: Vec<usize>,
     forwards: usize,
 }
 
@@ -82,7 +92,7 @@ impl<'m> Engine<'m> {
         let micro_cells = micro::cells_per_seq(hp) * p.n_seq;
         let micro = KvCache::new(&micro_bufts, micro_cells, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans)?;
         let fctx = Context::new(1, 0)?;
-        let n_cols = (hp.n_features() * p.n_seq) as i64;
+        let n_cols = (hp.n_features() * base::feature_rows_per_seq(hp) * p.n_seq) as i64;
         let features = fctx.new_tensor(Type::F32, &[hp.n_embd as i64, n_cols]).named("features");
         let features_buf = Buffer::alloc_context(&fctx, plan.tail())?;
         Ok(Engine {
@@ -96,7 +106,9 @@ impl<'m> Engine<'m> {
             base_graphs: GraphCache { entries: Vec::new() },
             micro_graphs: GraphCache { entries: Vec::new() },
             next_pos: vec![0; p.n_seq],
-            has_features: vec![false; p.n_seq],
+            feature_row: vec![None; p.n_seq],
+            out_pos: vec![Vec::new(); p.n_seq],
+            rewrite_below: vec![0; p.n_seq],
             forwards: 0,
         })
     }
@@ -121,6 +133,19 @@ impl<'m> Engine<'m> {
         self.next_pos[seq]
     }
 
+    /// Which of its base forwards compute a row alike ([`crate::row_class`]):
+    /// known for ggml's CPU backend alone.
+    pub fn row_classes(&self) -> RowClasses {
+        let plan = &self.model.plan;
+        if plan.n_gpu_layers() > 0 || plan.tail_device().is_some() {
+            RowClasses::Unknown
+        } else if self.flash {
+            RowClasses::CpuFlashAttention
+        } else {
+            RowClasses::Cpu
+        }
+    }
+
     /// Base forwards (macro steps of all sequences together) run so far.
     pub fn n_forwards(&self) -> usize {
         self.forwards
@@ -139,7 +164,9 @@ impl<'m> Engine<'m> {
         self.kv.clear_seq(seq);
         self.micro.clear_seq(seq);
         self.next_pos[seq] = 0;
-        self.has_features[seq] = false;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
     }
 
     /// Keeps `seq`'s entries that cover only its first `n` tokens (a new
@@ -150,8 +177,35 @@ impl<'m> Engine<'m> {
         let kept = self.kv.keep_prefix(seq, n.min(self.next_pos[seq]));
         self.micro.clear_seq(seq);
         self.next_pos[seq] = kept;
-        self.has_features[seq] = false;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
         kept
+    }
+
+    /// Makes `seq`'s next input start at position `n` again while it keeps
+    /// its entries from `n` on: inputs at those positions rewrite them in
+    /// place, in the cells they are in (shared or pinned ones included), so
+    /// the context keeps its cell layout. For a cached prompt read again
+    /// exactly as it was first read (`crate::row_class::reusable_prefix`'s
+    /// rest): the entries written are the ones already there, and since
+    /// attention sums over cells in cell order (flash attention's tiled path
+    /// even by 64-cell tiles), only the same cells give the same sums. When
+    /// the entries from `n` on are not one token each, they are dropped
+    /// instead ([`Engine::keep_prefix`]). Returns the position the next input
+    /// starts at.
+    pub fn rewind(&mut self, seq: SeqId, n: usize) -> usize {
+        let end = self.next_pos[seq];
+        let later = self.kv.entries_of(seq).into_iter().filter(|&(_, p)| p as usize >= n).count();
+        if n >= end || later != end - n {
+            return self.keep_prefix(seq, n);
+        }
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = n;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = end;
+        n
     }
 
     /// Makes the cached entries in `cells` (held or pinned, in position
@@ -176,7 +230,9 @@ impl<'m> Engine<'m> {
         }
         self.micro.clear_seq(seq);
         self.next_pos[seq] = next;
-        self.has_features[seq] = false;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
         Ok(next)
     }
 
@@ -192,6 +248,30 @@ impl<'m> Engine<'m> {
         self.kv.unpin(cell);
     }
 
+    /// Keeps `seq`'s last base forward up to its output row `row` (0: the
+    /// first output row of `seq` in that forward) and drops the entries of
+    /// the inputs after it: the drafted tokens a self-verified step rejected.
+    /// The next input of `seq` continues after that row, and micro step 0
+    /// reads that row's features (when the forward stored them), so the next
+    /// draft starts from the last accepted token.
+    ///
+    /// # Errors
+    /// When the last forward of `seq` had no such output row.
+    pub fn keep_through_output(&mut self, seq: SeqId, row: usize) -> Result<()> {
+        let Some(&pos) = self.out_pos.get(seq).and_then(|p| p.get(row)) else {
+            return Err(Error::Invalid(format!("sequence {seq}'s last base forward has no output row {row}")));
+        };
+        let kept = self.kv.keep_prefix(seq, pos as usize + 1);
+        debug_assert_eq!(kept, pos as usize + 1, "a verified row is one token's entry");
+        self.next_pos[seq] = kept;
+        self.rewrite_below[seq] = self.rewrite_below[seq].min(kept);
+        self.out_pos[seq].truncate(row + 1);
+        if self.feature_row[seq].is_some() {
+            self.feature_row[seq] = Some(row);
+        }
+        Ok(())
+    }
+
     fn check_tokens<'a>(&self, tokens: impl IntoIterator<Item = &'a u32>) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         match tokens.into_iter().find(|&&t| t as usize >= n_vocab) {
@@ -202,9 +282,12 @@ impl<'m> Engine<'m> {
 
     /// One base forward over `batch`: each input takes a free cell of its
     /// sequence. Returns, for each sequence of the batch in order of first
-    /// appearance, the outputs of its last input (the logits and the stop
-    /// probability only if `want` asks; the features for micro step 0 are
-    /// stored only if it asks, and micro step 0 refuses a sequence without).
+    /// appearance, the outputs of its output rows (its last input, and the
+    /// inputs pushed as output rows before it, in batch order) as
+    /// `(sequence, outputs)` (the logits and the stop probability only if
+    /// `want` asks; the features for micro step 0 are stored only if it asks,
+    /// and micro step 0 refuses a sequence without; it reads the last output
+    /// row's unless [`Engine::keep_through_output`] keeps an earlier one).
     ///
     /// # Errors
     /// On an unknown sequence or token, a full cache, or a failed computation
@@ -254,8 +337,21 @@ impl<'m> Engine<'m> {
             return Err(Error::Invalid(format!("sequence {} is beyond the engine's {}", i.seq, self.n_seq())));
         }
         self.check_tokens(batch.tokens())?;
-        let n = batch.inputs().len();
-        let cells = self.kv.find_free(n).ok_or_else(|| {
+        let (pos, next_pos) = base::positions(batch, &self.next_pos);
+        // Inputs that rewrite an entry in place keep its cell; the others take free ones.
+        let rewrites: Vec<Option<usize>> = batch
+            .inputs()
+            .iter()
+            .zip(&pos)
+            .map(|(i, &p)| {
+                let rewrite = i.n_tokens == 1 && (p as usize) < self.rewrite_below[i.seq];
+                rewrite.then(|| self.kv.cell_of(i.seq, p)).flatten()
+            })
+            .collect();
+        let new_seqs: Vec<SeqId> =
+            batch.inputs().iter().zip(&rewrites).filter(|(_, r)| r.is_none()).map(|(i, _)| i.seq).collect();
+        let n = new_seqs.len();
+        let new_cells = self.kv.find_free_for(&new_seqs).ok_or_else(|| {
             let message = format!(
                 "the KV cache is full: {n} more entries do not fit in {} (use a larger {})",
                 self.kv.n_cells(),
@@ -263,12 +359,23 @@ impl<'m> Engine<'m> {
             );
             ParamError::new(&[Param::NCtx], message)
         })?;
-        let (pos, next_pos) = base::positions(batch, &self.next_pos);
-        for ((i, &c), &p) in batch.inputs().iter().zip(&cells).zip(&pos) {
-            self.kv.occupy(c, i.seq, p);
+        let mut free = new_cells.iter().copied();
+        let cells: Vec<usize> = rewrites.iter().map(|r| r.or_else(|| free.next()).expect("a cell each")).collect();
+        for (((i, &c), &p), r) in batch.inputs().iter().zip(&cells).zip(&pos).zip(&rewrites) {
+            if r.is_none() {
+                self.kv.occupy(c, i.seq, p);
+            }
         }
         let n_kv = self.kv.used_window().next_multiple_of(KV_PAD).min(self.kv.n_cells());
         let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, want, rows);
+        let per_seq = base::feature_rows_per_seq(&self.model.hp);
+        if let Some(r) = layout.out_rank.iter().find(|&&r| want.features && r >= per_seq) {
+            new_cells.iter().for_each(|&c| self.kv.release(c));
+            return Err(Error::Invalid(format!(
+                "{} output rows of one sequence in a base forward: features are kept for {per_seq}",
+                r + 1
+            )));
+        }
         let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
         let mut run = || -> Result<Vec<StepOut>> {
             let sg =
@@ -279,15 +386,19 @@ impl<'m> Engine<'m> {
         };
         match run() {
             Ok(outs) => {
-                for &s in &layout.out_seqs {
-                    self.has_features[s] = want.features;
+                for s in batch.seqs() {
+                    self.out_pos[s].clear();
+                }
+                for ((&s, &p), &r) in layout.out_seqs.iter().zip(&layout.out_pos).zip(&layout.out_rank) {
+                    self.out_pos[s].push(p);
+                    self.feature_row[s] = want.features.then_some(r);
                 }
                 self.next_pos = next_pos;
                 self.forwards += 1;
                 Ok(layout.out_seqs.into_iter().zip(outs).collect())
             }
             Err(e) => {
-                cells.iter().for_each(|&c| self.kv.release(c));
+                new_cells.iter().for_each(|&c| self.kv.release(c));
                 Err(e)
             }
         }
@@ -311,12 +422,16 @@ impl<'m> Engine<'m> {
             return Err(Error::Invalid(format!("micro step: sequences must be distinct and below {n_seq}")));
         }
         self.check_tokens(inputs.iter().map(|(_, t)| t))?;
-        if let Some(&(seq, _)) = inputs.iter().find(|&&(q, _)| !self.has_features[q]).filter(|_| s == 0) {
+        if let Some(&(seq, _)) = inputs.iter().find(|&&(q, _)| self.feature_row[q].is_none()).filter(|_| s == 0) {
             return Err(Error::Invalid(format!(
                 "micro step 0 of sequence {seq}: its last base forward stored no features (one token per step)"
             )));
         }
-        let layout = MicroLayout::new(hp, s, inputs, self.features.ne()[1] as usize, self.micro.n_cells(), want);
+        let per_seq = base::feature_rows_per_seq(hp);
+        let slots: Vec<usize> =
+            inputs.iter().map(|&(q, _)| q * per_seq + self.feature_row[q].unwrap_or_default()).collect();
+        let layout =
+            MicroLayout::new(hp, s, inputs, &slots, self.features.ne()[1] as usize, self.micro.n_cells(), want);
         if s == 0 {
             inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));
         }

@@ -118,6 +118,15 @@ pub enum Param {
     FrequencyPenalty,
     /// The presence penalty.
     PresencePenalty,
+    /// How the micro decoder's tokens are used: kept as macro steps, or
+    /// drafted and verified by the base ([`crate::StepParams::draft`]).
+    SpecType,
+    /// The most tokens drafted after each verified token ([`crate::DraftParams::n_max`]).
+    DraftNMax,
+    /// The tokens always drafted.
+    DraftNMin,
+    /// The least probability a drafted token needs.
+    DraftPMin,
     /// The device a model runs on ([`crate::LoadOptions::device`]).
     Device,
     /// The offload devices' shares of the offloaded layers.
@@ -144,6 +153,10 @@ impl Param {
             Param::RepeatPenalty => "repeat_penalty",
             Param::FrequencyPenalty => "frequency_penalty",
             Param::PresencePenalty => "presence_penalty",
+            Param::SpecType => "spec_type",
+            Param::DraftNMax => "draft_n_max",
+            Param::DraftNMin => "draft_n_min",
+            Param::DraftPMin => "draft_p_min",
         }
     }
 }

@@ -1,8 +1,16 @@
 //! The decode loop of docs/model.md for one or more
 //! sequences in lockstep. Each macro step runs ONE base forward over every
-//! sequence's pending inputs (prompt chunks, and the merged tokens of its
-//! last step as one input), then the micro steps of all sequences whose
-//! steps continue, batched, sampling each sequence with its own sampler.
+//! sequence's pending inputs (prompt chunks, the merged tokens of its last
+//! step as one input, tokens a grammar forced and, self-verified, the last
+//! verified token and the drafted ones after it, one input each), then the
+//! micro steps of all sequences whose steps continue or draft, batched
+//! ([`micro_loop`]), sampling each sequence with its own sampler.
+//! Self-verified sequences first check their drafts against the forward's
+//! rows ([`verify`]).
+
+mod inputs;
+mod micro_loop;
+mod verify;
 
 use std::borrow::BorrowMut;
 use std::collections::VecDeque;
@@ -10,6 +18,7 @@ use std::time::Instant;
 
 use crate::batch::Batch;
 use crate::constraint::{MicroPolicy, SeqConstraint};
+use crate::draft::{draft_cost, DraftGate};
 use crate::engine::Engine;
 use crate::graph::base::Wants;
 use crate::graph::micro::MicroWants;
@@ -18,6 +27,9 @@ use crate::kv_cache::SeqId;
 use crate::sampling::{Sampler, TokenLogprob};
 use crate::step::{Generation, MacroStep, StepParams, StepRule};
 use crate::{Error, Model, Result};
+
+pub use inputs::Pending;
+use inputs::{feed, Fed};
 
 /// The settings of the decode loop (a sequence may bring its own [`StepRule`]).
 #[derive(Debug, Clone)]
@@ -32,6 +44,9 @@ pub struct DecodeConfig {
     pub keep_logits: bool,
     /// The end-of-generation tokens.
     pub eog: Vec<u32>,
+    /// What one drafted token costs, as a share of a base forward
+    /// ([`crate::draft::draft_cost`]): self-verified drafts must earn it.
+    pub draft_cost: f32,
 }
 
 impl DecodeConfig {
@@ -47,6 +62,7 @@ impl DecodeConfig {
             ignore_eog: false,
             keep_logits: false,
             eog: model.vocab.eog.clone(),
+            draft_cost: draft_cost(&model.hp),
         })
     }
 
@@ -59,17 +75,33 @@ impl DecodeConfig {
 /// false to stop the sequence.
 pub type OnStep<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
 
+/// The tokens a self-verified sequence drafted and the next forward checks.
+#[derive(Debug, Clone, Default)]
+struct Draft {
+    tokens: Vec<u32>,
+    /// The distribution each was drawn from ([`Sampler::distribution`]).
+    q: Vec<Vec<(u32, f32)>>,
+    /// The stop probability after the token each one follows (the gate's signal).
+    p_stop_before: Vec<f32>,
+    /// The constraint's mark before the drafted tokens were committed to it
+    /// (they are taken back before the check).
+    mark: Option<usize>,
+}
+
 /// One sequence's generation: what is left to feed, its sampler and budget,
 /// and what it has generated.
 pub struct SeqGen<'a> {
     seq: SeqId,
-    /// The last macro step's tokens, fed first as ONE merged input.
-    merged: Vec<u32>,
+    /// Committed tokens not fed yet (the prompt's excepted).
+    pending: Pending,
+    /// Self-verified: the drafts the next forward checks.
+    draft: Draft,
+    /// Self-verified: when drafts are worth computing.
+    gate: Option<DraftGate>,
     prompt: Vec<u32>,
     fed: usize,
-    /// Inputs fed again after the sequence was preempted, each ONE base
-    /// input as it was first written (a prompt token, or a macro step's
-    /// tokens merged), after the prompt.
+    /// Entries written again after the sequence was preempted, each ONE
+    /// base input as it was first written, fed before anything else.
     refeed: VecDeque<Vec<u32>>,
     n_predict: usize,
     sampler: Sampler,
@@ -90,6 +122,9 @@ pub struct SeqGen<'a> {
     /// no log-probabilities (and no logits read for them).
     logprobs: Option<usize>,
     on_step: Option<OnStep<'a>>,
+    /// Whether every prompt token fed so far was read in a forward of the
+    /// row-count class a fresh read of the context gives it.
+    prompt_alike: bool,
     gen: Generation,
     done: bool,
     started: Instant,
@@ -102,7 +137,9 @@ impl<'a> SeqGen<'a> {
     pub fn new(seq: SeqId, prompt: &[u32], n_predict: usize, sampler: Sampler) -> SeqGen<'a> {
         SeqGen {
             seq,
-            merged: Vec::new(),
+            pending: Pending::default(),
+            draft: Draft::default(),
+            gate: None,
             prompt: prompt.to_vec(),
             fed: 0,
             refeed: VecDeque::new(),
@@ -115,6 +152,7 @@ impl<'a> SeqGen<'a> {
             history: prompt.to_vec(),
             logprobs: None,
             on_step: None,
+            prompt_alike: true,
             gen: Generation::default(),
             done: false,
             started: Instant::now(),
@@ -122,11 +160,11 @@ impl<'a> SeqGen<'a> {
         }
     }
 
-    /// Continues a conversation: `merged` (the last macro step's tokens, not
-    /// yet fed) goes first, and `history` precedes the prompt.
-    pub fn continuing(mut self, merged: Vec<u32>, mut history: Vec<u32>) -> SeqGen<'a> {
+    /// Continues a conversation: `pending` (the last generation's tokens,
+    /// not yet fed) goes first, and `history` precedes the prompt.
+    pub fn continuing(mut self, pending: Pending, mut history: Vec<u32>) -> SeqGen<'a> {
         history.append(&mut self.history);
-        SeqGen { merged, history, ..self }
+        SeqGen { pending, history, ..self }
     }
 
     /// Calls `f` with each macro step's kept tokens; `f` returns false to stop.
@@ -173,22 +211,27 @@ impl<'a> SeqGen<'a> {
 
     /// Resumes the sequence in `seq` after it was preempted (its cells
     /// taken back): `seq`'s cells hold the entries of its context's start,
-    /// and `inputs` are the rest of its context as it was first written,
-    /// each ONE base input (a prompt token, or a macro step's tokens merged),
-    /// the last one the input its next macro step would have fed. They
-    /// replace whatever was left to feed, so the sequence goes on with the
-    /// same KV entries as if it had never stopped (feeding a merged step
-    /// token by token instead would change its entries and its answer).
+    /// and `inputs` are the entries it had written after them, each ONE base
+    /// input as it was first written (a prompt token, a plain token, or a
+    /// macro step's tokens merged). They are fed first, then what it had
+    /// not fed yet (its prompt's rest, its pending tokens), so the sequence
+    /// goes on with the same entries as if it had never stopped (feeding a
+    /// merged step token by token instead would change its entries and its
+    /// answer); its drafts are dropped. The entries fed again are not read
+    /// in the forwards a fresh read has, so its prompt no longer counts as
+    /// read alike ([`SeqGen::prompt_read_alike`]).
     pub fn refeed(&mut self, seq: SeqId, inputs: Vec<Vec<u32>>) {
         self.seq = seq;
-        self.fed = self.prompt.len();
-        self.merged.clear();
+        self.drop_draft();
         self.refeed = inputs.into();
+        self.prompt_alike = false;
     }
 
-    /// Base inputs it has left to feed before its next macro step's outputs.
+    /// Base inputs its next forwards feed before its next macro step's
+    /// outputs, self-verified drafts included (one KV cell each: what a
+    /// scheduler keeps free for it).
     pub fn pending_inputs(&self) -> usize {
-        usize::from(!self.merged.is_empty()) + self.prompt.len() - self.fed + self.refeed.len()
+        self.refeed.len() + self.pending.n_inputs() + self.prompt.len() - self.fed + self.draft.tokens.len()
     }
 
     /// Whether its whole prompt has been fed (its entries are all written),
@@ -200,6 +243,16 @@ impl<'a> SeqGen<'a> {
     /// Whether the sequence has finished.
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// Whether every prompt token fed so far was read in a forward of the
+    /// row-count class ([`crate::row_class`]) that a fresh read of the whole
+    /// context, cut into chunks at multiples of `n_batch` positions, gives
+    /// it: then, if the cells before the prompt were such a read's too,
+    /// the prompt's cells are exactly what a fresh read computes. Reading
+    /// beside other sequences can change a forward's class.
+    pub fn prompt_read_alike(&self) -> bool {
+        self.prompt_alike
     }
 
     /// What it has generated so far.
@@ -214,9 +267,9 @@ impl<'a> SeqGen<'a> {
         }
     }
 
-    /// The generation, the last step's tokens (not yet fed), the history and the sampler.
-    pub fn into_parts(self) -> (Generation, Vec<u32>, Vec<u32>, Sampler) {
-        (self.gen, self.merged, self.history, self.sampler)
+    /// The generation, the tokens committed and not yet fed, the history and the sampler.
+    pub fn into_parts(self) -> (Generation, Pending, Vec<u32>, Sampler) {
+        (self.gen, self.pending, self.history, self.sampler)
     }
 
     /// The rule that ends this sequence's macro steps: its own, else the loop's.
@@ -245,6 +298,29 @@ impl<'a> SeqGen<'a> {
         !self.done && (!self.sampler.is_greedy() || self.logprobs.is_some() || self.constraint.is_some())
     }
 
+    /// Whether the micro decoder may run after this sequence's next forward:
+    /// always in macro steps, self-verified when its gate may draft.
+    fn may_draft(&self, cfg: &DecodeConfig) -> bool {
+        match (self.rule(cfg).draft, &self.gate) {
+            (Some(rule), Some(gate)) => gate.may_draft(&rule),
+            _ => true,
+        }
+    }
+
+    /// Takes the drafts away; the constraint forgets them.
+    fn take_draft(&mut self) -> Draft {
+        let draft = std::mem::take(&mut self.draft);
+        if let (Some(c), Some(mark)) = (&mut self.constraint, draft.mark) {
+            c.rollback_to(mark);
+        }
+        draft
+    }
+
+    /// Forgets the drafts (they were never fed).
+    fn drop_draft(&mut self) {
+        self.take_draft();
+    }
+
     /// Picks the next token of the current macro step from `out` and adds it
     /// to the history (so that the step's later tokens are penalized for
     /// it), recording its log-probability in `step` when asked. A constrained
@@ -253,44 +329,69 @@ impl<'a> SeqGen<'a> {
     /// ends before it.
     fn pick(&mut self, out: &StepOut, step: &mut MacroStep) -> Option<u32> {
         let first = step.tokens.is_empty();
-        let greedy = self.sampler.is_greedy();
-        let (sampler, history) = (&mut self.sampler, &self.history);
-        let mut sample = |l: &[f32]| if greedy { crate::sampling::argmax(l) } else { sampler.sample(l, history) };
-        let token = match (&mut self.constraint, &out.logits) {
-            (None, Some(l)) if !greedy => sample(l),
-            (None, _) => out.argmax,
-            (Some(c), logits) => {
-                let logits = logits.as_deref().expect("a constrained sequence asks for logits");
-                let token = if !first && c.policy() == MicroPolicy::EndStep {
-                    Some(sample(logits)).filter(|&t| c.allows(t))?
-                } else {
-                    let mut masked = logits.to_vec();
-                    c.mask(&mut masked);
-                    sample(&masked)
-                };
-                c.commit(token);
-                token
-            }
-        };
+        let end_step = !first && self.constraint.as_ref().is_some_and(|c| c.policy() == MicroPolicy::EndStep);
+        let (token, _) = self.draw(out, !end_step)?;
         if let (Some(top), Some(l)) = (self.logprobs, &out.logits) {
             step.logprobs.push(TokenLogprob::new(l, token, top));
         }
-        self.history.push(token);
         Some(token)
     }
 
-    /// The tokens the constraint forces after the step's tokens, which join
-    /// the step without a forward of their own (up to its size and budget);
-    /// they enter the history, and are certain (log-probability 0) when
+    /// The distribution of the next token given `out` (the constraint's mask
+    /// applied when `masked`), as [`Sampler::distribution`] gives it, or the
+    /// graph's argmax alone for a plain greedy sequence (no logits read).
+    fn distribution(&mut self, out: &StepOut, masked: bool) -> Vec<(u32, f32)> {
+        let plain = self.sampler.is_greedy() && self.constraint.is_none();
+        match (&out.logits, &mut self.constraint) {
+            (Some(l), Some(c)) if masked => {
+                let mut l = l.to_vec();
+                c.mask(&mut l);
+                self.sampler.distribution(&l, &self.history)
+            }
+            (Some(l), _) if !plain => self.sampler.distribution(l, &self.history),
+            _ => vec![(out.argmax, 1.0)],
+        }
+    }
+
+    /// Draws the next token from `out` (see [`SeqGen::distribution`]),
+    /// commits it to the constraint and the history, and returns it with the
+    /// distribution it was drawn from. Unmasked (`masked` false), a token
+    /// the constraint forbids gives None and is not committed.
+    fn draw(&mut self, out: &StepOut, masked: bool) -> Option<(u32, Vec<(u32, f32)>)> {
+        let dist = self.distribution(out, masked);
+        let token = self.sampler.draw(&dist);
+        if let Some(c) = &mut self.constraint {
+            if !masked && !c.allows(token) {
+                return None;
+            }
+            c.commit(token);
+        }
+        self.history.push(token);
+        Some((token, dist))
+    }
+
+    /// The tokens the constraint forces after those committed, which join
+    /// the output without a forward of their own (up to the budget and the
+    /// cells left) and are fed one input each by the next forward; they
+    /// enter the history, and are certain (log-probability 0) when
     /// log-probabilities are recorded.
-    fn forced(&mut self, cfg: &DecodeConfig, step: &mut MacroStep) -> Vec<u32> {
-        let room = self.rule(cfg).max_steps.min(self.remaining()).saturating_sub(step.tokens.len());
+    fn forced(&mut self, engine: &Engine, step: &mut MacroStep) -> Vec<u32> {
+        let room = self.remaining().saturating_sub(step.tokens.len()).min(self.cells_left(engine));
         let forced = self.constraint.as_mut().map(|c| c.take_forced(room)).unwrap_or_default();
         self.history.extend_from_slice(&forced);
         if self.logprobs.is_some() {
             step.logprobs.extend(forced.iter().map(|&t| TokenLogprob { token: t, logprob: 0.0, top: vec![(t, 0.0)] }));
         }
         forced
+    }
+
+    /// KV cells this sequence may still take beyond its pending inputs: up
+    /// to its cell limit, and what the cache has free.
+    fn cells_left(&self, engine: &Engine) -> usize {
+        let kv = engine.kv();
+        let free = kv.n_cells() - kv.n_used();
+        let limit = self.max_cells.map_or(usize::MAX, |m| m.saturating_sub(kv.n_cells_of(self.seq)));
+        free.min(limit).saturating_sub(self.pending.n_inputs() + self.refeed.len())
     }
 
     /// Ends the sequence, filling the statistics that describe its end.
@@ -301,25 +402,37 @@ impl<'a> SeqGen<'a> {
         t.gen_tokens = self.gen.output_ids.len();
         t.macro_steps = self.gen.macro_steps.len();
         t.kv_entries = engine.kv().n_cells_of(self.seq);
-        t.context_tokens = engine.next_pos(self.seq) + self.merged.len();
+        t.context_tokens = engine.next_pos(self.seq) + self.pending.merged.len() + self.pending.plain.len();
         t.kv_bytes_per_entry = engine.kv().bytes_per_cell();
     }
 
-    /// Records a completed macro step: cut at end-of-generation, kept
-    /// tokens become the next merged input.
-    fn end_step(&mut self, step: MacroStep, cfg: &DecodeConfig, engine: &Engine) {
-        for (s, r) in self.gen.timings.reached.iter_mut().enumerate() {
+    /// Records a completed macro step whose last `n_forced` tokens a grammar
+    /// forced: cut at end-of-generation; of the kept tokens, those the micro
+    /// loop emitted become the next merged input (self-verified: the last
+    /// one a plain input), and the forced ones plain inputs after it.
+    fn end_step(&mut self, step: MacroStep, n_forced: usize, cfg: &DecodeConfig, engine: &Engine) {
+        let t = &mut self.gen.timings;
+        if t.reached.len() < step.tokens.len() {
+            t.reached.resize(step.tokens.len(), 0);
+        }
+        for (s, r) in t.reached.iter_mut().enumerate() {
             *r += usize::from(step.tokens.len() > s);
         }
         let eog = step.tokens.iter().position(|&t| self.is_eog(cfg, t));
         let kept = &step.tokens[..eog.map_or(step.tokens.len(), |i| i + 1)];
         self.gen.output_ids.extend_from_slice(kept);
-        // The history already holds the step's tokens (see `sample`); drop those cut.
+        // The history already holds the step's tokens (see `draw`); drop those cut.
         self.history.truncate(self.history.len() - (step.tokens.len() - kept.len()));
-        self.merged = kept.to_vec();
+        let emitted = kept.len().min(step.tokens.len() - n_forced);
+        let (own, forced) = kept.split_at(emitted);
+        self.pending = match self.rule(cfg).draft {
+            Some(_) => Pending { merged: Vec::new(), plain: kept[emitted.saturating_sub(1)..].to_vec() },
+            None => Pending { merged: own.to_vec(), plain: forced.to_vec() },
+        };
         let go_on = self.on_step.as_mut().is_none_or(|f| f(kept));
         self.gen.macro_steps.push(step);
-        let out_of_cells = self.max_cells.is_some_and(|m| engine.kv().n_cells_of(self.seq) >= m);
+        let out_of_cells =
+            self.max_cells.is_some_and(|m| engine.kv().n_cells_of(self.seq) + self.pending.n_inputs() > m);
         if out_of_cells && eog.is_none() {
             self.gen.context_full = true;
         }
@@ -343,17 +456,17 @@ pub fn run<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &DecodeConfig
 
 /// One macro step of the sequences not done: one base forward over their
 /// pending inputs (at most `n_batch`, earlier sequences first), then, for
-/// each sequence whose inputs are all fed, the micro steps of the macro step.
-/// `seqs` are the sequences themselves or whatever owns one (a server's
-/// running request).
+/// each sequence whose inputs are all fed, the check of its drafts
+/// (self-verified) and the micro steps of the macro step. `seqs` are the
+/// sequences themselves or whatever owns one (a server's running request).
 ///
 /// # Errors
 /// When a sequence has nothing to feed, the cache is full, or a computation fails.
 pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [S]) -> Result<()> {
     let mut seqs: Vec<&mut SeqGen<'a>> = seqs.iter_mut().map(BorrowMut::borrow_mut).collect();
     let mut batch = Batch::new();
-    let mut budget = cfg.n_batch;
-    let mut fed: Vec<(usize, usize, usize)> = Vec::new(); // (sequence index, prompt tokens fed, inputs refed)
+    let mut budget = cfg.n_batch.max(1);
+    let mut fed: Vec<Fed> = Vec::new();
     for (i, sg) in seqs.iter_mut().enumerate().filter(|(_, s)| !s.done) {
         if sg.pending_inputs() == 0 {
             return Err(Error::Invalid("nothing to feed: the prompt is empty".into()));
@@ -364,90 +477,44 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
         if sg.gen.timings.reached.is_empty() {
             sg.gen.timings.reached = vec![0; sg.rule(cfg).max_steps];
             sg.gen.timings.prompt_tokens = sg.prompt.len();
+            sg.gate = sg.rule(cfg).draft.map(|_| DraftGate::new(cfg.draft_cost));
         }
-        if !sg.merged.is_empty() {
-            batch.push_merged(sg.seq, &sg.merged);
-            budget -= 1;
-        }
-        let take = budget.min(sg.prompt.len() - sg.fed);
-        batch.push_tokens(sg.seq, &sg.prompt[sg.fed..sg.fed + take]);
-        budget -= take;
-        let refed = budget.min(sg.refeed.len());
-        sg.refeed.iter().take(refed).for_each(|input| batch.push_merged(sg.seq, input));
-        budget -= refed;
-        fed.push((i, take, refed));
+        let next_pos = engine.next_pos(sg.seq);
+        fed.push(feed(sg, i, &mut batch, &mut budget, next_pos, cfg.n_batch));
     }
-    let want_logits = cfg.keep_logits || seqs.iter().any(|s| s.wants_logits());
-    let stop_head = seqs.iter().any(|s| !s.done && s.rule(cfg).needs_stop_head());
-    let features = seqs.iter().any(|s| !s.done && s.rule(cfg).may_continue());
-    let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?;
+    let (classes, rows) = (engine.row_classes(), batch.inputs().len());
+    for f in &fed {
+        if f.prompt.0 > 0 && !classes.alike(rows, f.prompt.1) {
+            seqs[f.index].prompt_alike = false;
+        }
+    }
+    let running = || seqs.iter().filter(|s| !s.done);
+    let want_logits = cfg.keep_logits || running().any(|s| s.wants_logits());
+    let stop_head = running().any(|s| s.rule(cfg).needs_stop_head() && s.may_draft(cfg));
+    let features = running().any(|s| s.rule(cfg).may_continue() && s.may_draft(cfg));
+    let micro_logits = want_logits || running().any(|s| s.rule(cfg).draft.is_some_and(|d| d.p_min > 0.0));
+    let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?.into_iter();
     let mut ready = Vec::new();
-    for (i, take, refed) in fed {
-        let sg = &mut seqs[i];
-        sg.merged.clear();
-        sg.fed += take;
-        sg.refeed.drain(..refed);
-        if sg.fed == sg.prompt.len() && sg.refeed.is_empty() {
-            let j = outs.iter().position(|(s, _)| *s == sg.seq).expect("every sequence of the batch has an output");
-            if sg.gen_started.is_none() {
-                sg.gen.timings.prompt_ms = sg.started.elapsed().as_secs_f64() * 1e3;
-                sg.gen_started = Some(Instant::now());
-            }
-            if sg.remaining() == 0 {
-                sg.finish(engine);
-            } else {
-                ready.push((i, outs.swap_remove(j).1));
-            }
+    for f in fed {
+        let sg = &mut seqs[f.index];
+        let rows: Vec<StepOut> = outs.by_ref().take(1 + f.drafts).map(|(_, out)| out).collect();
+        if !f.complete {
+            continue;
+        }
+        if sg.gen_started.is_none() {
+            sg.gen.timings.prompt_ms = sg.started.elapsed().as_secs_f64() * 1e3;
+            sg.gen_started = Some(Instant::now());
+        }
+        if sg.remaining() == 0 {
+            sg.finish(engine);
+        } else if sg.rule(cfg).draft.is_some() {
+            ready.push((f.index, verify::check(sg, cfg, engine, rows, features)?));
+        } else {
+            let out = rows.into_iter().next().expect("every sequence of the batch has an output");
+            ready.push((f.index, micro_loop::Start::Base(out)));
         }
     }
-    micro_steps(engine, cfg, &mut seqs, ready, MicroWants { stop_head, logits: want_logits })
-}
-
-/// The micro loops of the sequences in `ready` (index, out_0), batched: at
-/// each micro step every sequence whose step continues feeds its token, and
-/// the step computes what `want` asks (as the macro step's base forward did).
-fn micro_steps(
-    engine: &mut Engine,
-    cfg: &DecodeConfig,
-    seqs: &mut [&mut SeqGen],
-    ready: Vec<(usize, StepOut)>,
-    want: MicroWants,
-) -> Result<()> {
-    let mut steps: Vec<(usize, MacroStep)> = ready.iter().map(|(i, _)| (*i, MacroStep::default())).collect();
-    let mut current: Vec<(usize, StepOut)> = ready.into_iter().enumerate().map(|(a, (_, out))| (a, out)).collect();
-    for s in 0.. {
-        let mut next = Vec::new();
-        for (a, mut out) in current {
-            let (i, step) = &mut steps[a];
-            let sg = &mut seqs[*i];
-            let Some(token) = sg.pick(&out, step) else { continue };
-            step.tokens.push(token);
-            step.p_stop.push(out.p_stop);
-            if cfg.keep_logits {
-                step.logits.push(out.logits.take().unwrap_or_default());
-            }
-            let n = step.tokens.len();
-            let forced = if sg.step_ends(cfg, n, out.p_stop, token) { Vec::new() } else { sg.forced(cfg, step) };
-            if !forced.is_empty() {
-                // Forced tokens end the step: the micro decoder never saw
-                // them, the next base forward takes them merged.
-                step.p_stop.extend(forced.iter().map(|_| 1.0));
-                step.tokens.extend(forced);
-            } else if !sg.step_ends(cfg, n, out.p_stop, token) {
-                next.push((a, sg.seq, token));
-            }
-        }
-        if next.is_empty() {
-            break;
-        }
-        let inputs: Vec<(SeqId, u32)> = next.iter().map(|&(_, seq, t)| (seq, t)).collect();
-        let outs = engine.micro_step(s, &inputs, want)?;
-        current = next.iter().map(|&(a, _, _)| a).zip(outs).collect();
-    }
-    for (i, step) in steps {
-        seqs[i].end_step(step, cfg, engine);
-    }
-    Ok(())
+    micro_loop::run(engine, cfg, &mut seqs, ready, MicroWants { stop_head, logits: micro_logits })
 }
 
 #[cfg(test)]
@@ -459,7 +526,7 @@ mod tests {
 
     fn cfg(ignore_eog: bool) -> DecodeConfig {
         let rule = StepParams { confidence: 0.3, ..Default::default() }.rule(4).unwrap();
-        DecodeConfig { rule, n_batch: 8, ignore_eog, keep_logits: false, eog: vec![EOG] }
+        DecodeConfig { rule, n_batch: 8, ignore_eog, keep_logits: false, eog: vec![EOG], draft_cost: 0.4 }
     }
 
     fn seq<'a>(n_predict: usize) -> SeqGen<'a> {

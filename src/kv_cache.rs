@@ -12,7 +12,8 @@
 //! cells of its own: sharing needs no copy.
 //!
 //! The base model's cache holds one cell per macro step (a merged input
-//! writes ONE entry), cells taken first-free. The micro decoder's cache gives
+//! writes ONE entry), each sequence's cells taken after its last one where
+//! free (so they stay in position order), else first-free. The micro decoder's cache gives
 //! each sequence a fixed range of cells, rewritten every macro step (the
 //! layout is [`crate::graph::micro`]'s).
 
@@ -195,11 +196,34 @@ impl KvCache {
         self.cells.get(cell).copied().flatten().is_some_and(|c| !c.seqs.is_empty())
     }
 
-    /// The first `n` free cells, or `None` when fewer are free.
-    pub fn find_free(&self, n: usize) -> Option<Vec<usize>> {
-        let free: Vec<usize> =
-            self.cells.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(i, _)| i).take(n).collect();
-        (free.len() == n).then_some(free)
+    /// The cell holding `seq`'s entry at position `pos`, if any.
+    pub fn cell_of(&self, seq: SeqId, pos: i32) -> Option<usize> {
+        self.cells.iter().position(|c| c.is_some_and(|c| c.seqs.contains(seq) && c.pos == pos))
+    }
+
+    /// Free cells for new entries of the sequences `seqs` (one cell each, in
+    /// order): each sequence's after the last cell it holds (or was given
+    /// earlier in `seqs`) where the pool has free cells there, else the
+    /// first free ones; `None` when fewer are free. A sequence's cells thus
+    /// stay in position order where the pool allows, as a fresh read of its
+    /// context lays them out: attention sums over cells in cell order, so a
+    /// cached start followed by cells in another order would change the
+    /// last bits of what is computed over it.
+    pub fn find_free_for(&self, seqs: &[SeqId]) -> Option<Vec<usize>> {
+        let mut taken = vec![false; self.cells.len()];
+        let mut last: std::collections::HashMap<SeqId, usize> = std::collections::HashMap::new();
+        let mut cells = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            let after = *last.entry(seq).or_insert_with(|| {
+                self.cells.iter().rposition(|c| c.is_some_and(|c| c.seqs.contains(seq))).map_or(0, |c| c + 1)
+            });
+            let is_free = |i: &usize| self.cells[*i].is_none() && !taken[*i];
+            let cell = (after..self.cells.len()).find(is_free).or_else(|| (0..after).find(is_free))?;
+            taken[cell] = true;
+            last.insert(seq, cell + 1);
+            cells.push(cell);
+        }
+        Some(cells)
     }
 
     /// Gives cell `cell` to `seq`'s entry at position `pos`.
@@ -354,17 +378,17 @@ mod tests {
     #[test]
     fn free_cells_are_taken_first_free_and_a_sequences_cells_freed_together() {
         let mut kv = cache(6);
-        assert_eq!(kv.find_free(6), Some(vec![0, 1, 2, 3, 4, 5]));
-        assert_eq!(kv.find_free(7), None);
+        assert_eq!(kv.find_free_for(&[2; 6]), Some(vec![0, 1, 2, 3, 4, 5]));
+        assert_eq!(kv.find_free_for(&[2; 7]), None);
         for (cell, seq, pos) in [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)] {
             kv.occupy(cell, seq, pos);
         }
         assert_eq!((kv.n_used(), kv.n_cells_of(0), kv.n_cells_of(1)), (4, 2, 2));
-        assert_eq!(kv.find_free(2), Some(vec![4, 5]));
-        assert_eq!(kv.find_free(3), None);
+        assert_eq!(kv.find_free_for(&[2; 2]), Some(vec![4, 5]));
+        assert_eq!(kv.find_free_for(&[2; 3]), None);
         kv.clear_seq(0);
         assert_eq!((kv.n_used(), kv.n_cells_of(0), kv.n_cells_of(1)), (2, 0, 2));
-        assert_eq!(kv.find_free(3), Some(vec![0, 2, 4]));
+        assert_eq!(kv.find_free_for(&[2; 3]), Some(vec![0, 2, 4]));
         kv.release(3);
         assert_eq!(kv.n_cells_of(1), 1);
     }
@@ -421,6 +445,21 @@ mod tests {
         assert_eq!(kv.n_pinned_only(), 1, "keep_prefix leaves the pinned cell");
         kv.unpin(0);
         assert_eq!(kv.n_free(), 4);
+    }
+
+    #[test]
+    fn a_sequences_new_cells_follow_its_last_one_where_the_pool_allows() {
+        let mut kv = cache(8);
+        kv.occupy(0, 0, 0);
+        kv.occupy(3, 0, 1);
+        kv.occupy(5, 1, 0);
+        // Sequence 0 continues after cell 3, sequence 1 after cell 5, sequence 2 (new) at the first free cell.
+        assert_eq!(kv.find_free_for(&[0, 1, 0, 2]), Some(vec![4, 6, 7, 1]));
+        // Past the last cell, the first free ones.
+        assert_eq!(kv.find_free_for(&[1, 1, 1]), Some(vec![6, 7, 1]));
+        assert_eq!(kv.find_free_for(&[0; 6]), None);
+        assert_eq!(kv.cell_of(0, 1), Some(3));
+        assert_eq!(kv.cell_of(1, 1), None);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! [`placement`] and [`weights`] (loader), [`model`], [`budget`] (an engine's settings
 //! and what they allocate), [`kv_cache`],
 //! [`graph`] (builders), [`engine`] (caches and graphs of many sequences),
-//! [`batch`], [`generate`] (the macro/micro loop), [`session`] (one
+//! [`batch`], [`generate`] (the macro/micro loop), [`draft`] (self-verified
+//! decoding's drafts), [`session`] (one
 //! sequence), [`sampling`], and the text side ([`tokenizer`], [`chat`]).
 
 pub mod arch;
@@ -15,6 +16,7 @@ pub mod batch;
 pub mod budget;
 pub mod chat;
 pub mod constraint;
+pub mod draft;
 pub mod engine;
 mod error;
 pub mod generate;
@@ -23,6 +25,7 @@ pub mod hparams;
 pub mod kv_cache;
 pub mod model;
 pub mod placement;
+pub mod row_class;
 pub mod sampling;
 pub mod session;
 pub mod step;
@@ -32,6 +35,7 @@ pub mod weights;
 
 pub use batch::Batch;
 pub use budget::EngineParams;
+pub use draft::{DraftParams, DraftRule};
 pub use engine::Engine;
 pub use error::{Error, Param, ParamError, Result};
 pub use generate::{DecodeConfig, SeqGen};

@@ -119,6 +119,17 @@ impl Sampler {
     /// Picks the next token from `logits`, given the tokens so far (the
     /// prompt, the tokens generated, and those of the current macro step).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let dist = self.distribution(logits, history);
+        self.draw(&dist)
+    }
+
+    /// The distribution [`Sampler::sample`] draws from, given the tokens so
+    /// far: logit biases, penalties, then (greedy) the most likely token
+    /// alone, or the tokens top-k, top-p and min-p keep with their
+    /// probabilities at the temperature; most likely first. Self-verified
+    /// decoding compares the base's and the micro decoder's distributions
+    /// in this form.
+    pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
         let mut logits = logits.to_vec();
         for &(t, bias) in &self.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
@@ -129,7 +140,7 @@ impl Sampler {
             self.penalize(&mut logits, history);
         }
         if self.p.temp <= 0.0 {
-            return argmax(&logits);
+            return vec![(argmax(&logits), 1.0)];
         }
         let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
@@ -151,15 +162,58 @@ impl Sampler {
             cand.truncate(keep);
         }
         let probs = softmax(&cand, self.p.temp);
+        cand.iter().zip(probs).map(|(c, p)| (c.0, p)).collect()
+    }
+
+    /// Draws a token from `dist` (a [`Sampler::distribution`]): the first
+    /// when greedy (no random number drawn), else by one uniform draw.
+    pub fn draw(&mut self, dist: &[(u32, f32)]) -> u32 {
+        if self.p.temp <= 0.0 {
+            return dist.first().map_or(0, |c| c.0);
+        }
         let mut r = self.rng.random::<f32>();
-        for (c, p) in cand.iter().zip(&probs) {
-            if r < *p {
-                return c.0;
+        for &(t, p) in dist {
+            if r < p {
+                return t;
             }
             r -= p;
         }
-        cand.last().map_or(0, |c| c.0)
+        dist.last().map_or(0, |c| c.0)
     }
+
+    /// Speculative sampling's check of a drafted token `draft`, drawn from
+    /// the draft distribution `q`, against the target distribution `p` (both
+    /// [`Sampler::distribution`]s): it is accepted with probability
+    /// `min(1, p(draft) / q(draft))`; otherwise the token is drawn from the
+    /// normalised residual `max(0, p - q)`. Either way the token that results
+    /// is distributed as `p` (Leviathan et al., 2023). Greedy distributions
+    /// (one token each) accept exactly when the tokens agree, and draw no
+    /// random number.
+    pub fn verify_draft(&mut self, p: &[(u32, f32)], q: &[(u32, f32)], draft: u32) -> Verdict {
+        let prob = |d: &[(u32, f32)], t: u32| d.iter().find(|c| c.0 == t).map_or(0.0, |c| c.1);
+        let (pd, qd) = (prob(p, draft), prob(q, draft));
+        if pd >= qd || (pd > 0.0 && self.rng.random::<f32>() < pd / qd) {
+            return Verdict::Accepted;
+        }
+        let residual: Vec<(u32, f32)> =
+            p.iter().map(|&(t, pt)| (t, (pt - prob(q, t)).max(0.0))).filter(|c| c.1 > 0.0).collect();
+        let total: f32 = residual.iter().map(|c| c.1).sum();
+        if total <= 0.0 || self.p.temp <= 0.0 {
+            // Rounding left nothing (p and q agree), or greedy: p's own choice.
+            return Verdict::Rejected(p.first().map_or(0, |c| c.0));
+        }
+        let norm: Vec<(u32, f32)> = residual.into_iter().map(|(t, r)| (t, r / total)).collect();
+        Verdict::Rejected(self.draw(&norm))
+    }
+}
+
+/// What speculative sampling decides about a drafted token ([`Sampler::verify_draft`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The drafted token stands.
+    Accepted,
+    /// The drafted token is rejected; this token, drawn from the residual, takes its place.
+    Rejected(u32),
 }
 
 impl Sampler {
@@ -281,6 +335,46 @@ mod tests {
         assert_eq!(s().with_logit_bias(vec![(2, 5.0), (99, 1.0)]).sample(&logits, &[]), 2);
         assert_eq!(s().with_logit_bias(vec![(1, f32::NEG_INFINITY)]).sample(&logits, &[]), 3);
         assert!(!s().with_logit_bias(vec![(1, 1.0)]).is_greedy() && s().is_greedy());
+    }
+
+    #[test]
+    fn the_distribution_is_what_sample_draws_from() {
+        let logits = [0.0, 3.0, 1.0, 2.9];
+        let p = SamplerParams { seed: 3, top_k: 3, top_p: 1.0, min_p: 0.0, temp: 0.7, ..Default::default() };
+        let d = Sampler::new(p).distribution(&logits, &[]);
+        assert_eq!(d.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 3, 2], "top-k 3, most likely first");
+        assert!((d.iter().map(|c| c.1).sum::<f32>() - 1.0).abs() < 1e-6);
+        let (mut a, mut b) = (Sampler::new(p), Sampler::new(p));
+        assert!((0..50).all(|_| a.sample(&logits, &[]) == b.draw(&d)), "the same draws from the same seed");
+        assert_eq!(Sampler::new(SamplerParams::greedy()).distribution(&logits, &[]), [(1, 1.0)]);
+    }
+
+    #[test]
+    fn speculative_sampling_keeps_the_target_distribution() {
+        // Target p and draft q over 3 tokens; the result of drafting from q
+        // and verifying must be distributed as p.
+        let p = [(0u32, 0.5f32), (1, 0.3), (2, 0.2)];
+        let q = [(1u32, 0.6f32), (0, 0.2), (2, 0.2)];
+        let params = SamplerParams { seed: 11, temp: 1.0, ..Default::default() };
+        let mut s = Sampler::new(params);
+        let n = 200_000;
+        let mut counts = [0usize; 3];
+        for _ in 0..n {
+            let d = s.draw(&q);
+            let t = match s.verify_draft(&p, &q, d) {
+                Verdict::Accepted => d,
+                Verdict::Rejected(t) => t,
+            };
+            counts[t as usize] += 1;
+        }
+        for (t, want) in [(0, 0.5), (1, 0.3), (2, 0.2)] {
+            let got = counts[t] as f64 / n as f64;
+            assert!((got - want).abs() < 0.005, "token {t}: {got} vs {want}");
+        }
+        // Greedy: the tokens agree or the target's own token replaces the draft.
+        let mut g = Sampler::new(SamplerParams::greedy());
+        assert_eq!(g.verify_draft(&[(4, 1.0)], &[(4, 1.0)], 4), Verdict::Accepted);
+        assert_eq!(g.verify_draft(&[(4, 1.0)], &[(5, 1.0)], 5), Verdict::Rejected(4));
     }
 
     #[test]

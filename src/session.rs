@@ -7,7 +7,7 @@ use crate::budget::EngineParams;
 use crate::constraint::Constraint;
 use crate::engine::Engine;
 use crate::error::{Param, ParamError};
-use crate::generate::{self, DecodeConfig, SeqGen};
+use crate::generate::{self, DecodeConfig, Pending, SeqGen};
 use crate::graph::base::Wants;
 use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
@@ -69,8 +69,8 @@ pub struct Session<'m> {
     engine: Engine<'m>,
     params: SessionParams,
     cfg: DecodeConfig,
-    /// The last macro step's tokens, not yet fed (merged into one input next).
-    pending: Vec<u32>,
+    /// The last generation's tokens, not yet fed (the next forward's first inputs).
+    pending: Pending,
     /// Every token of the conversation (for repetition penalties).
     history: Vec<u32>,
     /// Picks the tokens (`params.sampling`'s).
@@ -95,7 +95,7 @@ impl<'m> Session<'m> {
             cfg: params.decode_config(model)?,
             engine: Engine::new(model, &params.engine)?,
             params,
-            pending: Vec::new(),
+            pending: Pending::default(),
             history: Vec::new(),
             constraint: None,
         })
@@ -125,13 +125,13 @@ impl<'m> Session<'m> {
     /// sampler anew, so that a cleared session repeats itself.
     pub fn clear(&mut self) {
         self.engine.clear_seq(SEQ);
-        self.pending.clear();
+        self.pending = Pending::default();
         self.history.clear();
         self.sampler = Sampler::new(self.params.sampling);
     }
 
     fn check_room(&self, new_inputs: usize, n_predict: usize) -> Result<()> {
-        let in_context = self.n_slots() + usize::from(!self.pending.is_empty()) + new_inputs;
+        let in_context = self.n_slots() + self.pending.n_inputs() + new_inputs;
         let n_ctx = self.engine.kv().n_cells();
         if in_context + n_predict > n_ctx {
             let (np, nc) = (Param::NPredict, Param::NCtx);
@@ -153,7 +153,7 @@ impl<'m> Session<'m> {
         self.check_room(tokens.len(), 0)?;
         let mut out = None;
         let mut batch = Batch::new();
-        batch.push_merged(SEQ, &std::mem::take(&mut self.pending));
+        std::mem::take(&mut self.pending).push_to(&mut batch, SEQ);
         self.history.extend_from_slice(tokens);
         for chunk in tokens.chunks(self.params.engine.n_batch) {
             batch.push_tokens(SEQ, chunk);
@@ -182,7 +182,7 @@ impl<'m> Session<'m> {
             return Err(Error::Invalid("the last macro step's tokens are still pending".into()));
         }
         self.history.extend_from_slice(tokens);
-        self.pending = tokens.to_vec();
+        self.pending = Pending { merged: tokens.to_vec(), plain: Vec::new() };
         self.feed(&[], want_logits)
     }
 

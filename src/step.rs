@@ -1,6 +1,9 @@
 //! What one macro step is: HAMburger's stop rule (how many tokens a step
-//! emits), the settings it is resolved from, and the records a generation returns.
+//! emits), or, self-verified, the draft rule (how many tokens the micro
+//! decoder drafts for the base to check), the settings they are resolved
+//! from, and the records a generation returns.
 
+use crate::draft::{DraftParams, DraftRule};
 use crate::error::{Param, ParamError};
 use crate::sampling::TokenLogprob;
 
@@ -15,11 +18,15 @@ pub struct StepParams {
     /// Make every macro step emit exactly this many tokens, ignoring the stop
     /// head (benchmarks of untrained grafted modules).
     pub forced_steps: Option<usize>,
+    /// Self-verified decoding with these drafts: the micro decoder's tokens
+    /// are drafts that the next base forward checks, one KV entry per token,
+    /// and the output is the base's (`None`: HAMburger's macro steps).
+    pub draft: Option<DraftParams>,
 }
 
 impl Default for StepParams {
     fn default() -> Self {
-        StepParams { confidence: 0.8, max_steps: 0, forced_steps: None }
+        StepParams { confidence: 0.8, max_steps: 0, forced_steps: None, draft: None }
     }
 }
 
@@ -28,7 +35,8 @@ impl StepParams {
     ///
     /// # Errors
     /// Naming the parameter: a confidence that is negative or not finite, a
-    /// step cap beyond the model's, forced steps of 0 or beyond the cap.
+    /// step cap beyond the model's, forced steps of 0 or beyond the cap or
+    /// with self-verified decoding, drafts out of range ([`DraftParams::validate`]).
     pub fn validate(&self, model_max: usize) -> Result<(), ParamError> {
         let c = self.confidence;
         if !(c.is_finite() && c >= 0.0) {
@@ -56,7 +64,16 @@ impl StepParams {
                 &[Param::ForcedSteps, Param::MaxSteps],
                 format!("{} {k} exceeds {} {}", Param::ForcedSteps, Param::MaxSteps, self.max_steps),
             )),
-            _ => Ok(()),
+            Some(k) if self.draft.is_some() => Err(ParamError::new(
+                &[Param::ForcedSteps, Param::SpecType],
+                format!(
+                    "{} {k} fixes the length of macro steps, and self-verified decoding ({}) has none: draft with {} instead",
+                    Param::ForcedSteps,
+                    Param::SpecType,
+                    Param::DraftNMin
+                ),
+            )),
+            _ => self.draft.map_or(Ok(()), |d| d.validate(self.cap(model_max))),
         }
     }
 
@@ -67,7 +84,8 @@ impl StepParams {
     pub fn rule(&self, model_max: usize) -> Result<StepRule, ParamError> {
         self.validate(model_max)?;
         let max_steps = self.forced_steps.unwrap_or(self.cap(model_max));
-        Ok(StepRule { max_steps, confidence: self.confidence, forced: self.forced_steps.is_some() })
+        let draft = self.draft.map(|d| d.rule(max_steps)).transpose()?;
+        Ok(StepRule { max_steps, confidence: self.confidence, forced: self.forced_steps.is_some(), draft })
     }
 
     /// The most tokens per macro step: the cap, else the model's.
@@ -89,19 +107,30 @@ pub struct StepRule {
     pub confidence: f32,
     /// Every step emits exactly `max_steps` tokens, ignoring the stop head.
     pub forced: bool,
+    /// Self-verified decoding's drafts (`None`: macro steps; then the
+    /// confidence and the step cap above end each step).
+    pub draft: Option<DraftRule>,
 }
 
 impl StepRule {
     /// Whether step lengths depend on the stop head (not when forced, when
-    /// every step is one token, or when the confidence stops every step anyway).
+    /// every step is one token, or when the confidence stops every step
+    /// anyway); self-verified, whether drafts may be gated by it.
     pub fn needs_stop_head(&self) -> bool {
-        !self.forced && self.may_continue()
+        match self.draft {
+            Some(d) => d.n_max > d.n_min,
+            None => !self.forced && self.may_continue(),
+        }
     }
 
     /// Whether a macro step may go past its first token (and so needs the
-    /// base forward's features for micro step 0).
+    /// base forward's features for micro step 0); self-verified, whether
+    /// the micro decoder may draft.
     pub fn may_continue(&self) -> bool {
-        self.max_steps > 1 && (self.forced || self.confidence <= 1.0)
+        match self.draft {
+            Some(d) => d.n_max > 0,
+            None => self.max_steps > 1 && (self.forced || self.confidence <= 1.0),
+        }
     }
 
     /// Whether a step that has emitted `n` tokens, the last with stop
@@ -152,9 +181,21 @@ pub struct Timings {
     pub kv_bytes_per_entry: usize,
     /// `reached[s]`: macro steps that emitted at least `s + 1` tokens.
     pub reached: Vec<usize>,
+    /// Self-verified: tokens the micro decoder drafted that a base forward checked.
+    pub drafted: usize,
+    /// Self-verified: of those, the tokens the base accepted.
+    pub draft_accepted: usize,
+    /// Self-verified: base forwards that checked at least one drafted token.
+    pub verify_forwards: usize,
 }
 
 impl Timings {
+    /// Self-verified: drafted tokens accepted per base forward that checked
+    /// drafts (what the micro decoder earns as a draft head; 0 without drafts).
+    pub fn accepted_per_verify(&self) -> f64 {
+        self.draft_accepted as f64 / self.verify_forwards.max(1) as f64
+    }
+
     /// Mean tokens per macro step.
     pub fn tokens_per_step(&self) -> f64 {
         if self.macro_steps == 0 {
@@ -186,7 +227,7 @@ mod tests {
     const MODEL_MAX: usize = 4;
 
     fn rule(confidence: f32, max_steps: usize, forced_steps: Option<usize>) -> StepRule {
-        StepParams { confidence, max_steps, forced_steps }.rule(MODEL_MAX).unwrap()
+        StepParams { confidence, max_steps, forced_steps, draft: None }.rule(MODEL_MAX).unwrap()
     }
 
     #[test]
@@ -241,9 +282,24 @@ mod tests {
         let e = err(StepParams { max_steps: 2, forced_steps: Some(3), ..Default::default() });
         assert_eq!(e.params, [Param::ForcedSteps, Param::MaxSteps]);
         assert_eq!(e.naming(|p| format!("--{}", p.name().replace('_', "-"))), "--forced-steps 3 exceeds --max-steps 2");
+        let drafts = Some(DraftParams::default());
+        let e = err(StepParams { forced_steps: Some(2), draft: drafts, ..Default::default() });
+        assert_eq!(e.params, [Param::ForcedSteps, Param::SpecType]);
+        // Drafts are bounded by the step cap.
+        let e = err(StepParams {
+            max_steps: 2,
+            draft: Some(DraftParams { n_max: Some(2), ..Default::default() }),
+            ..Default::default()
+        });
+        assert_eq!(e.params, [Param::DraftNMax]);
         for ok in [
-            StepParams { confidence: 0.0, max_steps: 4, forced_steps: Some(4) },
-            StepParams { confidence: 7.0, max_steps: 0, forced_steps: Some(1) },
+            StepParams { confidence: 0.0, max_steps: 4, forced_steps: Some(4), draft: None },
+            StepParams { confidence: 7.0, max_steps: 0, forced_steps: Some(1), draft: None },
+            StepParams {
+                max_steps: 2,
+                draft: Some(DraftParams { n_max: Some(1), ..Default::default() }),
+                ..Default::default()
+            },
         ] {
             assert_eq!(ok.validate(MODEL_MAX), Ok(()), "{ok:?}");
         }

@@ -1,15 +1,18 @@
 //! Several sequences decoded together by one engine: every macro step runs
 //! ONE base forward over all of them (prompts, then merged inputs of
 //! different token counts at different positions) and batches their micro
-//! steps. Each sequence must get exactly what a single-sequence session
-//! gives: the same tokens in the same macro steps, and the same stop
-//! probabilities and logits up to float rounding (F32 weights and cache).
+//! steps. Each sequence must get what a single-sequence session gives: the
+//! same tokens in the same macro steps, and the same stop probabilities and
+//! logits up to float rounding (F32 weights and cache); the batch's forwards
+//! have more rows, summed in another order, so rounding may part the two at
+//! a near-tie, and only there (`testing::near_tie`).
 
 use hamburger::generate::{self, SeqGen};
 use hamburger::{
     Batch, Engine, EngineParams, Generation, LoadOptions, MicroWants, Model, Sampler, SamplerParams, Session,
-    SessionParams, StepParams, Wants,
+    SessionParams, StepParams, StepRule, Wants,
 };
+use testing::near_tie::{assert_agree, decisions_of_generation};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// The prompts and confidence of the golden cases at `confidence`.
@@ -45,19 +48,31 @@ fn together(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usiz
     (seqs.into_iter().map(|s| s.into_parts().0).collect(), engine.n_forwards())
 }
 
-fn assert_same(got: &Generation, want: &Generation, what: &str) {
-    let steps = |g: &Generation| g.macro_steps.iter().map(|s| s.tokens.clone()).collect::<Vec<_>>();
-    assert_eq!(steps(got), steps(want), "{what}: macro steps");
-    assert_eq!(got.output_ids, want.output_ids, "{what}: tokens");
-    assert_eq!(got.timings.kv_entries, want.timings.kv_entries, "{what}: KV entries");
-    for (a, b) in got.macro_steps.iter().zip(&want.macro_steps) {
-        for (p, q) in a.p_stop.iter().zip(&b.p_stop) {
-            assert!((p - q).abs() < 1e-5, "{what}: p_stop {p} vs {q}");
-        }
-        for (la, lb) in a.logits.iter().zip(&b.logits) {
-            let d = la.iter().zip(lb).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-            assert!(d < 1e-4, "{what}: logits differ by {d}");
-        }
+/// How far one logit / stop probability may move between a sequence decoded
+/// alone and in a batch: the batch's forwards have more rows, whose sums
+/// ggml runs in another order (`hamburger::row_class`).
+const LOGIT_TOL: f32 = 1e-4;
+const STOP_TOL: f32 = 1e-5;
+
+/// `got` (decoded in a batch) against `want` (alone): the same decisions
+/// (tokens, macro-step ends) and KV entries, logits and stop probabilities
+/// within the tolerances; or, where rounding parts them, the same up to a
+/// near-tie (a margin below twice a tolerance: each side may be off by one).
+fn assert_same(got: &Generation, want: &Generation, rule: &StepRule, what: &str) {
+    let (g, w) = (decisions_of_generation(got, rule), decisions_of_generation(want, rule));
+    let part = assert_agree(&g, &w, 2.0 * LOGIT_TOL, 2.0 * STOP_TOL, what);
+    if part.is_none() {
+        assert_eq!(got.output_ids, want.output_ids, "{what}: tokens");
+        assert_eq!(got.timings.kv_entries, want.timings.kv_entries, "{what}: KV entries");
+    }
+    let compared = part.map_or(w.len(), |d| d.at + 1);
+    let per_token = |gen: &Generation| -> Vec<(f32, Vec<f32>)> {
+        gen.macro_steps.iter().flat_map(|s| s.p_stop.iter().copied().zip(s.logits.iter().cloned())).collect()
+    };
+    for ((p, la), (q, lb)) in per_token(got).into_iter().zip(per_token(want)).take(compared) {
+        assert!((p - q).abs() < STOP_TOL, "{what}: p_stop {p} vs {q}");
+        let d = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(d < LOGIT_TOL, "{what}: logits differ by {d}");
     }
 }
 
@@ -72,12 +87,14 @@ fn check(flash_attn: bool, confidence: f64, group: usize) {
     const N: usize = 24;
     let prompts = golden_prompts(confidence);
     let solos: Vec<Generation> = prompts.iter().map(|p| solo(&model, &params, p, N)).collect();
+    let cfg = params.decode_config(&model).unwrap();
     for (ci, chunk) in prompts.chunks(group).enumerate() {
         let (gens, forwards) = together(&model, &params, chunk, N);
         let longest = gens.iter().map(|g| g.macro_steps.len()).max().unwrap();
         assert_eq!(forwards, longest, "one base forward per macro step for all sequences together");
         for (j, g) in gens.iter().enumerate() {
-            assert_same(g, &solos[ci * group + j], &format!("confidence {confidence}, prompt {}", ci * group + j));
+            let what = format!("confidence {confidence}, prompt {}", ci * group + j);
+            assert_same(g, &solos[ci * group + j], &cfg.rule, &what);
         }
     }
 }

@@ -107,6 +107,8 @@ fn schemas() -> Vec<(&'static str, serde_json::Value)> {
 /// What one constrained generation gave: its text and figures.
 struct Outcome {
     text: String,
+    /// Base forwards the answer took (macro steps).
+    forwards: usize,
     tokens_per_step: f64,
     tokens_per_second: f64,
     step_ms: f64,
@@ -132,6 +134,7 @@ fn generate(s: &mut Session, tok: &Tokenizer, c: hamburger::constraint::Constrai
     let t = &gen.timings;
     Outcome {
         text: tok.decode(&ids),
+        forwards: t.macro_steps,
         tokens_per_step: gen.output_ids.len() as f64 / gen.macro_steps.len() as f64,
         tokens_per_second: t.gen_tokens as f64 / (t.gen_ms / 1e3),
         step_ms: t.gen_ms / t.macro_steps as f64,
@@ -158,8 +161,8 @@ fn json_outputs_validate(model: &Model, step: StepParams) {
                 let errors: Vec<String> = validator.iter_errors(&value).map(|e| e.to_string()).collect();
                 assert!(errors.is_empty(), "{name} {policy:?} ff={ff}: {text} violates {errors:?}");
                 eprintln!(
-                    "{name} {policy:?} ff={ff}: {:.2} tokens/step, {:.1} tok/s, {:.1} ms/step, mask {:.0} us/token: {text}",
-                    o.tokens_per_step, o.tokens_per_second, o.step_ms, o.mask_us
+                    "{name} {policy:?} ff={ff}: {} base forwards, {:.2} tokens/step, {:.1} tok/s, {:.1} ms/step, mask {:.0} us/token: {text}",
+                    o.forwards, o.tokens_per_step, o.tokens_per_second, o.step_ms, o.mask_us
                 );
             }
         }

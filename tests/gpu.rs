@@ -1,6 +1,7 @@
 //! GPU runs (CUDA or Metal builds on a machine with a GPU): the golden cases
-//! on the device, partial offload (`-ngl`) decoding exactly like the CPU in
-//! F32, and Q8_0 agreeing with the CPU. They are ignored by default and,
+//! on the device, partial offload (`-ngl`) decoding like the CPU in F32 (the
+//! same decisions up to a near-tie, `testing::near_tie`), and Q8_0 agreeing
+//! with the CPU. They are ignored by default and,
 //! when asked for, fail where this build or machine has no GPU:
 //! `cargo test --release --features cuda --test gpu -- --ignored`.
 //!
@@ -9,12 +10,14 @@
 //! them. F32 on the GPU is not F32 throughout: ggml-cuda runs products of
 //! more than 3 columns (prefill) in TF32, so the golden logits get
 //! tolerances from TF32's arithmetic emulated on the CPU
-//! ([`testing::golden::tf32_emulation`]); that emulation also keeps all five
-//! SmolLM2 prompts' 32 greedy tokens equal to F32's, which is why the
-//! partial-offload test asks for exact tokens.
+//! ([`testing::golden::tf32_emulation`]), and greedy decisions may part from
+//! the CPU's where they were near-ties.
 
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{DeviceChoice, EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
+use hamburger::{
+    DeviceChoice, EngineParams, Generation, LoadOptions, Model, Session, SessionParams, StepParams, StepRule,
+};
+use testing::near_tie::{assert_agree_measured, decisions_of_generation};
 use testing::testmodel::{converted, smollm2_checkpoint, tiny_fixture};
 
 /// Why the tests are ignored, and how to run them.
@@ -29,15 +32,19 @@ fn on_gpu(gguf: &std::path::Path, ngl: usize) -> Model {
     model
 }
 
-fn greedy_tokens(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+fn greedy(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usize) -> Vec<Generation> {
     let mut s = Session::new(model, params.clone()).unwrap();
     prompts
         .iter()
         .map(|p| {
             s.clear();
-            s.generate(p, n, |_| true).unwrap().output_ids
+            s.generate(p, n, |_| true).unwrap()
         })
         .collect()
+}
+
+fn greedy_tokens(model: &Model, params: &SessionParams, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    greedy(model, params, prompts, n).into_iter().map(|g| g.output_ids).collect()
 }
 
 fn smollm2_prompts(model: &Model) -> Vec<Vec<u32>> {
@@ -79,13 +86,21 @@ fn partial_offload_decodes_like_the_cpu_in_f32() {
     let p = SessionParams {
         engine: EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, ..Default::default() },
         step: StepParams { confidence: 0.3, ..Default::default() },
+        keep_logits: true,
         ..Default::default()
     };
     let prompts = smollm2_prompts(&cpu);
-    let want = greedy_tokens(&cpu, &p, &prompts, 32);
+    let want = greedy(&cpu, &p, &prompts, 32);
+    let rule = StepRule { max_steps: cpu.hp.max_steps, confidence: 0.3, forced: false, draft: None };
+    let logits = |g: &Generation| g.macro_steps.iter().flat_map(|s| s.logits.iter().cloned()).collect::<Vec<_>>();
     for ngl in [10, 30] {
         let model = on_gpu(&gguf, ngl);
-        assert_eq!(greedy_tokens(&model, &p, &prompts, 32), want, "-ngl {ngl}");
+        // The GPU's kernels round otherwise (TF32 products): the same
+        // decisions up to a near-tie within twice the measured departure.
+        for (i, (g, w)) in greedy(&model, &p, &prompts, 32).iter().zip(&want).enumerate() {
+            let (dg, dw) = (decisions_of_generation(g, &rule), decisions_of_generation(w, &rule));
+            assert_agree_measured(&dg, &logits(g), &dw, &logits(w), 5e-3, &format!("-ngl {ngl}, prompt {i}"));
+        }
     }
 }
 

@@ -1,11 +1,17 @@
 //! SmolLM2-HAMburger (a real 135M base with seeded random grafted modules):
-//! at confidence > 1 the runtime decodes exactly like libllama on the base-only
+//! at confidence > 1 the runtime decodes like libllama on the base-only
 //! export; at lower confidence macro steps emit several tokens, the KV cache
-//! holds one entry per macro step, and the tokens match the reference.
+//! holds one entry per macro step, and the tokens match the reference. Two
+//! implementations round differently, so "like" is decision by decision, up
+//! to a near-tie within twice their measured logit departure
+//! (`testing::near_tie`).
 
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
 use hamburger::tokenizer::Tokenizer;
-use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams, StepRule};
+use testing::near_tie::{
+    assert_agree_measured, decisions_of_generation, decisions_of_reference, one_token_steps, top2_margin,
+};
 use testing::reference::Reference;
 use testing::testmodel::{converted, smollm2_checkpoint};
 
@@ -22,6 +28,10 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> hamburger::Generat
     session.generate(prompt, n, |_| true).unwrap()
 }
 
+/// One token per step against libllama on the base-only export: the same
+/// tokens, or the same up to a near-tie within twice the logit departure
+/// measured between the two (same kernels and row counts, but graphs that
+/// differ in places, so rounding may differ).
 fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {
     let ck = smollm2_checkpoint().unwrap();
     let ours = Model::open(&converted(&ck, "smollm2", ty, false).unwrap(), &LoadOptions::default()).unwrap();
@@ -31,6 +41,7 @@ fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {
     let sp = SessionParams {
         engine: EngineParams { n_ctx: 256, kv_type, flash_attn: flash, n_threads: 2, ..Default::default() },
         step: StepParams { confidence: 1.01, ..Default::default() },
+        keep_logits: true,
         ..Default::default()
     };
     let mut session = Session::new(&ours, sp).unwrap();
@@ -39,10 +50,18 @@ fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool) {
         let ids = tok.encode(p, true).unwrap();
         let llama_ids: Vec<i32> = base.tokenize(p, true, true).unwrap();
         assert_eq!(ids.iter().map(|&t| t as i32).collect::<Vec<_>>(), llama_ids, "tokenization of {p:?}");
-        let want: Vec<u32> = llama.greedy(&llama_ids, 32, Some(&base)).unwrap().into_iter().map(|t| t as u32).collect();
+        let (want, want_logits) = llama.greedy_with_logits(&llama_ids, 32, Some(&base)).unwrap();
+        let want: Vec<u32> = want.into_iter().map(|t| t as u32).collect();
         let gen = greedy(&mut session, &ids, 32);
-        assert_eq!(gen.output_ids, want, "{ty}: {p:?}");
         assert!(gen.macro_steps.iter().all(|s| s.tokens.len() == 1));
+        let logits: Vec<Vec<f32>> = gen.macro_steps.iter().map(|s| s.logits[0].clone()).collect();
+        let margins = |l: &[Vec<f32>]| l.iter().map(|l| top2_margin(l)).collect::<Vec<_>>();
+        let (g, w) =
+            (one_token_steps(&gen.output_ids, &margins(&logits)), one_token_steps(&want, &margins(&want_logits)));
+        let what = format!("{ty}: {p:?}");
+        if assert_agree_measured(&g, &logits, &w, &want_logits, 0.0, &what).0.is_none() {
+            assert_eq!(gen.output_ids, want, "{what}");
+        }
     }
 }
 
@@ -70,6 +89,7 @@ fn lower_confidence_emits_several_tokens_per_kv_entry() {
             ..Default::default()
         },
         step: StepParams { confidence: 0.3, ..Default::default() },
+        keep_logits: true,
         ..Default::default()
     };
     let mut session = Session::new(&model, sp).unwrap();
@@ -85,12 +105,16 @@ fn lower_confidence_emits_several_tokens_per_kv_entry() {
         steps += gen.macro_steps.len();
         // The same tokens and boundaries as the reference implementation.
         let eos: Vec<u32> = model.vocab.eog.clone();
-        let want: Vec<Vec<u32>> = reference.generate(&ids, 0.3, 24, &eos).into_iter().map(|s| s.tokens).collect();
-        let got: Vec<Vec<u32>> = gen.macro_steps.iter().map(|s| s.tokens.clone()).collect();
-        let flat = |v: &[Vec<u32>]| {
-            v.iter().enumerate().flat_map(|(i, s)| s.iter().map(move |&t| (i, t))).take(24).collect::<Vec<_>>()
-        };
-        assert_eq!(flat(&got), flat(&want), "{p:?}");
+        // The same tokens and boundaries as the reference implementation, up
+        // to a near-tie within twice their measured departure.
+        let want = reference.generate(&ids, 0.3, 24, &eos);
+        let rule = StepRule { max_steps: model.hp.max_steps, confidence: 0.3, forced: false, draft: None };
+        let (g, mut w) = (decisions_of_generation(&gen, &rule), decisions_of_reference(&want, &rule));
+        w.truncate(24);
+        let logits = |steps: Vec<&Vec<Vec<f32>>>| steps.into_iter().flatten().cloned().collect::<Vec<_>>();
+        let got_logits = logits(gen.macro_steps.iter().map(|s| &s.logits).collect());
+        let want_logits = logits(want.iter().map(|s| &s.logits).collect());
+        assert_agree_measured(&g, &got_logits, &w, &want_logits, 1e-3, &format!("{p:?}"));
     }
     assert!(tokens as f64 / steps as f64 > 1.3, "{tokens} tokens in {steps} macro steps");
 }

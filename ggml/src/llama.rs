@@ -339,11 +339,38 @@ impl<'m> LlamaContext<'m> {
     /// # Errors
     /// When a decode fails.
     pub fn greedy(&mut self, prompt: &[i32], n: usize, model: Option<&LlamaModel>) -> Result<Vec<i32>> {
+        self.greedy_decode(prompt, n, model, false).map(|(tokens, _)| tokens)
+    }
+
+    /// [`LlamaContext::greedy`], with the logits each token was chosen from
+    /// (a test tells a near-tie from a difference with them).
+    ///
+    /// # Errors
+    /// When a decode fails.
+    pub fn greedy_with_logits(
+        &mut self,
+        prompt: &[i32],
+        n: usize,
+        model: Option<&LlamaModel>,
+    ) -> Result<(Vec<i32>, Vec<Vec<f32>>)> {
+        self.greedy_decode(prompt, n, model, true)
+    }
+
+    fn greedy_decode(
+        &mut self,
+        prompt: &[i32],
+        n: usize,
+        model: Option<&LlamaModel>,
+        keep_logits: bool,
+    ) -> Result<(Vec<i32>, Vec<Vec<f32>>)> {
         self.clear();
         self.decode(prompt)?;
         let sampler = GreedySampler::new()?;
-        let mut out = Vec::with_capacity(n);
+        let (mut out, mut logits) = (Vec::with_capacity(n), Vec::new());
         for _ in 0..n {
+            if keep_logits {
+                logits.push(self.logits());
+            }
             // SAFETY: the sampler and the context are live; the last decode
             // produced logits for its last token (index -1).
             let tok = unsafe { sys::llama_sampler_sample(sampler.0.as_ptr(), self.ptr.as_ptr(), -1) };
@@ -353,7 +380,7 @@ impl<'m> LlamaContext<'m> {
             }
             self.decode(&[tok])?;
         }
-        Ok(out)
+        Ok((out, logits))
     }
 }
 

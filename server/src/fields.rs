@@ -36,6 +36,10 @@ pub const COMMON: &[&str] = &[
     "response_format",
     "grammar",
     "json_schema",
+    "speculative.type",
+    "speculative.n_max",
+    "speculative.n_min",
+    "speculative.p_min",
 ];
 
 /// Fields real clients send that change nothing here: end-user ids, stored

@@ -10,7 +10,9 @@
 //! 2. the engine's contract: [`job`] (jobs, their events, the model's facts);
 //! 3. features: [`structured`] (`response_format`, `grammar`, `json_schema`
 //!    compiled into a constraint), [`tools`] (`tools` / `tool_choice` over
-//!    the core's tool-call format, grammar and parser);
+//!    the core's tool-call format, grammar and parser), [`speculative`] (a
+//!    request's decoding mode, `speculative.type`: macro steps or
+//!    self-verified, and its drafts, `speculative.n_max` ...);
 //! 4. planning: [`plan`] (a request's settings checked into jobs, `n`
 //!    choices per prompt fanned out);
 //! 5. the engine loop: [`scheduler`] (continuous batching over one engine;
@@ -30,6 +32,7 @@ pub mod protocol;
 
 pub mod job;
 
+pub mod speculative;
 pub mod structured;
 pub mod tools;
 

@@ -39,6 +39,12 @@ pub struct Metrics {
     pub cached_entries: AtomicU64,
     /// KV cells in all.
     pub kv_cells_total: AtomicU64,
+    /// Self-verified: drafted tokens that base forwards checked, of finished answers.
+    pub draft_tokens: AtomicU64,
+    /// Self-verified: of those, the tokens the base accepted.
+    pub draft_accepted: AtomicU64,
+    /// Self-verified: base forwards that checked drafts, of finished answers.
+    pub verify_forwards: AtomicU64,
 }
 
 /// Adds `n` to a counter.
@@ -123,7 +129,7 @@ impl Metrics {
 
     /// The metrics llama-server's dashboards read, where ours mean the same
     /// (not `kv_cache_tokens`: a cell here holds a macro step of several tokens).
-    fn llama_server_rows(&self) -> [(&'static str, &'static str, &'static str, String); 6] {
+    fn llama_server_rows(&self) -> [(&'static str, &'static str, &'static str, String); 9] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let (used, total) = (get(&self.kv_cells_used), get(&self.kv_cells_total));
         let usage = if total == 0 { 0.0 } else { used as f64 / total as f64 };
@@ -149,6 +155,24 @@ impl Metrics {
             ("requests_processing", "gauge", "Number of requests processing.", get(&self.processing).to_string()),
             ("requests_deferred", "gauge", "Number of requests deferred.", get(&self.queue_depth).to_string()),
             ("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.", format!("{usage:.4}")),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "Total draft tokens generated (self-verified answers).",
+                get(&self.draft_tokens).to_string(),
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Total draft tokens accepted by the base.",
+                get(&self.draft_accepted).to_string(),
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "counter",
+                "Total speculative decoding verification steps.",
+                get(&self.verify_forwards).to_string(),
+            ),
         ]
     }
 }

@@ -15,6 +15,7 @@ use tokio::sync::mpsc::Receiver;
 use crate::error::ApiError;
 use crate::job::{event_channel, Event, Job, JobParams, ModelInfo};
 use crate::protocol::{Common, Logprobs, OneOrMany};
+use crate::speculative::{self, SpecFields};
 use crate::tools::ToolRequest;
 
 /// The request field that sets the library's parameter `p` (the settings
@@ -23,6 +24,10 @@ fn field(p: Param) -> &'static str {
     match p {
         Param::NPredict => "max_tokens",
         Param::Temp => "temperature",
+        Param::SpecType => "speculative.type",
+        Param::DraftNMax => "speculative.n_max",
+        Param::DraftNMin => "speculative.n_min",
+        Param::DraftPMin => "speculative.p_min",
         p => p.name(),
     }
 }
@@ -31,6 +36,16 @@ fn field(p: Param) -> &'static str {
 fn refused(e: &ParamError) -> ApiError {
     let main = e.params.first().map_or("body", |&p| field(p));
     ApiError::field(main, e.naming(|p| format!("'{}'", field(p))))
+}
+
+/// A request's `speculative.*` fields.
+fn spec_fields(common: &Common) -> SpecFields<'_> {
+    SpecFields {
+        spec_type: common.spec_type.as_deref(),
+        n_max: common.spec_n_max,
+        n_min: common.spec_n_min,
+        p_min: common.spec_p_min,
+    }
 }
 
 /// A float field as the runtime takes it.
@@ -171,6 +186,7 @@ fn rule(common: &Common, info: &ModelInfo) -> Result<StepRule, ApiError> {
     let step = StepParams {
         confidence: as_f32(common.confidence).unwrap_or(info.step.confidence),
         max_steps: common.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
+        draft: speculative::draft(spec_fields(common), info.step.draft)?,
         ..info.step
     };
     step.rule(info.max_steps).map_err(|e| refused(&e))

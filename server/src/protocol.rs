@@ -129,6 +129,18 @@ pub struct Common {
     pub grammar: Option<String>,
     /// llama-server's JSON schema field.
     pub json_schema: Option<Value>,
+    /// `none` (macro steps) or `draft-mtp` (self-verified), see [`crate::speculative`].
+    #[serde(rename = "speculative.type")]
+    pub spec_type: Option<String>,
+    /// llama-server's: the most tokens drafted after each verified one.
+    #[serde(rename = "speculative.n_max")]
+    pub spec_n_max: Option<u64>,
+    /// llama-server's: tokens drafted at every step whatever the gate says.
+    #[serde(rename = "speculative.n_min")]
+    pub spec_n_min: Option<u64>,
+    /// llama-server's: the least probability a drafted token needs.
+    #[serde(rename = "speculative.p_min")]
+    pub spec_p_min: Option<f64>,
 }
 
 impl Common {

@@ -35,8 +35,10 @@ pub fn usage(prompt: usize, completion: usize) -> Value {
 }
 
 /// The `timings` object: llama-server's fields (`prompt_n` the prompt tokens
-/// processed, `cache_n` those whose KV entries were reused) plus HAMburger's
-/// macro steps.
+/// processed, `cache_n` those whose KV entries were reused; `draft_n` the
+/// drafted tokens checked, `draft_n_accepted` those accepted) plus
+/// HAMburger's macro steps (base forwards) and, self-verified, the forwards
+/// that checked drafts and the drafted tokens accepted per such forward.
 pub fn timings(t: &Timings) -> Value {
     let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     json!({
@@ -51,6 +53,10 @@ pub fn timings(t: &Timings) -> Value {
         "tokens_per_step": t.tokens_per_step(),
         "kv_entries": t.kv_entries,
         "kv_bytes_per_entry": t.kv_bytes_per_entry,
+        "draft_n": t.drafted,
+        "draft_n_accepted": t.draft_accepted,
+        "verify_forwards": t.verify_forwards,
+        "accepted_per_verify": t.accepted_per_verify(),
     })
 }
 
@@ -130,6 +136,9 @@ impl Totals {
             sum.reached.resize(t.reached.len(), 0);
         }
         sum.reached.iter_mut().zip(&t.reached).for_each(|(s, r)| *s += r);
+        sum.drafted += t.drafted;
+        sum.draft_accepted += t.draft_accepted;
+        sum.verify_forwards += t.verify_forwards;
     }
 
     /// The `usage` object: the prompts once each, the completion tokens of every choice.

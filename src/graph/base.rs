@@ -1,8 +1,9 @@
 //! The macro step's base forward: a batch of inputs of one or more sequences
 //! (prompt tokens, and the merged inputs of previous macro steps) through
 //! every base layer, writing one KV cell per input. At the last input of each
-//! sequence it copies the features out for the micro decoder and computes
-//! out_0's logits and stop probability.
+//! sequence (and at every input marked as an output row: the rows a
+//! self-verified forward checks) it copies the features out for the micro
+//! decoder and computes out_0's logits and stop probability.
 //!
 //! Graph rows: the embeddings come out grouped (merged inputs by token count,
 //! then single tokens); the rows are then ordered so that the output rows
@@ -36,6 +37,14 @@ pub fn positions(batch: &Batch, next_pos: &[usize]) -> (Vec<i32>, Vec<usize>) {
     (pos, next)
 }
 
+/// Output rows per sequence whose features one base forward can store: a
+/// self-verified forward's last committed token and up to `max_steps - 1`
+/// drafted tokens. The feature store keeps this many slots per sequence, so
+/// that the next draft can start from whichever row was accepted last.
+pub fn feature_rows_per_seq(hp: &HParams) -> usize {
+    hp.max_steps
+}
+
 /// The shape a base graph is built for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BaseShape {
@@ -43,7 +52,7 @@ pub struct BaseShape {
     pub merged: Vec<usize>,
     /// Single-token inputs.
     pub n_plain: usize,
-    /// Output rows (one per sequence of the batch).
+    /// Output rows (one per sequence of the batch, and one per row marked as an output).
     pub n_out: usize,
     /// Whether the rows are reordered after embedding.
     pub permuted: bool,
@@ -82,8 +91,10 @@ pub struct Wants {
 /// and the heads run on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputRows {
-    /// Each sequence's last input: a decode step, which needs only the
-    /// distribution of the token after everything fed.
+    /// Each sequence's last input, and each input marked as an output row
+    /// ([`Batch::push_output_rows`]): a decode step, which needs the
+    /// distribution of the token after everything fed, and after each token
+    /// a self-verified step checks.
     LastOfEachSequence,
     /// Every input, in batch order: scoring a prompt, which needs the
     /// distribution after each of its tokens (only with no features stored).
@@ -100,11 +111,17 @@ pub struct BaseLayout {
     perm: Vec<i32>,
     /// The rows in graph order.
     rows: Vec<Row>,
-    /// Feature-store rows: `[n_out, F]`, `seq * F + f`.
+    /// Feature-store rows: `[n_out, F]`, `(seq * R + r) * F + f` for the
+    /// `r`th output row of `seq` (`R`: [`feature_rows_per_seq`]).
     feat_idx: Vec<i64>,
-    /// The sequence of each output row, in order ([`Batch::seqs`], or every
-    /// input's with [`OutputRows::Every`]).
+    /// The sequence of each output row, in order: sequences in order of
+    /// first appearance ([`Batch::seqs`]), each one's output rows in batch
+    /// order (every input in batch order with [`OutputRows::Every`]).
     pub out_seqs: Vec<SeqId>,
+    /// The rope position of each output row.
+    pub out_pos: Vec<i32>,
+    /// Each output row's rank among its sequence's output rows (0 for the first).
+    pub out_rank: Vec<usize>,
 }
 
 impl BaseLayout {
@@ -130,10 +147,16 @@ impl BaseLayout {
         let (out_seqs, outs): (Vec<SeqId>, Vec<usize>) = match rows {
             OutputRows::LastOfEachSequence => {
                 let last_of = |seq: SeqId| inputs.iter().rposition(|i| i.seq == seq).expect("a sequence of the batch");
-                batch.seqs().into_iter().map(|s| (s, last_of(s))).unzip()
+                let out_rows_of = |seq: SeqId| {
+                    let last = last_of(seq);
+                    (0..inputs.len()).filter(move |&i| inputs[i].seq == seq && (inputs[i].output || i == last))
+                };
+                batch.seqs().into_iter().flat_map(|s| out_rows_of(s).map(move |i| (s, i))).unzip()
             }
             OutputRows::Every => inputs.iter().enumerate().map(|(i, input)| (input.seq, i)).unzip(),
         };
+        let out_rank: Vec<usize> =
+            out_seqs.iter().enumerate().map(|(j, s)| out_seqs[..j].iter().filter(|&q| q == s).count()).collect();
         let graph_order: Vec<usize> =
             (0..inputs.len()).filter(|i| !outs.contains(i)).chain(outs.iter().copied()).collect();
         let mut merged = vec![0; hp.max_steps.saturating_sub(1)];
@@ -145,7 +168,8 @@ impl BaseLayout {
             .map(|g| embed_order.iter().position(|e| e == g).expect("a batch input") as i32)
             .collect();
         let permuted = perm.iter().enumerate().any(|(r, &p)| p != r as i32);
-        let f = hp.n_features();
+        let (f, r) = (hp.n_features(), feature_rows_per_seq(hp));
+        let slots: Vec<usize> = out_seqs.iter().zip(&out_rank).map(|(&s, &k)| s * r + k).collect();
         BaseLayout {
             shape: BaseShape {
                 merged,
@@ -159,8 +183,10 @@ impl BaseLayout {
             tokens: embed_order.iter().flat_map(|&i| batch.tokens_of(&inputs[i]).iter().map(|&t| t as i32)).collect(),
             perm,
             rows: graph_order.iter().map(|&i| Row { seq: inputs[i].seq, pos: pos[i], cell: cells[i] }).collect(),
-            feat_idx: (0..f).flat_map(|fi| out_seqs.iter().map(move |&s| (s * f + fi) as i64)).collect(),
+            feat_idx: (0..f).flat_map(|fi| slots.iter().map(move |&c| (c * f + fi) as i64)).collect(),
+            out_pos: outs.iter().map(|&i| pos[i]).collect(),
             out_seqs,
+            out_rank,
         }
     }
 }
@@ -309,8 +335,9 @@ mod tests {
         let rows: Vec<(SeqId, i32, usize)> = l.rows.iter().map(|r| (r.seq, r.pos, r.cell)).collect();
         assert_eq!(rows, [(0, 5, 3), (0, 6, 0), (0, 8, 2), (1, 4, 1)]);
         assert_eq!(l.out_seqs, [0, 1]);
-        // Feature f of output row j goes to column seq * F + f, grouped by feature.
-        assert_eq!(l.feat_idx, [0, 2, 1, 3]);
+        // Feature f of sequence q's first output row goes to column q * R * F + f
+        // (R = 4 rows per sequence), grouped by feature.
+        assert_eq!(l.feat_idx, [0, 8, 1, 9]);
         let shape = BaseShape {
             merged: vec![1, 1, 0],
             n_plain: 2,
@@ -334,7 +361,34 @@ mod tests {
         assert!(!l.shape.permuted && !l.shape.stop_head && !l.shape.features);
         assert_eq!(l.shape.merged, [0, 0, 0]);
         assert_eq!(l.out_seqs, [2]);
-        assert_eq!(l.feat_idx, [4, 5]);
+        assert_eq!(l.feat_idx, [16, 17]);
+    }
+
+    #[test]
+    fn a_verify_forward_outputs_its_last_committed_row_and_each_drafted_row() {
+        // Sequence 1: a prompt token; sequence 0: a committed token (a forced
+        // one before it) and two drafted tokens.
+        let mut b = Batch::new();
+        b.push_tokens(1, &[5]);
+        b.push_tokens(0, &[40]);
+        b.push_output_rows(0, &[41, 42, 43]);
+        let want = Wants { stop_head: true, logits: false, features: true };
+        let l = BaseLayout::new(
+            &small(4, 2, 4),
+            &b,
+            &[3, 7, 8, 9, 10],
+            &[0, 1, 2, 3, 4],
+            256,
+            want,
+            OutputRows::LastOfEachSequence,
+        );
+        assert_eq!(l.out_seqs, [1, 0, 0, 0]);
+        assert_eq!(l.out_rank, [0, 0, 1, 2]);
+        assert_eq!(l.out_pos, [3, 8, 9, 10]);
+        // The forced token is no output: it goes first in graph order.
+        assert_eq!(l.perm, [1, 0, 2, 3, 4]);
+        // Sequence 0's rows take its feature slots 0, 1, 2 (columns (0 * 4 + r) * 2 + f).
+        assert_eq!(l.feat_idx, [8, 0, 2, 4, 9, 1, 3, 5]);
     }
 
     #[test]

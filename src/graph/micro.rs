@@ -58,12 +58,14 @@ pub struct MicroLayout {
 
 impl MicroLayout {
     /// Lays out micro step `s` feeding `token` to each `(seq, token)`, with
-    /// `n_feature_cols` columns in the feature store and `n_kv` micro cells,
-    /// computing what `want` asks for.
+    /// `n_feature_cols` columns in the feature store, of which step 0 reads
+    /// slot `feature_slots[j]` (columns `slot * F..(slot + 1) * F`) for input
+    /// `j`, and `n_kv` micro cells, computing what `want` asks for.
     pub fn new(
         hp: &HParams,
         s: usize,
         inputs: &[(SeqId, u32)],
+        feature_slots: &[usize],
         n_feature_cols: usize,
         n_kv: usize,
         want: MicroWants,
@@ -71,7 +73,10 @@ impl MicroLayout {
         let (f, len) = (hp.n_features(), cells_per_seq(hp));
         let row = |seq: SeqId, pos: usize| Row { seq, pos: pos as i32, cell: seq * len + pos };
         let (rows, gather) = if s == 0 {
-            let feature_rows = inputs.iter().flat_map(|&(seq, _)| (0..f).map(move |p| (row(seq, p), seq * f + p)));
+            let feature_rows = inputs
+                .iter()
+                .zip(feature_slots)
+                .flat_map(|(&(seq, _), &slot)| (0..f).map(move |p| (row(seq, p), slot * f + p)));
             let token_rows = inputs.iter().enumerate().map(|(j, &(seq, _))| (row(seq, f), n_feature_cols + j));
             feature_rows.chain(token_rows).map(|(r, c)| (r, c as i32)).unzip()
         } else {
@@ -108,7 +113,7 @@ impl MicroInputs {
 }
 
 /// Builds the micro graph of `shape` over the micro cache `cache`, reading
-/// the feature store `features [D, F * n_seq]` at step 0.
+/// the feature store `features [D, F * R * n_seq]` at step 0.
 ///
 /// # Errors
 /// When the graph cannot be allocated.
@@ -158,11 +163,12 @@ mod tests {
         let hp = small(4, 2, 4);
         assert_eq!(cells_per_seq(&hp), 5);
         let want = MicroWants { stop_head: true, logits: false };
-        let l = MicroLayout::new(&hp, 0, &[(1, 7), (0, 9)], 4, 10, want);
+        // Sequence 1 reads feature slot 1, sequence 0 slot 2 (a kept verify row).
+        let l = MicroLayout::new(&hp, 0, &[(1, 7), (0, 9)], &[1, 2], 8, 10, want);
         // Sequence q owns cells 5q..5q+5: features at positions 0 and 1, t_0 at 2.
         assert_eq!(cells(&l), [(1, 0, 5), (1, 1, 6), (0, 0, 0), (0, 1, 1), (1, 2, 7), (0, 2, 2)]);
-        // Feature rows read columns q * F + f; token rows the embeddings after the 4 feature columns.
-        assert_eq!(l.gather, [2, 3, 0, 1, 4, 5]);
+        // Feature rows read columns slot * F + f; token rows the embeddings after the 8 feature columns.
+        assert_eq!(l.gather, [2, 3, 4, 5, 8, 9]);
         assert_eq!(l.tokens, [7, 9]);
         assert_eq!(l.shape, MicroShape { first: true, n_seqs: 2, n_kv: 10, stop_head: true });
     }
@@ -170,7 +176,8 @@ mod tests {
     #[test]
     fn a_later_step_feeds_one_token_per_sequence_at_its_step_position() {
         let hp = small(4, 2, 4);
-        let l = MicroLayout::new(&hp, 2, &[(1, 7), (0, 9)], 4, 10, MicroWants { stop_head: false, logits: true });
+        let l =
+            MicroLayout::new(&hp, 2, &[(1, 7), (0, 9)], &[1, 0], 8, 10, MicroWants { stop_head: false, logits: true });
         assert_eq!(cells(&l), [(1, 4, 9), (0, 4, 4)]);
         assert!(l.gather.is_empty());
         assert_eq!(l.shape, MicroShape { first: false, n_seqs: 2, n_kv: 10, stop_head: false });

@@ -1,9 +1,10 @@
 //! The golden cases of the tiny fixture (greedy outputs of the
 //! ORIGINAL implementation), and their end-to-end check on a loaded model.
 
-use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams};
+use hamburger::{EngineParams, LoadOptions, Model, Session, SessionParams, StepParams, StepRule};
 use serde_json::Value;
 
+use crate::near_tie::{decisions_of, decisions_of_generation, divergence, Decision};
 use crate::testmodel::{converted, tiny_fixture};
 
 /// One golden case: a prompt, the settings, and what the original emitted.
@@ -74,12 +75,37 @@ impl Worst {
     }
 }
 
+/// The golden decode of `case` as decisions ([`crate::near_tie`]): each
+/// token with the original's top-2 logit margin, each step end with its stop
+/// probability's distance from the case's confidence, for the first
+/// `max_new_tokens` tokens.
+fn golden_decisions(case: &GoldenCase, max_steps: usize) -> Vec<Decision> {
+    let rule = StepRule { max_steps, confidence: case.confidence, forced: false, draft: None };
+    let steps: Vec<(Vec<u32>, Vec<f32>, Vec<f32>)> = case.raw["macro_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let floats = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+            (ids(&s["tokens"]), floats(&s["p_stop"]), floats(&s["top2_margin"]))
+        })
+        .collect();
+    let mut d = decisions_of(steps.iter().map(|(t, p, m)| (&t[..], &p[..], m.clone())), &rule);
+    d.truncate(case.max_new_tokens);
+    d
+}
+
 /// Runs every golden case on `model` (an F32 conversion of the fixture, or
-/// any lower precision with tolerances to match): (macro step, token) pairs
-/// exact for the first `max_new_tokens`, and, when `params.keep_logits`, the
-/// worst top-5 logit and stop probability over all cases within the
-/// tolerances. The worst departures are printed (`--nocapture`) and
-/// returned, so a tolerance can be set from measurement.
+/// any lower precision with tolerances to match), with `params.keep_logits`:
+/// the decisions (tokens and macro-step ends) equal the original's for the
+/// first `max_new_tokens` tokens, except that a case may part from it at a
+/// near-tie ([`crate::near_tie`]): a token whose top-2 margin, or a step end
+/// whose stop probability's distance from the confidence, is below twice the
+/// tolerance (each side's value may be off by it), or twice the worst
+/// departure measured when the tolerance is infinite; the worst top-5 logit
+/// and stop probability departures over the decisions before any parting
+/// within the tolerances. The worst departures are printed (`--nocapture`)
+/// and returned, so a tolerance can be set from measurement.
 ///
 /// # Panics
 /// On any departure beyond them: a test failure.
@@ -87,31 +113,57 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
     let cases = cases();
     assert_eq!(cases.len(), 18);
     let (mut logit, mut stop) = (Worst::default(), Worst::default());
+    let mut parted = Vec::new();
     for (ci, case) in cases.iter().enumerate() {
         let p = SessionParams { step: StepParams { confidence: case.confidence, ..params.step }, ..params.clone() };
         let mut session = Session::new(model, p).unwrap();
         let gen = session.generate(&case.prompt_ids, case.max_new_tokens, |_| true).unwrap();
-        let got: Vec<(usize, u32)> =
-            gen.macro_steps.iter().enumerate().flat_map(|(si, s)| s.tokens.iter().map(move |&t| (si, t))).collect();
-        assert_eq!(got, case.steps, "case {ci}: (macro step, token) sequence");
+        let rule = StepRule { max_steps: model.hp.max_steps, confidence: case.confidence, forced: false, draft: None };
+        let want = golden_decisions(case, model.hp.max_steps);
+        let got = decisions_of_generation(&gen, &rule);
+        let part = divergence(&got, &want);
+        // Departures are compared where both decoded the same context.
+        let compared = part.as_ref().map_or(want.len(), |d| d.at + 1);
         let want_steps = case.raw["macro_steps"].as_array().unwrap();
-        for (si, (step, w)) in gen.macro_steps.iter().zip(want_steps).enumerate() {
-            for (mi, p) in step.p_stop.iter().enumerate() {
-                let wp = w["p_stop"][mi].as_f64().unwrap() as f32;
-                stop.see((p - wp).abs(), || format!("case {ci} step {si}.{mi}: p_stop {p} vs {wp}"));
-                for pair in w["top5"][mi].as_array().unwrap() {
-                    let (id, l) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32);
-                    let ours = step.logits[mi][id];
-                    logit.see((ours - l).abs(), || format!("case {ci} step {si}.{mi}: logit[{id}] {ours} vs {l}"));
-                }
+        let pairs = gen
+            .macro_steps
+            .iter()
+            .zip(want_steps)
+            .flat_map(|(step, w)| (0..step.tokens.len()).map(move |mi| (step, w, mi)));
+        for (i, (step, w, mi)) in pairs.take(compared).enumerate() {
+            let p = step.p_stop[mi];
+            let wp = w["p_stop"][mi].as_f64().unwrap() as f32;
+            stop.see((p - wp).abs(), || format!("case {ci} token {i}: p_stop {p} vs {wp}"));
+            for pair in w["top5"][mi].as_array().unwrap() {
+                let (id, l) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32);
+                let ours = step.logits[mi][id];
+                logit.see((ours - l).abs(), || format!("case {ci} token {i}: logit[{id}] {ours} vs {l}"));
             }
         }
-        assert_eq!(gen.output_ids.len(), case.max_new_tokens, "case {ci}: output cut at the budget");
-        assert_eq!(gen.timings.kv_entries, case.prompt_ids.len() + gen.macro_steps.len() - 1);
+        match part {
+            Some(d) => parted.push((ci, d)),
+            None => {
+                assert_eq!(gen.output_ids.len(), case.max_new_tokens, "case {ci}: output cut at the budget");
+                assert_eq!(gen.timings.kv_entries, case.prompt_ids.len() + gen.macro_steps.len() - 1);
+            }
+        }
     }
     eprintln!("golden: worst logit {:.3e} ({}); worst p_stop {:.3e} ({})", logit.diff, logit.at, stop.diff, stop.at);
     assert!(logit.diff < logit_tol, "logit beyond {logit_tol}: {}", logit.at);
     assert!(stop.diff < stop_tol, "p_stop beyond {stop_tol}: {}", stop.at);
+    let tie = |tol: f32, worst: f32| 2.0 * if tol.is_finite() { tol } else { worst };
+    let (tie_logit, tie_stop) = (tie(logit_tol, logit.diff), tie(stop_tol, stop.diff));
+    for (ci, d) in parted {
+        let tol = if d.what.starts_with("token") { tie_logit } else { tie_stop };
+        eprintln!("golden case {ci} parts at decision {} ({}) where the margin is {:.2e}", d.at, d.what, d.margin);
+        assert!(
+            d.margin < tol,
+            "case {ci}: decision {} differs ({}), margin {:.3e} >= {tol:.3e}",
+            d.at,
+            d.what,
+            d.margin
+        );
+    }
     (logit, stop)
 }
 
@@ -122,7 +174,8 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
 /// TF32 on Ampere and later (its `mmf` kernels' `tf32` MMA instructions up
 /// to 16 columns, cuBLAS in `CUBLAS_TF32_TENSOR_OP_MATH` above), so these
 /// departures are the scale of what an F32 model on such a GPU may show.
-/// Tokens must still match exactly; the worst departures are returned.
+/// Tokens may part from the original only at a near-tie of twice the
+/// departures measured; the worst departures are returned.
 ///
 /// # Panics
 /// When the tokens depart: a test failure.

@@ -9,11 +9,15 @@
 //!   random grafted modules, random checkpoints of the release's shapes) and
 //!   the cache of their conversions;
 //! * [`golden`]: the golden cases of the tiny fixture, checked end to end;
+//! * [`near_tie`]: greedy decodes that may round differently (batch shapes,
+//!   backends, implementations) compared decision by decision, parting only
+//!   at a near-tie;
 //! * [`registry`]: files taken from PyPI packages (pip, cached);
 //! * [`merger`]: the merger alone as a runnable graph, for unit tests and benchmarks.
 
 pub mod golden;
 pub mod merger;
+pub mod near_tie;
 pub mod process;
 pub mod reference;
 pub mod registry;

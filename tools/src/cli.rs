@@ -4,7 +4,8 @@
 
 use std::process::ExitCode;
 
-use hamburger::{DeviceChoice, Param, ParamError, SamplerParams, StepParams};
+use hamburger::draft::SpecType;
+use hamburger::{DeviceChoice, DraftParams, Param, ParamError, SamplerParams, StepParams};
 use quant::Mix;
 
 /// Runs a tool: starts the logger at `default_log` (`RUST_LOG` wins), parses
@@ -128,6 +129,10 @@ pub fn flag(p: Param) -> &'static str {
         Param::RepeatPenalty => "--repeat-penalty",
         Param::FrequencyPenalty => "--frequency-penalty",
         Param::PresencePenalty => "--presence-penalty",
+        Param::SpecType => "--spec-type",
+        Param::DraftNMax => "--spec-draft-n-max",
+        Param::DraftNMin => "--spec-draft-n-min",
+        Param::DraftPMin => "--spec-draft-p-min",
         Param::Device => "--device",
         Param::TensorSplit => "--tensor-split",
     }
@@ -255,7 +260,64 @@ impl DecodeArgs {
     /// (a tool's own flag: one value, or a benchmark's list) and checked when
     /// resolved against a model.
     pub fn step_params(&self, forced_steps: Option<usize>) -> StepParams {
-        StepParams { confidence: self.confidence(), max_steps: self.max_steps, forced_steps }
+        StepParams { confidence: self.confidence(), max_steps: self.max_steps, forced_steps, draft: None }
+    }
+}
+
+/// Speculative decoding's flags, as llama.cpp spells them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// none: HAMburger's macro steps (one KV entry per step, the micro
+    /// decoder's tokens kept as the stop head allows); draft-mtp:
+    /// self-verified (the micro decoder drafts, the base checks every token:
+    /// the base's output, one KV entry per token); draft-simple: a draft
+    /// model (-md). n-gram and other llama.cpp types are refused.
+    #[arg(long, default_value = "none", value_parser = SpecType::parse)]
+    pub spec_type: SpecType,
+    /// Self-verified: the most tokens drafted after each verified one
+    /// (default: the model's max_steps - 1, the most its micro decoder drafts).
+    #[arg(long)]
+    pub spec_draft_n_max: Option<usize>,
+    /// Self-verified: tokens drafted at every step whatever the gate says (default 0).
+    #[arg(long)]
+    pub spec_draft_n_min: Option<usize>,
+    /// Self-verified: a drafted token less likely than this under the micro
+    /// decoder ends the draft (default 0).
+    #[arg(long, alias = "draft-p-min", value_parser = finite, allow_negative_numbers = true)]
+    pub spec_draft_p_min: Option<f32>,
+}
+
+impl SpecArgs {
+    /// The self-verified drafts these flags ask for (`None`: macro steps);
+    /// checked against a model when the step rule is resolved.
+    ///
+    /// # Errors
+    /// `draft-simple` (a draft model is another tool's), or draft flags
+    /// without `--spec-type draft-mtp`.
+    pub fn draft(&self) -> anyhow::Result<Option<DraftParams>> {
+        match self.spec_type {
+            SpecType::SelfVerified => Ok(Some(DraftParams {
+                n_max: self.spec_draft_n_max,
+                n_min: self.spec_draft_n_min.unwrap_or(0),
+                p_min: self.spec_draft_p_min.unwrap_or(0.0),
+            })),
+            SpecType::DraftModel => {
+                anyhow::bail!("--spec-type draft-simple needs a draft model (-md, --model-draft)")
+            }
+            SpecType::None => {
+                let given = [
+                    ("--spec-draft-n-max", self.spec_draft_n_max.is_some()),
+                    ("--spec-draft-n-min", self.spec_draft_n_min.is_some()),
+                    ("--spec-draft-p-min", self.spec_draft_p_min.is_some()),
+                ];
+                match given.iter().find(|g| g.1) {
+                    Some((flag, _)) => anyhow::bail!(
+                        "{flag} applies to self-verified decoding: add --spec-type draft-mtp (macro steps draft nothing)"
+                    ),
+                    None => Ok(None),
+                }
+            }
+        }
     }
 }
 

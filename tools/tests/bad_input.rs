@@ -153,6 +153,19 @@ fn invalid_flags() {
         assert_clean_error(&["-m", m, "-p", "hi", flag, value], &[flag, value]);
     }
     assert_clean_error(&["-m", m, "-p", "hi", "-fa", "off", "--cache-type", "q8_0"], &["flash attention"]);
+    // Speculative decoding's flags, as llama.cpp spells them.
+    let mtp = ["-m", m, "-p", "hi", "--spec-type", "draft-mtp"];
+    for (extra, names) in [
+        (&["--spec-draft-n-max", "4"][..], &["--spec-draft-n-max", "4"][..]),
+        (&["--spec-draft-n-min", "3", "--spec-draft-n-max", "1"], &["--spec-draft-n-min", "--spec-draft-n-max"]),
+        (&["--spec-draft-p-min", "1.5"], &["--spec-draft-p-min", "1.5"]),
+        (&["--spec-draft-p-min", "nan"], &["--spec-draft-p-min"]),
+    ] {
+        assert_clean_error(&[&mtp[..], extra].concat(), names);
+    }
+    assert_clean_error(&["-m", m, "-p", "hi", "--spec-type", "ngram-mod"], &["--spec-type", "n-gram"]);
+    assert_clean_error(&["-m", m, "-p", "hi", "--spec-type", "draft-simple"], &["draft-simple", "-md"]);
+    assert_clean_error(&["-m", m, "-p", "hi", "--spec-draft-n-max", "2"], &["--spec-draft-n-max", "draft-mtp"]);
     assert_clean_error(&["-m", m], &["prompt"]);
     assert_clean_error(&["-m", m, "-p", "hi", "--device", "tpu"], &["tpu", "cuda"]);
     if !cfg!(feature = "cuda") {
@@ -204,6 +217,23 @@ fn json_output_follows_the_schema() {
     assert_eq!(steps, out_ids, "macro steps concatenate to the output");
     assert_eq!(out_ids.len(), 10);
     assert_eq!(v["timings"]["macro_steps"].as_u64().unwrap() as usize, v["macro_steps"].as_array().unwrap().len());
+    // Self-verified: the one-token-per-step text, and what the drafts earned.
+    let run = |extra: &[&str]| {
+        let args =
+            [&["-m", p.to_str().unwrap(), "-p", "The license grants", "-n", "10", "--temp", "0", "--json"][..], extra]
+                .concat();
+        let (ok, out, err) = cli(&args);
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(out.trim_end().lines().last().unwrap()).unwrap()
+    };
+    let plain = run(&["--confidence", "2"]);
+    let verified = run(&["--spec-type", "draft-mtp", "--spec-draft-n-min", "2", "--spec-draft-n-max", "2"]);
+    assert_eq!(verified["output_ids"], plain["output_ids"]);
+    let t = &verified["timings"];
+    for k in ["draft_n", "draft_n_accepted", "verify_forwards", "accepted_per_verify"] {
+        assert!(t.get(k).is_some(), "missing timings.{k}");
+    }
+    assert!(t["draft_n"].as_u64().unwrap() > 0, "{t}");
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
 //! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
-//! models in `server/echo.rs`, the chat page in a browser in `server/webui.rs`,
+//! models in `server/echo.rs`, prompt-prefix reuse that changes no answer in
+//! `server/prompt_cache.rs`, self-verified requests in
+//! `server/speculative.rs`, the chat page in a browser in `server/webui.rs`,
 //! against the same binary.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,8 +16,12 @@ use testing::testmodel::{converted, tiny_fixture};
 
 #[path = "server/echo.rs"]
 mod echo;
+#[path = "server/prompt_cache.rs"]
+mod prompt_cache;
 #[path = "server/requests.rs"]
 mod requests;
+#[path = "server/speculative.rs"]
+mod speculative;
 #[path = "server/webui.rs"]
 mod webui;
 
@@ -38,6 +44,14 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// POSTs `body` to the server at `addr`; the status and the JSON answer.
+fn post(addr: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    // No timeout (reqwest's blocking client waits 30 s by default): a loaded machine answers late.
+    let client = reqwest::blocking::Client::builder().timeout(None).build().unwrap();
+    let r = client.post(format!("http://{addr}{path}")).json(body).send().unwrap();
+    (r.status().as_u16(), r.json().unwrap())
 }
 
 /// Starts the server on `model` with `args` on an ephemeral port.
@@ -158,7 +172,8 @@ fn the_log_has_a_model_summary_and_a_line_per_request() {
         before.push(line);
     };
     assert!(
-        before.iter().any(|l| l.contains("up to 4 tokens per macro step") && l.contains("1 slots drawing on one pool of 512 KV cells")),
+        before.iter().any(|l| l.contains("up to 4 tokens per macro step")
+            && l.contains("1 slots drawing on one pool of 512 KV cells")),
         "{before:?}"
     );
     let body = serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 6, "ignore_eos": true});
@@ -194,4 +209,48 @@ fn the_default_confidence_is_the_models_recommended_one() {
     };
     assert_eq!(props_confidence(&["-np", "1", "-c", "512"]), 0.9);
     assert_eq!(props_confidence(&["-np", "1", "-c", "512", "--confidence", "0.5"]), 0.5);
+}
+
+/// Asserts that `text` is `choice`'s answer (asked with 2 alternatives per
+/// token), or starts like it up to a token whose margin over its runner-up
+/// is below `tie`: where the two were computed in forwards of other row
+/// counts (`hamburger::row_class`), a near-tie may flip, and only there.
+fn assert_text_up_to_a_tie(text: &str, choice: &serde_json::Value, tie: f64, what: &str) {
+    let lp = &choice["logprobs"];
+    let tokens: Vec<(String, f64)> = match lp["content"].as_array() {
+        Some(content) => content
+            .iter()
+            .map(|c| {
+                let top = c["top_logprobs"].as_array().unwrap();
+                let margin = top[0]["logprob"].as_f64().unwrap() - top[1]["logprob"].as_f64().unwrap();
+                (c["token"].as_str().unwrap().to_string(), margin)
+            })
+            .collect(),
+        None => lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(lp["top_logprobs"].as_array().unwrap())
+            .map(|(t, top)| {
+                let mut l: Vec<f64> = top.as_object().unwrap().values().map(|x| x.as_f64().unwrap()).collect();
+                l.sort_by(|a, b| b.total_cmp(a));
+                (t.as_str().unwrap().to_string(), l[0] - l.get(1).copied().unwrap_or(f64::NEG_INFINITY))
+            })
+            .collect(),
+    };
+    let mut rest = text;
+    for (i, (token, margin)) in tokens.iter().enumerate() {
+        match rest.strip_prefix(token.as_str()) {
+            Some(r) => rest = r,
+            // An end-of-generation token is not part of the text.
+            None if rest.is_empty() && i + 1 == tokens.len() => return,
+            None => {
+                let at = format!("{what}: {text:?} parts from the answer at token {i} ({token:?})");
+                assert!(*margin < tie, "{at}, margin {margin:.2e}");
+                eprintln!("{at}, a near-tie ({margin:.2e})");
+                return;
+            }
+        }
+    }
+    assert!(rest.is_empty(), "{what}: {text:?} goes on past the answer ({rest:?} left)");
 }

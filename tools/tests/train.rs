@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use hamburger::StepRule;
 use serde_json::{json, Value};
+use testing::near_tie::{assert_agree, decisions_of};
 use testing::testmodel::{self, tiny_fixture};
 
 fn repo() -> PathBuf {
@@ -46,7 +48,9 @@ fn golden() -> Value {
 }
 
 /// The trainer's greedy macro steps of a checkpoint directory.
-fn trainer_greedy(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> Vec<Vec<u64>> {
+/// The trainer's greedy macro steps of `prompt` (a check of the runtime's),
+/// with each token's top-2 logit margin and stop probability.
+fn trainer_greedy_traced(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> (Vec<Vec<u64>>, Vec<(f32, f32)>) {
     let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
     let out = run_ok(train_tool().args(["greedy", "--out"]).arg(ckpt).args([
         "--ids",
@@ -57,7 +61,11 @@ fn trainer_greedy(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> Vec
         &confidence.to_string(),
     ]));
     let v: Value = serde_json::from_str(&out).unwrap();
-    serde_json::from_value(v["macro_steps"].clone()).unwrap()
+    (serde_json::from_value(v["macro_steps"].clone()).unwrap(), serde_json::from_value(v["trace"].clone()).unwrap())
+}
+
+fn trainer_greedy(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> Vec<Vec<u64>> {
+    trainer_greedy_traced(ckpt, prompt, n, confidence).0
 }
 
 fn steps_of(case: &Value) -> Vec<Vec<u64>> {
@@ -179,7 +187,7 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     for case in golden()["cases"].as_array().unwrap().iter().step_by(6) {
         let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
         let conf = case["confidence"].as_f64().unwrap();
-        let want = trainer_greedy(&out, &prompt, 16, conf);
+        let (want, trace) = trainer_greedy_traced(&out, &prompt, 16, conf);
         let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
         let cli = run_ok(
             Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
@@ -190,11 +198,27 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
         );
         let v: Value = serde_json::from_str(cli.lines().last().unwrap()).unwrap();
         let got: Vec<Vec<u64>> = serde_json::from_value(v["macro_steps"].clone()).unwrap();
-        let n: usize = got.iter().map(Vec::len).sum();
-        // The CLI cuts the last step at the budget; the trainer keeps it whole.
-        let flat_want: Vec<u64> = want.iter().flatten().copied().take(n).collect();
-        assert_eq!(got.iter().flatten().copied().collect::<Vec<_>>(), flat_want, "confidence {conf}");
-        assert_eq!(got.len(), want.len().min(got.len()), "macro steps differ at confidence {conf}");
+        // PyTorch in F32 and the runtime with its F16 cache round apart (by
+        // less than the TF32 emulation's 5.1e-2 logit and 2.3e-3 stop
+        // probability, testing::golden): the same decisions up to a near-tie
+        // of twice those. The CLI cuts the last step at the budget; the
+        // comparison ends with the shorter side.
+        let rule = StepRule { max_steps: 4, confidence: conf as f32, forced: false, draft: None };
+        let u32s = |s: &Vec<u64>| s.iter().map(|&t| t as u32).collect::<Vec<_>>();
+        let (got_steps, want_steps) =
+            (got.iter().map(u32s).collect::<Vec<_>>(), want.iter().map(u32s).collect::<Vec<_>>());
+        let mut at = 0;
+        let want_steps: Vec<(Vec<u32>, Vec<f32>, Vec<f32>)> = want_steps
+            .into_iter()
+            .map(|s| {
+                let t = &trace[at..at + s.len()];
+                at += s.len();
+                (s, t.iter().map(|x| x.1).collect(), t.iter().map(|x| x.0).collect())
+            })
+            .collect();
+        let w = decisions_of(want_steps.iter().map(|(s, p, m)| (&s[..], &p[..], m.clone())), &rule);
+        let g = decisions_of(got_steps.iter().map(|s| (&s[..], &[][..], Vec::new())), &rule);
+        assert_agree(&g, &w, 0.1, 5e-3, &format!("confidence {conf}"));
     }
 }
 

@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     if a.stage == "greedy":
         from .model import HAMburger, greedy
-        print(json.dumps({"macro_steps": greedy(HAMburger.from_checkpoint(a.out), a.ids, a.n, a.confidence)}))
+        trace: list = []
+        steps = greedy(HAMburger.from_checkpoint(a.out), a.ids, a.n, a.confidence, trace)
+        print(json.dumps({"macro_steps": steps, "trace": trace}))
         return 0
     from .data import base_checkpoint
     base = a.base or base_checkpoint(a.bin)

@@ -382,12 +382,16 @@ class HAMburger(nn.Module):
 
 
 @torch.no_grad()
-def greedy(model: HAMburger, prompt: list[int], n: int, confidence: float) -> list[list[int]]:
+def greedy(
+    model: HAMburger, prompt: list[int], n: int, confidence: float, trace: list | None = None
+) -> list[list[int]]:
     """Greedy HAMburger decoding with the runtime's semantics (docs/model.md):
     the macro steps' tokens, up to `n` tokens or the step that emits an end
     token; a step goes on while the stop head's "go on" probability is at
     least `confidence`. The tool's one decode loop (`hamburger-train greedy`
-    checks a checkpoint with it token for token against `hamburger-cli`)."""
+    checks a checkpoint with it against `hamburger-cli`). Given a `trace`
+    list, each token's [top-2 logit margin, stop probability] is appended to
+    it, so that a comparison can tell a near-tie from a difference."""
     cfg = model.cfg
     emb = model.embed(torch.tensor(prompt))
     pos = list(range(len(prompt)))
@@ -400,8 +404,12 @@ def greedy(model: HAMburger, prompt: list[int], n: int, confidence: float) -> li
         f = torch.stack([x[0, -1] for x in feats])[None]  # [1, F, D]
         out, toks = f[0, -1], []
         while True:
-            toks.append(int(model.logits(out).argmax()))
+            logits = model.logits(out)
+            toks.append(int(logits.argmax()))
             p_stop = torch.sigmoid(model.stop_head(out)).item()
+            if trace is not None:
+                top2 = logits.topk(2).values
+                trace.append([(top2[0] - top2[1]).item(), p_stop])
             if (1 - p_stop) < confidence or len(toks) == cfg.max_steps:
                 break
             out = model.micro_decode(f, torch.tensor(toks)[None])[0, -1]

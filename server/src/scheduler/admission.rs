@@ -25,9 +25,11 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use hamburger::kv_cache::SeqId;
+use hamburger::row_class::reusable_prefix;
 
 use super::engine_loop::{guarded, EngineLoop};
-use super::request::{Request, ScoredPrompt};
+use super::prefix_cache::Found;
+use super::request::{Request, Reused, ScoredPrompt};
 use crate::job::{Event, Job};
 use crate::metrics;
 
@@ -68,16 +70,33 @@ impl<'t> EngineLoop<'t, '_> {
             let job = &self.waiting[i];
             let (prompt, cache_prompt) = (job.prompt.clone(), job.params.cache_prompt);
             let reusable = if cache_prompt { prompt.len() - 1 } else { 0 };
-            let (cells, covered) = self.pool.lookup(&prompt, reusable, None);
-            if self.sharing_in_flight(&prompt, reusable, covered) {
+            let found = self.pool.lookup(&prompt, reusable, None);
+            if self.sharing_in_flight(&prompt, reusable, found.covered) {
                 i += 1;
                 continue;
             }
-            let need = prompt.len() - covered + self.headroom();
-            let Some(seq) = self.pool.take(&mut self.engine, &cells, need) else { return };
+            let (covered, mut reused) = (found.covered, self.reusable(&prompt, &found));
+            let need = prompt.len() - reused.tokens + self.headroom();
+            let Some(seq) = self.pool.take(&mut self.engine, &found.cells, need) else { return };
+            if reused.tokens < covered {
+                reused.tokens = self.engine.rewind(seq, reused.tokens);
+            }
             let Some(job) = self.waiting.remove(i) else { return };
-            self.start(job, seq, covered);
+            self.start(job, seq, reused);
         }
+    }
+
+    /// How much of `found` (the longest cached start of `prompt`) `prompt`
+    /// keeps: as much as [`reusable_prefix`] says, so that the rest is read
+    /// as a fresh read of `prompt` reads it (exact: the cells of the rest
+    /// found cached are adopted too and rewritten in place, see
+    /// [`hamburger::Engine::rewind`], so that the context keeps the fresh
+    /// read's cell layout), or, past the cells a fresh read computed (a
+    /// chat's next turn), all of it.
+    fn reusable(&self, prompt: &[u32], found: &Found) -> Reused {
+        let classes = self.engine.row_classes();
+        let reuse = reusable_prefix(classes, self.decode.n_batch, found.covered, prompt.len(), found.alike);
+        Reused { tokens: reuse.keep.min(found.covered), exact: reuse.exact }
     }
 
     /// Whether a prompt being fed shares more of `prompt`'s first `reusable`
@@ -93,10 +112,11 @@ impl<'t> EngineLoop<'t, '_> {
         shared > covered && shared - covered >= WAIT_FOR_SHARED.min(reusable - covered)
     }
 
-    /// Starts `job` in `seq`, whose cells hold its prompt's first `cached`
-    /// tokens' entries: scores its prompt when asked, answers a request for
-    /// no token at once.
-    fn start(&mut self, job: Job, seq: SeqId, cached: usize) {
+    /// Starts `job` in `seq`, whose cells hold its prompt's first
+    /// `reused.tokens` tokens' entries: scores its prompt when asked, answers
+    /// a request for no token at once.
+    fn start(&mut self, job: Job, seq: SeqId, reused: Reused) {
+        let cached = reused.tokens;
         self.m.queue_depth.fetch_sub(1, Ordering::Relaxed);
         metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
         metrics::add(&self.m.prompt_tokens_cached, cached as u64);
@@ -112,9 +132,9 @@ impl<'t> EngineLoop<'t, '_> {
             }
         };
         let no_tokens = job.params.n_predict == 0;
-        match guarded(|| Request::admit(task, seq, job, cached, scored, info)) {
+        match guarded(|| Request::admit(task, seq, job, reused, scored, info)) {
             Ok(r) if no_tokens => {
-                self.pool.release(&mut self.engine, seq, Some(r.prompt()));
+                self.pool.release(&mut self.engine, seq, Some((r.prompt(), r.read_fresh())));
                 self.finishing.push((r, Instant::now()));
             }
             Ok(r) => self.running.push(r),
@@ -141,7 +161,7 @@ impl<'t> EngineLoop<'t, '_> {
     fn resume_oldest(&mut self) -> bool {
         let Some(r) = self.preempted.front() else { return false };
         let (context, written) = (r.context(), r.written().to_vec());
-        let (cells, _) = self.pool.lookup(&context, written.iter().sum(), Some(&written));
+        let cells = self.pool.lookup(&context, written.iter().sum(), Some(&written)).cells;
         let need = r.cells_to_resume(cells.len()) + self.headroom();
         let Some(seq) = self.pool.take(&mut self.engine, &cells, need) else { return false };
         let Some(mut r) = self.preempted.pop_front() else { return false };
@@ -166,7 +186,7 @@ impl<'t> EngineLoop<'t, '_> {
             let seq = r.seq();
             let positions: Vec<i32> = self.engine.kv().entries_of(seq).iter().map(|&(_, pos)| pos).collect();
             r.preempted(&positions);
-            self.pool.release(&mut self.engine, seq, Some(&r.context()));
+            self.pool.release(&mut self.engine, seq, Some((&r.context(), r.read_fresh())));
             metrics::add(&self.m.preemptions, 1);
             log::info!("task {}: preempted (the pool is full); it resumes when cells are free", r.task());
             let at = self.preempted.iter().position(|p| p.task() > r.task()).unwrap_or(self.preempted.len());

@@ -201,7 +201,7 @@ impl<'t> EngineLoop<'t, '_> {
         for i in (0..self.running.len()).rev() {
             if self.running[i].client_left() {
                 let r = self.running.swap_remove(i);
-                self.pool.release(&mut self.engine, r.seq(), Some(&r.context()));
+                self.pool.release(&mut self.engine, r.seq(), Some((&r.context(), r.read_fresh())));
                 metrics::add(&self.m.cancelled, 1);
             }
         }
@@ -235,7 +235,7 @@ impl<'t> EngineLoop<'t, '_> {
     fn publish_prompts(&mut self) {
         for r in &mut self.running {
             if r.take_prompt_to_publish() {
-                self.pool.publish(&mut self.engine, r.seq(), r.prompt());
+                self.pool.publish(&mut self.engine, r.seq(), r.prompt(), r.read_fresh());
             }
         }
     }
@@ -250,7 +250,7 @@ impl<'t> EngineLoop<'t, '_> {
             match guarded(|| r.send_text(info, engine)) {
                 Ok(()) if self.running[i].is_done() => {
                     let r = self.running.swap_remove(i);
-                    self.pool.release(&mut self.engine, r.seq(), Some(&r.context()));
+                    self.pool.release(&mut self.engine, r.seq(), Some((&r.context(), r.read_fresh())));
                     self.finishing.push((r, Instant::now()));
                 }
                 Ok(()) => {}

@@ -10,7 +10,7 @@
 use hamburger::kv_cache::SeqId;
 use hamburger::Engine;
 
-use super::prefix_cache::PrefixCache;
+use super::prefix_cache::{Found, PrefixCache};
 
 /// The sequences not in use and the cached prefixes.
 pub(super) struct Pool {
@@ -35,10 +35,9 @@ impl Pool {
         self.cache.len()
     }
 
-    /// The cells of the longest cached start of `tokens` covering at most
-    /// `max` tokens (with `spans`, entries of exactly those spans) and the
-    /// tokens they cover.
-    pub(super) fn lookup(&mut self, tokens: &[u32], max: usize, spans: Option<&[usize]>) -> (Vec<usize>, usize) {
+    /// The longest cached start of `tokens` covering at most `max` tokens
+    /// (with `spans`, entries of exactly those spans).
+    pub(super) fn lookup(&mut self, tokens: &[u32], max: usize, spans: Option<&[usize]>) -> Found {
         self.cache.lookup(tokens, max, spans)
     }
 
@@ -59,16 +58,18 @@ impl Pool {
     }
 
     /// Caches the entries `seq` holds of a context of `tokens` (those it
-    /// wrote are kept when it leaves them).
-    pub(super) fn publish(&mut self, engine: &mut Engine, seq: SeqId, tokens: &[u32]) {
+    /// wrote are kept when it leaves them), those of its first `fresh`
+    /// tokens what a fresh read of a prompt that long computes.
+    pub(super) fn publish(&mut self, engine: &mut Engine, seq: SeqId, tokens: &[u32], fresh: usize) {
         let entries = engine.kv().entries_of(seq);
-        self.cache.insert(engine, tokens, &entries);
+        self.cache.insert(engine, tokens, &entries, fresh);
     }
 
-    /// Frees `seq`; with `tokens` (its context), its entries stay cached.
-    pub(super) fn release(&mut self, engine: &mut Engine, seq: SeqId, tokens: Option<&[u32]>) {
-        if let Some(tokens) = tokens {
-            self.publish(engine, seq, tokens);
+    /// Frees `seq`; with `context` (its tokens, and the fresh prompt length
+    /// of [`Pool::publish`]), its entries stay cached.
+    pub(super) fn release(&mut self, engine: &mut Engine, seq: SeqId, context: Option<(&[u32], usize)>) {
+        if let Some((tokens, fresh)) = context {
+            self.publish(engine, seq, tokens, fresh);
         }
         engine.clear_seq(seq);
         self.free_seqs.insert(0, seq);

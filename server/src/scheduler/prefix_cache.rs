@@ -11,6 +11,11 @@
 //! ([`hamburger::Engine::pin`]): the cell outlives the sequences that wrote
 //! or shared it, until the pool needs it; then the least recently used
 //! leaves whose cells no sequence holds go first.
+//!
+//! Each node also knows whether its entry is what a fresh read of some
+//! prompt computed (issue 38): the length of that prompt, so that a prompt
+//! adopts such entries only as far as [`hamburger::row_class::reusable_prefix`]
+//! says it may and still gets the fresh answer bit for bit.
 
 use std::collections::{BinaryHeap, HashMap};
 
@@ -30,6 +35,21 @@ struct Node {
     children: HashMap<Box<[u32]>, usize>,
     /// When it was last part of a lookup or an insertion.
     last_used: u64,
+    /// The length of a prompt whose fresh read computed the entries from the
+    /// root to this one (0: none known, such as a macro step's).
+    fresh: usize,
+}
+
+/// The longest cached start of some tokens ([`PrefixCache::lookup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Found {
+    /// Its cells, in order.
+    pub(super) cells: Vec<usize>,
+    /// The tokens they cover.
+    pub(super) covered: usize,
+    /// How many leading tokens' cells are what a fresh read of a prompt that
+    /// long computes (the `alike` of [`hamburger::row_class::reusable_prefix`]).
+    pub(super) alike: usize,
 }
 
 /// The cached entries.
@@ -45,7 +65,14 @@ pub(super) struct PrefixCache {
 impl PrefixCache {
     /// An empty cache.
     pub(super) fn new() -> PrefixCache {
-        let root = Node { span: Box::new([]), cell: usize::MAX, parent: ROOT, children: HashMap::new(), last_used: 0 };
+        let root = Node {
+            span: Box::new([]),
+            cell: usize::MAX,
+            parent: ROOT,
+            children: HashMap::new(),
+            last_used: 0,
+            fresh: 0,
+        };
         PrefixCache { nodes: vec![Some(root)], free: Vec::new(), clock: 0 }
     }
 
@@ -65,10 +92,14 @@ impl PrefixCache {
     /// The cells of the longest cached start of `tokens` that covers at
     /// most `max` tokens, in order, and the tokens they cover; with `spans`,
     /// only entries of exactly those spans, in that order (a context fed
-    /// back as it was first written). Marks them used.
-    pub(super) fn lookup(&mut self, tokens: &[u32], max: usize, spans: Option<&[usize]>) -> (Vec<usize>, usize) {
+    /// back as it was first written). Marks them used. Its `alike` is the
+    /// fresh prompt length of its last entry when every entry has one, else
+    /// the tokens its leading entries that have one cover.
+    pub(super) fn lookup(&mut self, tokens: &[u32], max: usize, spans: Option<&[usize]>) -> Found {
         self.clock += 1;
         let (mut at, mut node, mut cells) = (0, ROOT, Vec::new());
+        // The fresh prompt length of the last entry of the leading run that has one, and where that run ends.
+        let (mut fresh, mut run_end, mut in_run) = (0, 0, true);
         for step in 0.. {
             let rest = &tokens[at..max.min(tokens.len())];
             let next = match spans {
@@ -90,17 +121,24 @@ impl PrefixCache {
             c.last_used = clock;
             at += c.span.len();
             cells.push(c.cell);
+            in_run &= c.fresh > 0;
+            if in_run {
+                (fresh, run_end) = (c.fresh, at);
+            }
             node = child;
         }
-        (cells, at)
+        Found { cells, covered: at, alike: if at == run_end { fresh } else { run_end } }
     }
 
     /// Caches the entries of a context of `tokens` held in `entries` (cells
     /// and positions, by position; an entry covers the tokens after the
-    /// previous one's up to its position): entries already cached are marked
-    /// used, and each new one pins its cell. An entry whose span is cached
-    /// with another cell (computed twice) leaves that one cached.
-    pub(super) fn insert(&mut self, engine: &mut Engine, tokens: &[u32], entries: &[(usize, i32)]) {
+    /// previous one's up to its position), those of its first `fresh` tokens
+    /// what a fresh read of a prompt that long computes (0: none known):
+    /// entries already cached are marked used, and each new one pins its
+    /// cell. Where a span is cached with another cell (computed twice), that
+    /// one stays cached and the rest of the context is not cached: its
+    /// entries were computed over other cells than the cached ones.
+    pub(super) fn insert(&mut self, engine: &mut Engine, tokens: &[u32], entries: &[(usize, i32)], fresh: usize) {
         self.clock += 1;
         let (mut node, mut start) = (ROOT, 0);
         for &(cell, pos) in entries {
@@ -109,14 +147,22 @@ impl PrefixCache {
                 break;
             }
             let span = &tokens[start..end];
+            let label = if end <= fresh { fresh } else { 0 };
             let child = match self.node(node).children.get(span) {
-                Some(&child) => child,
+                Some(&child) if self.node(child).cell != cell => break,
+                Some(&child) => {
+                    if label > 0 {
+                        self.node_mut(child).fresh = label;
+                    }
+                    child
+                }
                 None => {
                     if !engine.pin(cell) {
                         break;
                     }
+                    let children = HashMap::new();
                     let n =
-                        Node { span: span.into(), cell, parent: node, children: HashMap::new(), last_used: self.clock };
+                        Node { span: span.into(), cell, parent: node, children, last_used: self.clock, fresh: label };
                     let child = match self.free.pop() {
                         Some(i) => {
                             self.nodes[i] = Some(n);

@@ -7,7 +7,7 @@
 use std::borrow::{Borrow, BorrowMut};
 use std::time::Instant;
 
-use hamburger::generate::SeqGen;
+use hamburger::generate::{Pending, SeqGen};
 use hamburger::kv_cache::SeqId;
 use hamburger::{Engine, Sampler, TokenLogprob};
 use tokio::sync::mpsc::Sender;
@@ -26,15 +26,24 @@ pub(super) struct ScoredPrompt {
     pub(super) ms: f64,
 }
 
+/// What a request reuses of the prefix cache's cells ([`hamburger::row_class::reusable_prefix`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Reused {
+    /// Leading prompt tokens whose cells are adopted.
+    pub(super) tokens: usize,
+    /// Whether the answer is the one a fresh read of the prompt gives.
+    pub(super) exact: bool,
+}
+
 /// A request admitted into a slot (one engine sequence), from admission to its last event.
 pub(super) struct Request<'t> {
     /// The request's number since the server started (in its log line).
     task: u64,
     /// Its decoding: prompt still to feed, sampler, budget and generated tokens.
     gen: SeqGen<'static>,
-    /// The whole prompt, its first `cached` tokens' entries adopted from the prefix cache.
+    /// The whole prompt, its first `reused.tokens` tokens' entries adopted from the prefix cache.
     prompt: Vec<u32>,
-    cached: usize,
+    reused: Reused,
     /// Its prompt's log-probabilities, when scored at admission.
     scored: Option<ScoredPrompt>,
     /// Where its events go: a bounded channel, so text is held back (and
@@ -65,7 +74,7 @@ pub(super) struct Request<'t> {
 
 impl<'t> Request<'t> {
     /// Admits `job` as task number `task` into sequence `seq`, whose cells
-    /// hold the entries of the prompt's first `cached` tokens (reused), then
+    /// hold the entries of the prompt's first `reused.tokens` tokens, then
     /// those `scored` fed, and nothing else. Its context may grow to the
     /// whole pool, `info.n_ctx` cells (one per macro step, so k tokens a
     /// step answer k times longer in them); its text is decoded with the
@@ -74,16 +83,17 @@ impl<'t> Request<'t> {
         task: u64,
         seq: SeqId,
         job: Job,
-        cached: usize,
+        reused: Reused,
         scored: Option<ScoredPrompt>,
         info: &'t ModelInfo,
     ) -> Request<'t> {
         let p = job.params;
         let shown = SlotParams::from(&p);
-        let (before, rest) = job.prompt.split_at(cached + scored.as_ref().map_or(0, |s| s.logprobs.len()));
+        let (before, rest) = job.prompt.split_at(reused.tokens + scored.as_ref().map_or(0, |s| s.logprobs.len()));
         let sampler = Sampler::new(p.sampler).with_logit_bias(p.logit_bias);
-        let mut gen =
-            SeqGen::new(seq, rest, p.n_predict, sampler).continuing(Vec::new(), before.to_vec()).with_rule(p.rule);
+        let mut gen = SeqGen::new(seq, rest, p.n_predict, sampler)
+            .continuing(Pending::default(), before.to_vec())
+            .with_rule(p.rule);
         gen = gen.with_cell_limit(info.n_ctx);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
@@ -98,7 +108,7 @@ impl<'t> Request<'t> {
             task,
             gen,
             prompt: job.prompt,
-            cached,
+            reused,
             scored,
             events: job.events,
             text: AnswerText::new(&info.tokenizer, p.stop),
@@ -133,6 +143,21 @@ impl<'t> Request<'t> {
         !self.published
     }
 
+    /// The prompt length whose fresh read its cells of the prompt are (for
+    /// [`hamburger::row_class::reusable_prefix`]): the whole prompt's when
+    /// its reuse was exact and the rest was read alike (not when scored,
+    /// whose forwards are cut otherwise, nor once resumed: see
+    /// [`SeqGen::refeed`]), else 0 (the cells it adopted keep what the cache
+    /// knew of them).
+    pub(super) fn read_fresh(&self) -> usize {
+        let alike = self.reused.exact && self.scored.is_none() && self.gen.prompt_read_alike();
+        if alike && self.gen.prompt_fed() {
+            self.prompt.len()
+        } else {
+            0
+        }
+    }
+
     /// Whether its whole prompt is fed and its entries may be cached (once).
     pub(super) fn take_prompt_to_publish(&mut self) -> bool {
         let ready = !self.published && self.gen.prompt_fed();
@@ -160,36 +185,32 @@ impl<'t> Request<'t> {
         &self.written
     }
 
-    /// The inputs it feeds when resumed with the entries of its first
-    /// `kept` written entries adopted: the other written entries as they
-    /// were written (each one input), then what it had not fed yet (the rest
-    /// of its prompt token by token, or its last macro step's tokens merged).
-    fn resume_inputs(&self, kept: usize) -> Vec<Vec<u32>> {
+    /// The entries it writes again when resumed with its first `kept`
+    /// written entries adopted: the others, each one input as it was
+    /// written (a prompt token, a plain token, or a macro step's tokens
+    /// merged). What it had not fed yet follows as it would have.
+    fn refed_inputs(&self, kept: usize) -> Vec<Vec<u32>> {
         let context = self.context();
         let mut at: usize = self.written[..kept].iter().sum();
-        let mut inputs: Vec<Vec<u32>> = Vec::new();
-        for &n in &self.written[kept..] {
-            inputs.push(context[at..at + n].to_vec());
-            at += n;
-        }
-        if self.gen.generation().output_ids.is_empty() {
-            inputs.extend(context[at..].iter().map(|&t| vec![t]));
-        } else if at < context.len() {
-            inputs.push(context[at..].to_vec());
-        }
-        inputs
+        self.written[kept..]
+            .iter()
+            .map(|&n| {
+                at += n;
+                context[at - n..at].to_vec()
+            })
+            .collect()
     }
 
     /// How many cells it takes when resumed with its first `kept` written
-    /// entries adopted.
+    /// entries adopted, before its next outputs.
     pub(super) fn cells_to_resume(&self, kept: usize) -> usize {
-        self.resume_inputs(kept).len()
+        self.written.len() - kept + self.gen.pending_inputs()
     }
 
     /// Resumes it in sequence `seq`, whose cells hold the entries of its
-    /// first `kept` written entries ([`Request::resume_inputs`] are fed).
+    /// first `kept` written entries (the others are fed again first).
     pub(super) fn resume(&mut self, seq: SeqId, kept: usize) {
-        let inputs = self.resume_inputs(kept);
+        let inputs = self.refed_inputs(kept);
         self.written.clear();
         self.gen.refeed(seq, inputs);
     }
@@ -309,12 +330,15 @@ impl<'t> Request<'t> {
         let mut timings = generation.timings.clone();
         let ended_by_eog = !self.ignore_eos && generation.output_ids.last().is_some_and(|t| info.eog.contains(t));
         timings.gen_tokens = self.counted_tokens();
-        timings.cached_tokens = self.cached;
+        timings.cached_tokens = self.reused.tokens;
         // The prompt's tokens not reused, scored at admission or fed by its first macro step.
-        timings.prompt_tokens = self.prompt.len() - self.cached;
+        timings.prompt_tokens = self.prompt.len() - self.reused.tokens;
         timings.prompt_ms += self.scored.as_ref().map_or(0.0, |s| s.ms);
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
+        metrics::add(&m.draft_tokens, timings.drafted as u64);
+        metrics::add(&m.draft_accepted, timings.draft_accepted as u64);
+        metrics::add(&m.verify_forwards, timings.verify_forwards as u64);
         let reason = if self.timed_out
             || !(self.text.stopped_at().is_some() || ended_by_eog)
                 && (timings.gen_tokens >= self.n_predict || generation.context_full)
@@ -325,7 +349,7 @@ impl<'t> Request<'t> {
         };
         let t = &timings;
         let (prompt, steps, per_step) = (t.prompt_tokens, t.macro_steps, t.tokens_per_step());
-        log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms);
+        log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {} of {} drafted tokens accepted; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms, t.draft_accepted, t.drafted);
         let logprobs = self.logprobs(self.sent_tokens, timings.gen_tokens);
         let prompt_logprobs = self.scored.as_ref().map(|s| s.logprobs.clone()).unwrap_or_default();
         // The end always has its place: text goes out only while two are free.

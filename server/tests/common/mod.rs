@@ -1,5 +1,16 @@
 //! The test harness: hamburger-server on an ephemeral loopback port,
-//! serving SmolLM2-HAMburger in F32 with an F32 cache.
+//! serving SmolLM2-HAMburger in F32 with an F32 cache and flash attention
+//! (the server's default), and how to compare answers.
+//!
+//! A sequence's logits are the same bits whatever else its forwards hold
+//! only while every forward keeps its row-count class (`hamburger::row_class`:
+//! 1, 2..=7, 8..=63, 64 and more rows) and, for plain attention's softmax
+//! or flash attention's tiled path (64 rows and more), its cells stay where
+//! they were. So answers are compared exactly where both runs read alike (a
+//! repeated request, a prompt whose cached cells a fresh read would compute
+//! the same, choices of one request beside the same number of others), and
+//! decision by decision up to a near-tie ([`assert_same_up_to_a_tie`])
+//! where they do not (a request alone against the same in a batch).
 
 use std::time::Duration;
 
@@ -40,7 +51,7 @@ impl TestServer {
             n_ctx: n_ctx_slot * n_slots,
             n_seq: n_slots,
             kv_type: ggml::Type::F32,
-            flash_attn: false,
+            flash_attn: true,
             n_threads: 2,
             ..Default::default()
         };
@@ -109,4 +120,59 @@ impl Drop for TestServer {
 /// machine, and a test must fail on the server's answers, not on the load.
 pub fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(600)).build().unwrap()
+}
+
+/// How far apart two logits of one token may be where the runs compared
+/// read in forwards of other row counts: F32 SmolLM2's logits move by up to
+/// 3e-2 between a forward of one row and one of several (`hamburger::row_class`).
+pub const NEAR_TIE: f64 = 0.05;
+
+/// A choice's tokens, each with its log-probability's margin over the
+/// runner-up (so its logit's), from the log-probabilities asked for with 2
+/// or more alternatives: chat's `logprobs.content`, or a completion's
+/// `logprobs.tokens` and `top_logprobs`.
+pub fn token_margins(choice: &Value) -> Vec<(String, f64)> {
+    let lp = &choice["logprobs"];
+    let margin = |mut top: Vec<f64>| {
+        top.sort_by(|a, b| b.total_cmp(a));
+        top[0] - top.get(1).copied().unwrap_or(f64::NEG_INFINITY)
+    };
+    if let Some(content) = lp["content"].as_array() {
+        return content
+            .iter()
+            .map(|c| {
+                let top = c["top_logprobs"].as_array().unwrap().iter().map(|t| t["logprob"].as_f64().unwrap());
+                (c["token"].as_str().unwrap().to_string(), margin(top.collect()))
+            })
+            .collect();
+    }
+    let tokens = lp["tokens"].as_array().unwrap_or_else(|| panic!("no log-probabilities: {choice}"));
+    tokens
+        .iter()
+        .zip(lp["top_logprobs"].as_array().unwrap())
+        .map(|(t, top)| {
+            let top = top.as_object().unwrap().values().map(|l| l.as_f64().unwrap());
+            (t.as_str().unwrap().to_string(), margin(top.collect()))
+        })
+        .collect()
+}
+
+/// Asserts that two choices (asked with log-probabilities) have the same
+/// tokens, or the same up to one where either side's margin is below
+/// [`NEAR_TIE`] (after which they are not compared); returns whether they
+/// are the same throughout.
+pub fn assert_same_up_to_a_tie(got: &Value, want: &Value, what: &str) -> bool {
+    let (g, w) = (token_margins(got), token_margins(want));
+    match g.iter().zip(&w).position(|(a, b)| a.0 != b.0) {
+        None => {
+            assert_eq!(g.len(), w.len(), "{what}: token counts");
+            true
+        }
+        Some(i) => {
+            let margin = g[i].1.min(w[i].1);
+            eprintln!("{what}: token {i} differs ({:?} vs {:?}) where the margin is {margin:.2e}", g[i].0, w[i].0);
+            assert!(margin < NEAR_TIE, "{what}: token {i} differs ({:?} vs {:?}), margin {margin:.3e}", g[i].0, w[i].0);
+            false
+        }
+    }
 }

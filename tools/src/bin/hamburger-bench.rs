@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use ggml::llama::{LlamaModel, LlamaPlacement};
-use hamburger::{EngineParams, Model, SessionParams};
+use hamburger::{EngineParams, Model, SessionParams, StepParams};
 use tools::bench::{self, Measurement};
 use tools::cli::FlashAttn;
 
@@ -38,6 +38,10 @@ struct Args {
     /// The stop rule of tg tests without --forced-steps.
     #[command(flatten)]
     decode: tools::cli::DecodeArgs,
+    /// `--spec-type draft-mtp` adds self-verified tg tests beside the others
+    /// (drafts as `--spec-draft-*` say).
+    #[command(flatten)]
+    spec: tools::cli::SpecArgs,
     /// A llama GGUF (the base-only export) to run with libllama in the same process.
     #[arg(long)]
     baseline: Option<PathBuf>,
@@ -64,8 +68,45 @@ struct Row {
     threads: usize,
     test: String,
     forced_steps: Option<usize>,
+    /// Whether the row decodes self-verified.
+    verified: bool,
     ours: Measurement,
     base: Option<Measurement>,
+}
+
+/// One way the tg tests decode: a forced step length, the stop head at
+/// --confidence, or self-verified.
+struct Setting {
+    /// The test name's suffix.
+    label: String,
+    step: StepParams,
+    forced_steps: Option<usize>,
+}
+
+/// The tg settings `args` ask for, checked against `model`: each forced
+/// step length (or the stop head), then self-verified with --spec-type draft-mtp.
+fn settings(args: &Args, model: &Model) -> Result<Vec<Setting>> {
+    let forced: Vec<Option<usize>> = match &args.forced_steps {
+        Some(k) => k.iter().map(|&k| Some(k)).collect(),
+        None => vec![None],
+    };
+    let mut out: Vec<Setting> = forced
+        .into_iter()
+        .map(|k| Setting {
+            label: k.map_or_else(|| format!("c={}", args.decode.confidence()), |k| format!("k={k}")),
+            step: args.decode.step_params(k),
+            forced_steps: k,
+        })
+        .collect();
+    if let Some(draft) = args.spec.draft()? {
+        let n = draft.n_max.map_or_else(String::new, |n| format!(" n={}..{n}", draft.n_min));
+        let step = StepParams { draft: Some(draft), ..args.decode.step_params(None) };
+        out.push(Setting { label: format!("verified{n}"), step, forced_steps: None });
+    }
+    for s in &out {
+        s.step.validate(model.hp.max_steps)?;
+    }
+    Ok(out)
 }
 
 fn main() -> ExitCode {
@@ -76,13 +117,7 @@ fn run(mut args: Args) -> Result<()> {
     let model = hamburger::Model::open(&args.model, &args.placement.load_options())?;
     args.decode.default_from_model(model.recommended_confidence);
     let args = &args;
-    let forced: Vec<Option<usize>> = match &args.forced_steps {
-        Some(k) => k.iter().map(|&k| Some(k)).collect(),
-        None => vec![None],
-    };
-    for &k in &forced {
-        args.decode.step_params(k).validate(model.hp.max_steps)?;
-    }
+    let settings = settings(args, &model)?;
     // libllama runs where we run. Our devices only: left to itself on a GPU
     // machine it keeps even `-ngl 0`'s weights in the GPU's host buffer
     // (unpacked) and sends large batches to the GPU, not a CPU measurement.
@@ -104,7 +139,7 @@ fn run(mut args: Args) -> Result<()> {
     let baseline = args.baseline.as_ref().map(|b| LlamaModel::load_with(b, &placement)).transpose()?;
     let mut rows = Vec::new();
     for &threads in &args.threads {
-        rows.extend(measure(args, &model, baseline.as_ref(), &forced, threads)?);
+        rows.extend(measure(args, &model, baseline.as_ref(), &settings, threads)?);
     }
     eprintln!("placement: {}", model.plan.describe());
     let name = args.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
@@ -122,7 +157,7 @@ fn measure(
     args: &Args,
     model: &Model,
     baseline: Option<&LlamaModel>,
-    forced: &[Option<usize>],
+    settings: &[Setting],
     threads: usize,
 ) -> Result<Vec<Row>> {
     let engine = EngineParams {
@@ -133,7 +168,7 @@ fn measure(
         ..Default::default()
     };
     let params = SessionParams { engine, step: args.decode.step_params(None), ..Default::default() };
-    let with_forced = |k: Option<usize>| SessionParams { step: args.decode.step_params(k), ..params.clone() };
+    let with = |s: &Setting| SessionParams { step: s.step, ..params.clone() };
     let r = args.repetitions.max(1);
     let mut rows = Vec::new();
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
@@ -150,14 +185,14 @@ fn measure(
         if let Some(m) = base.as_mut() {
             m.samples_ns = samples.next().unwrap_or_default();
         }
-        rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, ours, base });
+        rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, verified: false, ours, base });
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
-        // One round runs every forced-step setting and the baseline in turn.
+        // One round runs every setting and the baseline in turn.
         let mut runners = Vec::new();
         let mut stats = Vec::new();
-        for &k in forced {
-            let (run, s) = bench::hamburger_tg(model, &with_forced(k), n)?;
+        for s in settings {
+            let (run, s) = bench::hamburger_tg(model, &with(s), n)?;
             runners.push(run);
             stats.push(s);
         }
@@ -171,21 +206,24 @@ fn measure(
         if let Some(m) = base.as_mut() {
             m.samples_ns = samples.pop().unwrap_or_default();
         }
-        for ((&k, s), samples_ns) in forced.iter().zip(&stats).zip(samples) {
+        for ((setting, s), samples_ns) in settings.iter().zip(&stats).zip(samples) {
             let (tokens_per_step, kv_bytes_per_token) = s.get();
             let ours = Measurement { samples_ns, tokens_per_step, kv_bytes_per_token, ..Measurement::generation(n) };
-            let test = match k {
-                Some(k) => format!("tg{n} k={k}"),
-                None => format!("tg{n} c={}", args.decode.confidence()),
-            };
-            rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
+            rows.push(Row {
+                threads,
+                test: format!("tg{n} {}", setting.label),
+                forced_steps: setting.forced_steps,
+                verified: setting.step.draft.is_some(),
+                ours,
+                base: base.clone(),
+            });
         }
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         for &p in args.parallel.iter().filter(|&&p| p > 0) {
             let mut runners = Vec::new();
-            for &k in forced {
-                runners.push(bench::hamburger_tg_parallel(model, &with_forced(k), n, p)?);
+            for s in settings {
+                runners.push(bench::hamburger_tg_parallel(model, &with(s), n, p)?);
             }
             if let Some(b) = baseline {
                 runners.push(bench::llama_tg_parallel(b, &params.engine, n, p)?);
@@ -195,17 +233,20 @@ fn measure(
                 samples_ns: samples.pop().unwrap_or_default(),
                 ..Measurement::generation(n * p)
             });
-            for (&k, samples_ns) in forced.iter().zip(samples) {
+            for (setting, samples_ns) in settings.iter().zip(samples) {
                 let ours = Measurement {
                     samples_ns,
-                    tokens_per_step: k.unwrap_or(0) as f64,
+                    tokens_per_step: setting.forced_steps.unwrap_or(0) as f64,
                     ..Measurement::generation(n * p)
                 };
-                let test = match k {
-                    Some(k) => format!("tg{n} x{p} k={k}"),
-                    None => format!("tg{n} x{p} c={}", args.decode.confidence()),
-                };
-                rows.push(Row { threads, test, forced_steps: k, ours, base: base.clone() });
+                rows.push(Row {
+                    threads,
+                    test: format!("tg{n} x{p} {}", setting.label),
+                    forced_steps: setting.forced_steps,
+                    verified: setting.step.draft.is_some(),
+                    ours,
+                    base: base.clone(),
+                });
             }
         }
     }
@@ -238,7 +279,7 @@ fn print_md(name: &str, size_gib: f64, rows: &[Row]) {
     }
 }
 
-/// Rows with llama-bench's field names plus `forced_steps`, one per engine.
+/// Rows with llama-bench's field names plus `forced_steps` and `spec_type`, one per engine.
 fn json_rows(name: &str, model: &Model, rows: &[Row]) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     for r in rows {
@@ -253,6 +294,7 @@ fn json_rows(name: &str, model: &Model, rows: &[Row]) -> Vec<serde_json::Value> 
                 "n_gen": m.n_gen,
                 "test": r.test,
                 "forced_steps": if engine == "hamburger" { r.forced_steps } else { None },
+                "spec_type": if engine == "hamburger" && r.verified { "draft-mtp" } else { "none" },
                 "avg_ns": m.avg_ns(),
                 "avg_ts": m.avg_ts(),
                 "stddev_ts": m.stddev_ts(),
@@ -275,6 +317,7 @@ fn print_csv(rows: &[serde_json::Value]) {
         "n_gen",
         "test",
         "forced_steps",
+        "spec_type",
         "avg_ns",
         "avg_ts",
         "stddev_ts",

@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
 use hamburger::tokenizer::{TextStream, Tokenizer};
-use hamburger::{EngineParams, Generation, Model, Session, SessionParams};
+use hamburger::{EngineParams, Generation, Model, Session, SessionParams, StepParams};
 use tools::cli::FlashAttn;
 
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
@@ -52,6 +52,8 @@ struct Args {
     threads: Option<usize>,
     #[command(flatten)]
     decode: tools::cli::DecodeArgs,
+    #[command(flatten)]
+    spec: tools::cli::SpecArgs,
     #[command(flatten)]
     sampling: tools::cli::SamplingArgs,
     #[command(flatten)]
@@ -130,7 +132,7 @@ fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
     };
     Ok(SessionParams {
         engine,
-        step: args.decode.step_params(None),
+        step: StepParams { draft: args.spec.draft()?, ..args.decode.step_params(None) },
         sampling: args.sampling.sampler_params()?,
         ignore_eog: args.ignore_eos,
         keep_logits: false,
@@ -382,6 +384,15 @@ fn report(gen: &Generation) -> String {
         .map(|(i, &r)| format!("{}: {:.0}%", i + 1, 100.0 * r as f64 / t.macro_steps.max(1) as f64))
         .collect();
     s.push_str(&format!("micro-step positions reached: {}\n", reach.join(", ")));
+    if t.verify_forwards > 0 {
+        s.push_str(&format!(
+            "self-verified: {} drafted tokens checked in {} forwards, {} accepted ({:.2} per verify forward)\n",
+            t.drafted,
+            t.verify_forwards,
+            t.draft_accepted,
+            t.accepted_per_verify()
+        ));
+    }
     s
 }
 

@@ -64,6 +64,10 @@ enum Cmd {
         /// forbidden micro token does.
         #[command(flatten)]
         grammar: tools::grammar::GrammarArgs,
+        /// `--spec-type draft-mtp` adds a self-verified row (its drafts as
+        /// `--spec-draft-*` say) beside the confidences'.
+        #[command(flatten)]
+        spec: tools::cli::SpecArgs,
     },
     /// Reads JSON lines `{"prompt": user message, "response": text}` (other
     /// fields are kept) and writes each with `ids` (prompt and answer, the
@@ -92,8 +96,8 @@ enum Cmd {
 
 fn main() -> ExitCode {
     tools::cli::run_tool("hamburger-eval", "warn", |args: Args| match args.cmd {
-        Cmd::Run { model, baseline, scorer, prompts, limit, n_predict, confidence, threads, output, grammar } => {
-            let opts = RunOptions { n_predict, confidence, threads, limit, grammar };
+        Cmd::Run { model, baseline, scorer, prompts, limit, n_predict, confidence, threads, output, grammar, spec } => {
+            let opts = RunOptions { n_predict, confidence, threads, limit, grammar, draft: spec.draft()? };
             let rows = run(&model, &baseline, scorer.as_deref(), &prompts, &opts)?;
             match output.as_str() {
                 "md" => print!("{}", eval::markdown(&rows)),
@@ -113,6 +117,8 @@ struct RunOptions {
     threads: usize,
     limit: Option<usize>,
     grammar: tools::grammar::GrammarArgs,
+    /// Self-verified drafts: one more row.
+    draft: Option<hamburger::DraftParams>,
 }
 
 /// The `prompt` of every JSON line of `path`.
@@ -153,19 +159,24 @@ fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: 
     } else {
         None
     };
-    let mut sessions: Vec<Session> = o
-        .confidence
+    // One row per confidence, and a self-verified one when asked.
+    let modes: Vec<(f32, Option<hamburger::DraftParams>)> =
+        o.confidence.iter().map(|&c| (c, None)).chain(o.draft.map(|d| (1.01, Some(d)))).collect();
+    let mut sessions: Vec<Session> = modes
         .iter()
-        .map(|&c| {
+        .map(|&(c, draft)| {
             // A constrained output ends where the constraint is complete.
             let params =
-                SessionParams { ignore_eog: constraint.is_none(), ..eval::session_params(c, o.threads, n_ctx) };
+                SessionParams { ignore_eog: constraint.is_none(), ..eval::session_params(c, draft, o.threads, n_ctx) };
             let mut s = Session::new(&model, params)?;
             s.set_constraint(constraint.clone());
             Ok(s)
         })
         .collect::<hamburger::Result<_>>()?;
-    let mut rows: Vec<Row> = o.confidence.iter().map(|&c| Row { confidence: c, ..Default::default() }).collect();
+    let mut rows: Vec<Row> = modes
+        .iter()
+        .map(|&(c, draft)| Row { confidence: c, verified: draft.is_some(), ..Default::default() })
+        .collect();
     // Warm-up: one untimed generation per engine.
     eval::run_base(&mut base_ctx, &ids[0], o.n_predict.min(8))?;
     for s in &mut sessions {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use hamburger::EngineParams;
+use hamburger::{EngineParams, StepParams};
 use server::{Scheduler, SchedulerConfig};
 
 /// An OpenAI-compatible server that batches macro steps across requests.
@@ -55,6 +55,10 @@ struct Args {
     /// Make every macro step emit exactly K tokens (benchmarks of untrained grafted modules).
     #[arg(long)]
     forced_steps: Option<usize>,
+    /// How requests that do not set `speculative.type` decode: macro steps
+    /// (none) or self-verified (draft-mtp), and the drafts' defaults.
+    #[command(flatten)]
+    spec: tools::cli::SpecArgs,
     /// Requests that may wait for a slot; more are answered 503.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -131,7 +135,7 @@ fn run(mut args: Args) -> Result<()> {
         model: args.model,
         load: args.placement.load_options(),
         engine,
-        step: args.decode.step_params(args.forced_steps),
+        step: StepParams { draft: args.spec.draft()?, ..args.decode.step_params(args.forced_steps) },
         queue: args.queue,
         chat_template: args.template.source()?,
         template_isolation: Some(tools::cli::template_isolation()?),
@@ -139,10 +143,11 @@ fn run(mut args: Args) -> Result<()> {
         n_predict: usize::try_from(args.n_predict).ok(),
     };
     let confidence = cfg.step.confidence;
+    let mode = if cfg.step.draft.is_some() { "self-verified (draft-mtp)" } else { "macro steps" };
     let scheduler = Scheduler::start(cfg)?;
     let info = &scheduler.info;
     log::info!(
-        "model {}: {} tokens of vocabulary, up to {} tokens per macro step; {parallel} slots drawing on one pool of {} KV cells, confidence {confidence} unless a request sets it",
+        "model {}: {} tokens of vocabulary, up to {} tokens per macro step; {parallel} slots drawing on one pool of {} KV cells, {mode} at confidence {confidence} unless a request sets them",
         info.name,
         info.n_vocab,
         info.max_steps,

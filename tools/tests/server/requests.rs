@@ -15,13 +15,13 @@ use testing::testmodel::{converted, smollm2_checkpoint};
 use super::{start_with, tiny};
 
 /// A running server, killed on drop.
-struct Served {
+pub(super) struct Served {
     child: Child,
     addr: String,
 }
 
 impl Served {
-    fn tiny(args: &[&str]) -> Served {
+    pub(super) fn tiny(args: &[&str]) -> Served {
         let (child, addr) = start_with(&tiny(), args);
         Served { child, addr }
     }
@@ -39,13 +39,13 @@ impl Served {
     }
 
     /// POSTs `body`; the status and the JSON answer.
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+    pub(super) fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let r = client().post(self.url(path)).json(body).send().unwrap();
         (r.status().as_u16(), r.json().unwrap())
     }
 
     /// A completion's text and whole answer, which must succeed.
-    fn complete(&self, body: &Value) -> (String, Value) {
+    pub(super) fn complete(&self, body: &Value) -> (String, Value) {
         let (status, v) = self.post("/v1/completions", body);
         assert_eq!(status, 200, "{body}: {v}");
         (v["choices"][0]["text"].as_str().unwrap().to_string(), v)

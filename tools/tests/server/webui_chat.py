@@ -44,12 +44,13 @@ def set_input(driver, element_id, value):
 
 
 def api_answer(url, messages, args):
-    body = {"messages": messages, "temperature": 0, "confidence": args.confidence, "max_tokens": args.max_tokens}
+    body = {"messages": messages, "temperature": 0, "confidence": args.confidence, "max_tokens": args.max_tokens,
+            "logprobs": True, "top_logprobs": 2}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
         answer = json.load(r)
-    return answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"], answer["timings"]["macro_steps"]
+    return answer["choices"][0], answer["usage"]["completion_tokens"], answer["timings"]["macro_steps"]
 
 
 def main():
@@ -97,9 +98,9 @@ def main():
                     error: document.getElementById('error').textContent,
                 };""")
             messages.append({"role": "user", "content": text})
-            api_text, api_tokens, api_steps = api_answer(args.url, messages, args)
+            api_choice, api_tokens, api_steps = api_answer(args.url, messages, args)
             messages.append({"role": "assistant", "content": page["text"]})
-            turns.append({"page": page, "api": api_text, "api_tokens": api_tokens, "api_steps": api_steps})
+            turns.append({"page": page, "api": api_choice, "api_tokens": api_tokens, "api_steps": api_steps})
         if args.screenshot:
             driver.save_screenshot(args.screenshot)
         json.dump({"turns": turns}, sys.stdout)
