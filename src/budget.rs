@@ -138,6 +138,17 @@ impl EngineParams {
                 ));
             }
         }
+        if p.n_seq > crate::kv_cache::MAX_SEQ {
+            return Err(refused(
+                &[Param::NSeq],
+                format!(
+                    "{} {} exceeds the cache's limit of {} sequences",
+                    Param::NSeq,
+                    p.n_seq,
+                    crate::kv_cache::MAX_SEQ
+                ),
+            ));
+        }
         Ok(())
     }
 }

@@ -37,8 +37,8 @@ use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
 use crate::model::Model;
-use crate::sampling::{draw, Sampler, SamplerParams};
-use crate::speculative::{verify_greedy, verify_sampled, Verdict};
+use crate::sampling::{Sampler, SamplerParams};
+use crate::speculative::{draw, verify_greedy, verify_sampled, Verdict};
 use crate::step::{Generation, MacroStep, StepParams, StepRule};
 use crate::{Error, Result};
 

@@ -66,6 +66,9 @@ pub struct Engine<'m> {
     feature_row: Vec<Option<usize>>,
     /// The rope positions of each sequence's output rows in its last base forward.
     out_pos: Vec<Vec<i32>>,
+    /// Per sequence: inputs at positions below this one rewrite, in place,
+    /// the entry the sequence already holds there ([`Engine::rewind`]).
+    rewrite_below: Vec<usize>,
     forwards: usize,
 }
 
@@ -105,6 +108,7 @@ impl<'m> Engine<'m> {
             next_pos: vec![0; p.n_seq],
             feature_row: vec![None; p.n_seq],
             out_pos: vec![Vec::new(); p.n_seq],
+            rewrite_below: vec![0; p.n_seq],
             forwards: 0,
         })
     }
@@ -162,6 +166,7 @@ impl<'m> Engine<'m> {
         self.next_pos[seq] = 0;
         self.feature_row[seq] = None;
         self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
     }
 
     /// Keeps `seq`'s entries that cover only its first `n` tokens (a new
@@ -174,7 +179,73 @@ impl<'m> Engine<'m> {
         self.next_pos[seq] = kept;
         self.feature_row[seq] = None;
         self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
         kept
+    }
+
+    /// Makes `seq`'s next input start at position `n` again while it keeps
+    /// its entries from `n` on: inputs at those positions rewrite them in
+    /// place, in the cells they are in (shared or pinned ones included), so
+    /// the context keeps its cell layout. For a cached prompt read again
+    /// exactly as it was first read (`crate::row_class::reusable_prefix`'s
+    /// rest): the entries written are the ones already there, and since
+    /// attention sums over cells in cell order (flash attention's tiled path
+    /// even by 64-cell tiles), only the same cells give the same sums. When
+    /// the entries from `n` on are not one token each, they are dropped
+    /// instead ([`Engine::keep_prefix`]). Returns the position the next input
+    /// starts at.
+    pub fn rewind(&mut self, seq: SeqId, n: usize) -> usize {
+        let end = self.next_pos[seq];
+        let later = self.kv.entries_of(seq).into_iter().filter(|&(_, p)| p as usize >= n).count();
+        if n >= end || later != end - n {
+            return self.keep_prefix(seq, n);
+        }
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = n;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = end;
+        n
+    }
+
+    /// Makes the cached entries in `cells` (held or pinned, in position
+    /// order, a prefix of some context from position 0) the context of
+    /// `seq`, which must hold nothing: its next input continues after the
+    /// last of them. Returns the tokens they cover (0 when `cells` is empty).
+    ///
+    /// # Errors
+    /// When `seq` is unknown or holds cells, or a cell is free.
+    pub fn adopt(&mut self, seq: SeqId, cells: &[usize]) -> Result<usize> {
+        if seq >= self.n_seq() || self.kv.n_cells_of(seq) > 0 {
+            return Err(Error::Invalid(format!("sequence {seq} cannot adopt cached entries: unknown or not empty")));
+        }
+        let mut next = 0;
+        for &c in cells {
+            let Some(pos) = self.kv.pos_of(c) else {
+                self.kv.clear_seq(seq);
+                return Err(Error::Invalid(format!("cell {c} holds no entry to adopt")));
+            };
+            self.kv.share(c, seq);
+            next = next.max(pos as usize + 1);
+        }
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = next;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
+        Ok(next)
+    }
+
+    /// Pins cell `cell`: it keeps its entry when the sequences holding it
+    /// leave (a cache of prefixes keeps it for later sequences to
+    /// [`Engine::adopt`]); false when it is free.
+    pub fn pin(&mut self, cell: usize) -> bool {
+        self.kv.pin(cell)
+    }
+
+    /// Takes one pin off cell `cell`, freeing it when no sequence holds it.
+    pub fn unpin(&mut self, cell: usize) {
+        self.kv.unpin(cell);
     }
 
     /// Keeps `seq`'s last base forward up to its output row `row` (0: the
@@ -193,6 +264,7 @@ impl<'m> Engine<'m> {
         let kept = self.kv.keep_prefix(seq, pos as usize + 1);
         debug_assert_eq!(kept, pos as usize + 1, "a verified row is one token's entry");
         self.next_pos[seq] = kept;
+        self.rewrite_below[seq] = self.rewrite_below[seq].min(kept);
         self.out_pos[seq].truncate(row + 1);
         if self.feature_row[seq].is_some() {
             self.feature_row[seq] = Some(row);
@@ -276,8 +348,21 @@ impl<'m> Engine<'m> {
             return Err(Error::Invalid(format!("sequence {} is beyond the engine's {}", i.seq, self.n_seq())));
         }
         self.check_tokens(batch.tokens())?;
-        let n = batch.inputs().len();
-        let cells = self.kv.find_free(n).ok_or_else(|| {
+        let (pos, next_pos) = base::positions(batch, &self.next_pos);
+        // Inputs that rewrite an entry in place keep its cell; the others take free ones.
+        let rewrites: Vec<Option<usize>> = batch
+            .inputs()
+            .iter()
+            .zip(&pos)
+            .map(|(i, &p)| {
+                let rewrite = i.n_tokens == 1 && (p as usize) < self.rewrite_below[i.seq];
+                rewrite.then(|| self.kv.cell_of(i.seq, p)).flatten()
+            })
+            .collect();
+        let new_seqs: Vec<SeqId> =
+            batch.inputs().iter().zip(&rewrites).filter(|(_, r)| r.is_none()).map(|(i, _)| i.seq).collect();
+        let n = new_seqs.len();
+        let new_cells = self.kv.find_free_for(&new_seqs).ok_or_else(|| {
             let message = format!(
                 "the KV cache is full: {n} more entries do not fit in {} (use a larger {})",
                 self.kv.n_cells(),
@@ -285,15 +370,18 @@ impl<'m> Engine<'m> {
             );
             ParamError::new(&[Param::NCtx], message)
         })?;
-        let (pos, next_pos) = base::positions(batch, &self.next_pos);
-        for ((i, &c), &p) in batch.inputs().iter().zip(&cells).zip(&pos) {
-            self.kv.occupy(c, i.seq, p);
+        let mut free = new_cells.iter().copied();
+        let cells: Vec<usize> = rewrites.iter().map(|r| r.or_else(|| free.next()).expect("a cell each")).collect();
+        for (((i, &c), &p), r) in batch.inputs().iter().zip(&cells).zip(&pos).zip(&rewrites) {
+            if r.is_none() {
+                self.kv.occupy(c, i.seq, p);
+            }
         }
         let n_kv = self.kv.used_window().next_multiple_of(KV_PAD).min(self.kv.n_cells());
         let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, want, rows);
         let per_seq = base::feature_rows_per_seq(&self.model.hp);
         if let Some(r) = layout.out_rank.iter().find(|&&r| want.features && r >= per_seq) {
-            cells.iter().for_each(|&c| self.kv.release(c));
+            new_cells.iter().for_each(|&c| self.kv.release(c));
             return Err(Error::Invalid(format!(
                 "{} output rows of one sequence in a base forward: features are kept for {per_seq}",
                 r + 1
@@ -321,7 +409,7 @@ impl<'m> Engine<'m> {
                 Ok(layout.out_seqs.into_iter().zip(outs).collect())
             }
             Err(e) => {
-                cells.iter().for_each(|&c| self.kv.release(c));
+                new_cells.iter().for_each(|&c| self.kv.release(c));
                 Err(e)
             }
         }

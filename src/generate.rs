@@ -13,6 +13,7 @@ mod micro_loop;
 mod verify;
 
 use std::borrow::BorrowMut;
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::batch::Batch;
@@ -99,6 +100,9 @@ pub struct SeqGen<'a> {
     gate: Option<DraftGate>,
     prompt: Vec<u32>,
     fed: usize,
+    /// Entries written again after the sequence was preempted, each ONE
+    /// base input as it was first written, fed before anything else.
+    refeed: VecDeque<Vec<u32>>,
     n_predict: usize,
     sampler: Sampler,
     /// The structured-output constraint every token of this sequence obeys.
@@ -138,6 +142,7 @@ impl<'a> SeqGen<'a> {
             gate: None,
             prompt: prompt.to_vec(),
             fed: 0,
+            refeed: VecDeque::new(),
             n_predict,
             sampler,
             constraint: None,
@@ -202,6 +207,37 @@ impl<'a> SeqGen<'a> {
     /// The sequence id.
     pub fn seq(&self) -> SeqId {
         self.seq
+    }
+
+    /// Resumes the sequence in `seq` after it was preempted (its cells
+    /// taken back): `seq`'s cells hold the entries of its context's start,
+    /// and `inputs` are the entries it had written after them, each ONE base
+    /// input as it was first written (a prompt token, a plain token, or a
+    /// macro step's tokens merged). They are fed first, then what it had
+    /// not fed yet (its prompt's rest, its pending tokens), so the sequence
+    /// goes on with the same entries as if it had never stopped (feeding a
+    /// merged step token by token instead would change its entries and its
+    /// answer); its drafts are dropped. The entries fed again are not read
+    /// in the forwards a fresh read has, so its prompt no longer counts as
+    /// read alike ([`SeqGen::prompt_read_alike`]).
+    pub fn refeed(&mut self, seq: SeqId, inputs: Vec<Vec<u32>>) {
+        self.seq = seq;
+        self.drop_draft();
+        self.refeed = inputs.into();
+        self.prompt_alike = false;
+    }
+
+    /// Base inputs its next forwards feed before its next macro step's
+    /// outputs, self-verified drafts included (one KV cell each: what a
+    /// scheduler keeps free for it).
+    pub fn pending_inputs(&self) -> usize {
+        self.refeed.len() + self.pending.n_inputs() + self.prompt.len() - self.fed + self.draft.tokens.len()
+    }
+
+    /// Whether its whole prompt has been fed (its entries are all written),
+    /// and whatever it had to feed again after a preemption.
+    pub fn prompt_fed(&self) -> bool {
+        self.fed == self.prompt.len() && self.refeed.is_empty()
     }
 
     /// Whether the sequence has finished.
@@ -355,7 +391,7 @@ impl<'a> SeqGen<'a> {
         let kv = engine.kv();
         let free = kv.n_cells() - kv.n_used();
         let limit = self.max_cells.map_or(usize::MAX, |m| m.saturating_sub(kv.n_cells_of(self.seq)));
-        free.min(limit).saturating_sub(self.pending.n_inputs())
+        free.min(limit).saturating_sub(self.pending.n_inputs() + self.refeed.len())
     }
 
     /// Ends the sequence, filling the statistics that describe its end.
@@ -432,7 +468,7 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
     let mut budget = cfg.n_batch.max(1);
     let mut fed: Vec<Fed> = Vec::new();
     for (i, sg) in seqs.iter_mut().enumerate().filter(|(_, s)| !s.done) {
-        if sg.pending.is_empty() && sg.fed == sg.prompt.len() {
+        if sg.pending_inputs() == 0 {
             return Err(Error::Invalid("nothing to feed: the prompt is empty".into()));
         }
         if budget == 0 {

@@ -171,7 +171,7 @@ impl Sampler {
         if self.p.temp <= 0.0 {
             return dist.first().map_or(0, |c| c.0);
         }
-        draw(dist, self.rng.random())
+        crate::speculative::draw(dist, self.rng.random())
     }
 
     /// Speculative sampling's check of a drafted token `draft`, drawn from
@@ -182,18 +182,6 @@ impl Sampler {
     pub fn verify_draft(&mut self, p: &[(u32, f32)], q: &[(u32, f32)], draft: u32) -> Option<u32> {
         crate::speculative::check_draft(p, q, draft, &mut self.rng)
     }
-}
-
-/// The token of `dist` (probabilities in order, summing to 1) at which the
-/// cumulative probability passes `r` in 0..1: a draw, given a uniform `r`.
-pub fn draw(dist: &[(u32, f32)], mut r: f32) -> u32 {
-    for &(t, p) in dist {
-        if r < p {
-            return t;
-        }
-        r -= p;
-    }
-    dist.last().map_or(0, |c| c.0)
 }
 
 impl Sampler {

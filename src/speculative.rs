@@ -25,8 +25,6 @@ use std::collections::HashMap;
 
 use rand::Rng;
 
-use crate::sampling::draw;
-
 /// A distribution over tokens: `(token, probability)` pairs, the tokens a
 /// sampler keeps after its truncations, probabilities summing to 1 (a
 /// greedy sampler's is one token of probability 1).
@@ -86,6 +84,18 @@ pub fn check_draft(p: &Distribution, q: &Distribution, x: u32, rng: &mut impl Rn
     }
     let r = residual(p, q);
     Some(if r.is_empty() { draw(p, rng.random()) } else { draw(&r, rng.random()) })
+}
+
+/// The token of `dist` (probabilities in order, summing to 1) at which the
+/// cumulative probability passes `r` in 0..1: a draw, given a uniform `r`.
+pub fn draw(dist: &[(u32, f32)], mut r: f32) -> u32 {
+    for &(t, p) in dist {
+        if r < p {
+            return t;
+        }
+        r -= p;
+    }
+    dist.last().map_or(0, |c| c.0)
 }
 
 /// The probability of `token` under `d`.

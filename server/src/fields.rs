@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 
-/// Fields both completion endpoints honour (parsed into [`crate::api::Common`]).
+/// Fields both completion endpoints honour (parsed into [`crate::protocol::Common`]).
 pub const COMMON: &[&str] = &[
     "model",
     "max_tokens",
@@ -50,8 +50,9 @@ pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls",
 
 /// A field refused unless it holds its neutral value (what a client sends when
 /// it does not use the feature).
-struct Refused {
-    name: &'static str,
+pub(crate) struct Refused {
+    /// The field's name.
+    pub(crate) name: &'static str,
     /// Whether a value asks for nothing.
     neutral: fn(&Value) -> bool,
     /// Why the feature is missing, for the error message.
@@ -84,7 +85,7 @@ const FUNCTIONS: &str = "the deprecated functions API is not supported: use 'too
 
 /// The refused fields, with their neutral values (an endpoint's own fields,
 /// such as chat's `tools`, are honoured there before this list is asked).
-const REFUSED: &[Refused] = &[
+pub(crate) const REFUSED: &[Refused] = &[
     Refused { name: "tools", neutral: null_or_empty, why: TOOLS },
     Refused { name: "tool_choice", neutral: null_or_none, why: TOOLS },
     Refused { name: "functions", neutral: null_or_empty, why: FUNCTIONS },
@@ -115,25 +116,4 @@ pub fn check(body: &Value, own: &[&str]) -> Result<(), ApiError> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::{ChatRequest, CompletionRequest, Request};
-
-    /// The README's table of request fields names every field the server knows.
-    #[test]
-    fn the_readme_table_names_every_known_field() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-        let server = readme.split("\n## Server\n").nth(1).and_then(|s| s.split("\n## ").next()).unwrap();
-        let table: String = server.lines().filter(|l| l.starts_with("| `")).collect::<Vec<_>>().join("\n");
-        let own = ChatRequest::FIELDS.iter().chain(CompletionRequest::FIELDS);
-        for name in COMMON.iter().chain(NO_OP).chain(REFUSED.iter().map(|r| &r.name)).chain(own) {
-            assert!(
-                table.contains(&format!("`{name}`")) || table.contains(&format!("`{name}.")),
-                "the README's table of request fields lacks `{name}`"
-            );
-        }
-    }
 }

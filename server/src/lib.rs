@@ -1,44 +1,56 @@
 //! `hamburger-server`: an OpenAI-compatible HTTP server for HAMburger models
-//! that batches macro steps across requests.
+//! that batches macro steps across requests. Its modules are layers, each
+//! importing only those below it (none imports another in a circle):
 //!
-//! * [`scheduler`]: the engine thread, continuous batching over one engine;
-//! * [`routes`]: the axum routes (chat and text completions, models, health,
-//!   tokenize, detokenize, metrics), the API key, Server-Sent Events;
-//! * [`api`]: request bodies, their checks, the usage and timings objects;
-//! * [`messages`]: chat messages in OpenAI's shapes checked into the template's;
-//! * `choices`: a request's `n` choices per prompt fanned out into jobs
-//!   (a prompt's admitted together), their events merged, their usage summed;
-//! * [`fields`]: which request fields are honoured, no-ops, or refused;
-//! * [`speculative`]: a request's decoding mode (`speculative.type`: macro
-//!   steps or self-verified) and drafts (`speculative.n_max` ...);
-//! * [`webui`]: the chat page at `/`, built into the binary;
-//! * [`structured`]: `response_format`, `grammar` and `json_schema` compiled into a constraint;
-//! * [`tools`]: `tools` / `tool_choice`: the template's tools, the call's grammar, `tool_calls`;
-//! * [`logprobs`]: per-token log-probabilities in chat's and completions' shapes;
-//! * [`llama_routes`]: llama-server's `/props`, `/slots`, `/apply-template`
-//!   and the answer naming the route to use instead of `/completion`;
-//! * [`error`]: errors in OpenAI's shape; [`metrics`]: Prometheus counters.
+//! 1. protocol: [`error`] (errors in OpenAI's shape, no HTTP framework),
+//!    [`protocol`] (the request bodies, typed: `tools`, `tool_choice`,
+//!    `response_format`), [`fields`] (which request fields are honoured,
+//!    no-ops, or refused), [`messages`] (chat messages checked into the
+//!    template's), [`ids`] (unique response and call ids, seeds), [`metrics`];
+//! 2. the engine's contract: [`job`] (jobs, their events, the model's facts);
+//! 3. features: [`structured`] (`response_format`, `grammar`, `json_schema`
+//!    compiled into a constraint), [`tools`] (`tools` / `tool_choice` over
+//!    the core's tool-call format, grammar and parser), [`speculative`] (a
+//!    request's decoding mode, `speculative.type`: macro steps or
+//!    self-verified, and its drafts, `speculative.n_max` ...);
+//! 4. planning: [`plan`] (a request's settings checked into jobs, `n`
+//!    choices per prompt fanned out);
+//! 5. the engine loop: [`scheduler`] (continuous batching over one engine;
+//!    it knows jobs, not HTTP or tool formats);
+//! 6. response assembly: `choices` (a request's choices' events),
+//!    [`response`] (OpenAI's objects and chunks, usage, timings),
+//!    [`logprobs`] (per-token log-probabilities in chat's and completions' shapes);
+//! 7. HTTP on top: [`http`] (axum routes, Server-Sent Events, llama-server's
+//!    operations routes, the chat page) and [`serve`].
 
-pub mod api;
-mod choices;
 pub mod error;
 pub mod fields;
-pub mod llama_routes;
-pub mod logprobs;
+pub mod ids;
 pub mod messages;
 pub mod metrics;
-pub mod routes;
-pub mod scheduler;
+pub mod protocol;
+
+pub mod job;
+
 pub mod speculative;
 pub mod structured;
 pub mod tools;
-pub mod webui;
+
+pub mod plan;
+
+pub mod scheduler;
+
+mod choices;
+pub mod logprobs;
+pub mod response;
+
+pub mod http;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use routes::AppState;
+pub use http::AppState;
 pub use scheduler::{Scheduler, SchedulerConfig};
 
 /// How the HTTP side serves requests.
@@ -72,9 +84,11 @@ pub async fn serve(
     http: HttpOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let tool_format = scheduler.info.chat_template.as_ref().and_then(hamburger::chat::CallFormat::of_template);
     let state = AppState {
         submitter: scheduler.submitter.clone(),
         info: scheduler.info.clone(),
+        tool_format,
         metrics: scheduler.metrics.clone(),
         api_key: http.api_key,
         timeout: http.timeout,
@@ -96,7 +110,7 @@ pub async fn serve(
             }
         }
     };
-    let app = routes::router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
     let served = axum::serve(listener, app).with_graceful_shutdown(stop).await;
     let joined = tokio::task::spawn_blocking(move || scheduler.shutdown()).await;
     served?;

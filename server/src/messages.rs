@@ -4,7 +4,7 @@
 
 use hamburger::chat::Message;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 
@@ -89,13 +89,43 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
             };
             // OpenAI's newer name of the system role, which templates do not know.
             let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-            let tool_calls = m.tool_calls.as_deref().map(|c| crate::tools::template_calls(i, c)).transpose()?;
+            let tool_calls = m.tool_calls.as_deref().map(|c| template_calls(i, c)).transpose()?;
             Ok(Message {
                 tool_calls,
                 tool_call_id: m.tool_call_id.clone(),
                 name: m.name.clone(),
                 ..Message::new(role, &content)
             })
+        })
+        .collect()
+}
+
+/// An assistant message's `tool_calls` as templates take them: each
+/// `{id, type, function: {name, arguments}}` with the arguments (a JSON
+/// string in OpenAI's shape) parsed into an object, as llama-server gives them.
+///
+/// # Errors
+/// A 400 naming `messages[i].tool_calls` for a call without a function name
+/// or whose arguments are not JSON.
+fn template_calls(i: usize, calls: &[Value]) -> Result<Vec<Value>, ApiError> {
+    let field = format!("messages[{i}].tool_calls");
+    calls
+        .iter()
+        .map(|c| {
+            let bad = |why: &str| ApiError::field(&field, format!("{field}: {why}"));
+            let name = c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("a call needs 'function.name'"))?;
+            let args = match c.pointer("/function/arguments") {
+                Some(Value::String(s)) => {
+                    serde_json::from_str(s).map_err(|e| bad(&format!("'arguments' is not JSON: {e}")))?
+                }
+                Some(v @ Value::Object(_)) => v.clone(),
+                None | Some(Value::Null) => json!({}),
+                Some(_) => return Err(bad("'arguments' must be a JSON string")),
+            };
+            Ok(json!({"id": c["id"], "type": "function", "function": {"name": name, "arguments": args}}))
         })
         .collect()
 }

@@ -14,8 +14,10 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     /// Prompt tokens of admitted requests that were processed.
     pub prompt_tokens: AtomicU64,
-    /// Prompt tokens of admitted requests whose KV entries were reused from their slot's cells.
+    /// Prompt tokens of admitted requests whose KV entries were adopted from the prefix cache.
     pub prompt_tokens_cached: AtomicU64,
+    /// Requests preempted (their cells taken back when the pool was full; each resumed later).
+    pub preemptions: AtomicU64,
     /// Tokens of finished answers.
     pub generated_tokens: AtomicU64,
     /// Macro steps of finished answers: `tokens_per_step` divides
@@ -29,8 +31,12 @@ pub struct Metrics {
     pub queue_depth: AtomicU64,
     /// Requests decoding.
     pub processing: AtomicU64,
-    /// KV cells in use.
+    /// KV cells in use (held by requests or kept by the prefix cache).
     pub kv_cells_used: AtomicU64,
+    /// KV cells only the prefix cache keeps (taken back when the pool needs them).
+    pub kv_cells_cached: AtomicU64,
+    /// Entries in the prefix cache (each one cell, possibly also held by requests).
+    pub cached_entries: AtomicU64,
     /// KV cells in all.
     pub kv_cells_total: AtomicU64,
     /// Self-verified: drafted tokens that base forwards checked, of finished answers.
@@ -59,7 +65,7 @@ impl Metrics {
         let finished_steps = get(&self.finished_macro_steps);
         let tokens_per_step =
             if finished_steps == 0 { 0.0 } else { get(&self.generated_tokens) as f64 / finished_steps as f64 };
-        let rows: [(&str, &str, &str, String); 13] = [
+        let rows: [(&str, &str, &str, String); 16] = [
             ("requests_total", "counter", "Requests accepted (each choice counted).", get(&self.requests).to_string()),
             (
                 "requests_rejected_total",
@@ -72,8 +78,14 @@ impl Metrics {
             (
                 "prompt_tokens_cached_total",
                 "counter",
-                "Prompt tokens whose KV entries were reused (prompt-prefix reuse).",
+                "Prompt tokens whose KV entries were adopted from the prefix cache.",
                 get(&self.prompt_tokens_cached).to_string(),
+            ),
+            (
+                "preemptions_total",
+                "counter",
+                "Requests preempted when the KV pool was full (resumed later, same answer).",
+                get(&self.preemptions).to_string(),
             ),
             ("tokens_generated_total", "counter", "Tokens generated.", get(&self.generated_tokens).to_string()),
             ("macro_steps_total", "counter", "Macro steps of all sequences.", steps.to_string()),
@@ -92,6 +104,13 @@ impl Metrics {
             ("queue_depth", "gauge", "Requests waiting for a slot.", get(&self.queue_depth).to_string()),
             ("requests_processing", "gauge", "Requests decoding.", get(&self.processing).to_string()),
             ("kv_cells_used", "gauge", "KV cache cells in use.", get(&self.kv_cells_used).to_string()),
+            (
+                "kv_cells_cached",
+                "gauge",
+                "KV cache cells only the prefix cache keeps.",
+                get(&self.kv_cells_cached).to_string(),
+            ),
+            ("prefix_cache_entries", "gauge", "Entries in the prefix cache.", get(&self.cached_entries).to_string()),
             ("kv_cells_total", "gauge", "KV cache cells.", get(&self.kv_cells_total).to_string()),
         ];
         let mut out = String::new();

@@ -3,38 +3,27 @@
 //! Lark-like syntax; GBNF is not accepted) and `json_schema`, compiled into
 //! the [`Constraint`] its sequence obeys.
 
-use hamburger::constraint::{Constraint, ConstraintSpec, MicroPolicy};
-use serde_json::Value;
+use hamburger::constraint::{Constraint, ConstraintSpec, Grammars, MicroPolicy};
 
-use crate::api::Common;
 use crate::error::ApiError;
-use crate::scheduler::ModelInfo;
+use crate::protocol::{Common, ResponseFormat};
 
 /// The constraint `common` asks for and the field that asks, or None.
 ///
 /// # Errors
-/// A 400 naming the field: a `response_format` of another type or without
-/// an object schema, or several of the three fields at once.
+/// A 400 naming the field: a `response_format` schema that is not an
+/// object, or several of the three fields at once.
 pub fn spec(common: &Common) -> Result<Option<(ConstraintSpec, &'static str)>, ApiError> {
     let format = match &common.response_format {
-        None => None,
-        Some(f) => match f.get("type").and_then(Value::as_str) {
-            Some("text") => None,
-            Some("json_object") => Some(ConstraintSpec::JsonObject),
-            Some("json_schema") => match f.pointer("/json_schema/schema") {
-                Some(s) if s.is_object() => Some(ConstraintSpec::JsonSchema(s.clone())),
-                None => Some(ConstraintSpec::JsonObject),
-                Some(_) => {
-                    return Err(ApiError::field(
-                        "response_format",
-                        "'response_format.json_schema.schema' must be an object",
-                    ))
-                }
-            },
-            _ => {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(ConstraintSpec::JsonObject),
+        Some(ResponseFormat::JsonSchema { json_schema }) => match &json_schema.schema {
+            Some(s) if s.is_object() => Some(ConstraintSpec::JsonSchema(s.clone())),
+            None => Some(ConstraintSpec::JsonObject),
+            Some(_) => {
                 return Err(ApiError::field(
                     "response_format",
-                    "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                    "'response_format.json_schema.schema' must be an object",
                 ))
             }
         },
@@ -55,18 +44,18 @@ pub fn spec(common: &Common) -> Result<Option<(ConstraintSpec, &'static str)>, A
     Ok(first)
 }
 
-/// Compiles what `common` asks for (CPU work: call it off the async workers).
+/// Compiles `spec` (asked by request field `field`) with `grammars` (CPU
+/// work: call it off the async workers), as the server does every
+/// constraint: the best allowed micro token, forced tokens fast-forwarded.
 ///
 /// # Errors
-/// A 400 naming the field whose schema or grammar does not compile, or any
-/// constraint when the model's tokenizer cannot serve one.
-pub fn compile(info: &ModelInfo, common: &Common) -> Result<Option<Constraint>, ApiError> {
-    let Some((spec, field)) = spec(common)? else { return Ok(None) };
-    let grammars = info.grammars.as_ref().ok_or_else(|| {
+/// A 400 naming `field` when the spec does not compile, or when the model's
+/// tokenizer cannot serve constraints (`grammars` is None).
+pub fn compile(grammars: Option<&Grammars>, spec: &ConstraintSpec, field: &str) -> Result<Constraint, ApiError> {
+    let grammars = grammars.ok_or_else(|| {
         ApiError::field(field, format!("'{field}' is not supported: the model's tokenizer cannot serve constraints"))
     })?;
-    let c = grammars
-        .compile(&spec, MicroPolicy::BestAllowed, true)
-        .map_err(|e| ApiError::field(field, format!("invalid '{field}': {e}")))?;
-    Ok(Some(c))
+    grammars
+        .compile(spec, MicroPolicy::BestAllowed, true)
+        .map_err(|e| ApiError::field(field, format!("invalid '{field}': {e}")))
 }

@@ -168,10 +168,24 @@ fn streamed_choices_reassemble_to_the_unstreamed_answer() {
     }
 }
 
+/// Whether `a` and `b` are the same JSON but for numbers within `1e-4`.
+fn close(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() <= 1e-4,
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| close(x, y)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| close(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 #[test]
 fn streamed_log_probabilities_concatenate_to_the_unstreamed_ones() {
-    // One slot and no prompt reuse: both answers computed in the same cells
-    // alike, so their log-probabilities agree to the bit.
+    // One slot and no prompt reuse: the same tokens, and log-probabilities
+    // equal but for the last bits: the two answers are computed in different
+    // cells of the pool (the first one's stay cached), and attention sums
+    // over cells in cell order.
     let s = TestServer::start(1, 8, None);
     let chat = json!({"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 20,
         "temperature": 0.8, "seed": 3, "logprobs": true, "top_logprobs": 2, "stop": [","], "cache_prompt": false});
@@ -190,11 +204,12 @@ fn streamed_log_probabilities_concatenate_to_the_unstreamed_ones() {
         };
         if path == "/v1/chat/completions" {
             let content = concat("content");
-            assert_eq!(content, *want["content"].as_array().unwrap(), "{path}");
+            assert!(close(&json!(content), &want["content"]), "{path}: {content:?} against {}", want["content"]);
             assert_eq!(content.len() as u64, whole["usage"]["completion_tokens"].as_u64().unwrap(), "{path}");
         } else {
             for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
-                assert_eq!(concat(key), *want[key].as_array().unwrap(), "{path}: {key}");
+                let got = json!(concat(key));
+                assert!(close(&got, &want[key]), "{path}: {key}: {got} against {}", want[key]);
             }
             let n = want["tokens"].as_array().unwrap().len() as u64;
             assert_eq!(n, whole["usage"]["completion_tokens"].as_u64().unwrap(), "{path}");

@@ -148,9 +148,34 @@ function bindRange(id) {
   show();
 }
 
+// A setting a person (or a script) has changed keeps its value; the others
+// start at the server's defaults.
+function markTouched(id) {
+  $(id).addEventListener("input", () => { $(id).dataset.touched = "1"; });
+}
+
+function setDefault(id, value) {
+  const e = $(id);
+  if (value === undefined || value === null || e.dataset.touched) return;
+  e.value = value;
+  const shown = $(id + "-value");
+  if (shown) shown.textContent = e.value;
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   bindRange("temperature");
   bindRange("confidence");
+  ["temperature", "confidence", "max-tokens"].forEach(markTouched);
+  // The sliders start at what a request that sets nothing gets (llama-server's /props).
+  fetch("/props", { headers: headers() })
+    .then((r) => r.json())
+    .then((p) => {
+      const d = p.default_generation_settings?.params ?? {};
+      setDefault("temperature", d.temperature);
+      setDefault("confidence", d.confidence);
+      if (d.n_predict > 0) setDefault("max-tokens", d.n_predict);
+    })
+    .catch(() => {});
   fetch("/v1/models", { headers: headers() })
     .then((r) => r.json())
     .then((m) => { $("model").textContent = m.data[0].id + " \u00b7 up to " + m.data[0].meta.max_steps + " tokens per macro step"; })

@@ -1,8 +1,10 @@
 //! Chat templates (the GGUF's Jinja `tokenizer.chat_template`, rendered with
 //! minijinja and Python-compatible string methods) and the bookkeeping of a
-//! multi-turn chat whose history stays in the KV cache.
+//! multi-turn chat whose history stays in the KV cache; `tool_call`: the
+//! format a template's model calls tools in, its grammar and its parser.
 
 mod child;
+pub mod tool_call;
 
 use std::io;
 
@@ -10,6 +12,7 @@ use minijinja::{context, Environment};
 use serde::{Deserialize, Serialize};
 
 pub use child::{serve_if_child, Isolation, CHILD_ENV};
+pub use tool_call::{CallFormat, CallRule, ToolCall, ToolSpec};
 
 use crate::{Error, Result};
 

@@ -1,7 +1,8 @@
-//! What one sequence puts into a base forward: the tokens it committed and
-//! has not fed ([`Pending`]: a merged macro step, tokens fed one input
-//! each), its prompt, and self-verified, its drafts, within the forward's
-//! budget of inputs.
+//! What one sequence puts into a base forward: the entries a resumed
+//! sequence writes again, the tokens it committed and has not fed
+//! ([`Pending`]: a merged macro step, tokens fed one input each), its
+//! prompt, and self-verified, its drafts, within the forward's budget of
+//! inputs.
 
 use super::SeqGen;
 use crate::batch::Batch;
@@ -51,14 +52,15 @@ pub(super) struct Fed {
     pub(super) prompt: (usize, usize),
 }
 
-/// Adds what `sg` has to feed to `batch`, within `budget` inputs: its
-/// pending tokens (the merged input whole, the plain ones in order), then
-/// its prompt up to the end of the chunk a fresh read would put it in
-/// (chunks end at multiples of `n_batch` positions; `next_pos` is the
-/// sequence's next position in the cache); then, when all of that fits,
-/// its drafts (whole, or none:
-/// drafts that do not fit are dropped), the last committed token and each
-/// drafted one an output row.
+/// Adds what `sg` has to feed to `batch`, within `budget` inputs: the
+/// entries it writes again after a preemption (each input as it was first
+/// written; nothing else until they are all fed), then its pending tokens
+/// (the merged input whole, the plain ones in order), then its prompt up to
+/// the end of the chunk a fresh read would put it in (chunks end at
+/// multiples of `n_batch` positions; `next_pos` is the sequence's next
+/// position in the cache); then, when all of that fits, its drafts (whole,
+/// or none: drafts that do not fit are dropped), the last committed token
+/// and each drafted one an output row.
 pub(super) fn feed(
     sg: &mut SeqGen,
     index: usize,
@@ -68,6 +70,16 @@ pub(super) fn feed(
     n_batch: usize,
 ) -> Fed {
     let seq = sg.seq;
+    let refed = sg.refeed.len().min(*budget);
+    let mut next_pos = next_pos;
+    for input in sg.refeed.drain(..refed) {
+        batch.push_merged(seq, &input);
+        next_pos += input.len();
+    }
+    *budget -= refed;
+    if !sg.refeed.is_empty() || (refed > 0 && *budget == 0) {
+        return Fed { index, drafts: 0, complete: false, prompt: (0, 0) };
+    }
     let pos = next_pos + sg.pending.merged.len();
     if !sg.pending.merged.is_empty() {
         batch.push_merged(seq, &std::mem::take(&mut sg.pending.merged));

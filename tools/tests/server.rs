@@ -125,6 +125,7 @@ fn bad_flags_fail_in_one_line() {
     for args in [
         &["-m", "/nonexistent.gguf"][..],
         &["-m", "x.gguf", "-np", "0"],
+        &["-m", "x.gguf", "-np", "8", "-c", "10"],
         &["-m", "x.gguf", "--confidence", "nan"],
         &["-m", "x.gguf", "--forced-steps", "0"],
     ] {
@@ -133,6 +134,9 @@ fn bad_flags_fail_in_one_line() {
         assert!(!out.status.success(), "{args:?}: {err}");
         let last = err.lines().last().unwrap_or_default();
         assert!(last.starts_with("hamburger-server: "), "{args:?}: {err}");
+        if args.contains(&"10") {
+            assert!(last.contains("-c 10") && last.contains("-np 8"), "a pool too small for its slots: {err}");
+        }
     }
 }
 
@@ -140,7 +144,7 @@ fn bad_flags_fail_in_one_line() {
 fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
     let gguf = tiny();
     for (args, names) in [
-        (vec!["-np", "10000000", "-c", "10000000"], vec!["-np", "-c", "GiB"]),
+        (vec!["-np", "10000000", "-c", "20000000"], vec!["-np", "-c", "GiB"]),
         (vec!["-t", "5000"], vec!["--threads", "5000"]),
     ] {
         testing::process::assert_one_line_error(
@@ -171,7 +175,8 @@ fn the_log_has_a_model_summary_and_a_line_per_request() {
         before.push(line);
     };
     assert!(
-        before.iter().any(|l| l.contains("up to 4 tokens per macro step") && l.contains("1 slots of 512 KV cells")),
+        before.iter().any(|l| l.contains("up to 4 tokens per macro step")
+            && l.contains("1 slots drawing on one pool of 512 KV cells")),
         "{before:?}"
     );
     let body = serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 6, "ignore_eos": true});

@@ -1,44 +1,57 @@
 //! The engine thread's loop. Each iteration takes the newly queued jobs,
-//! drops the waiting and running requests whose client left (so a client
-//! that leaves is noticed within one macro step), admits waiting job groups
-//! (a prompt's `n` choices) into free slots, a group once there is a slot for
-//! each of its jobs (one sequence each; the slot whose KV cells hold the longest
-//! start of the prompt, whose entries are kept), ends the requests past their deadline,
-//! runs ONE macro step over every running request (prompt chunks of new
-//! requests mixed with the merged inputs of running ones, then their micro
-//! steps, batched), and delivers each request the text of its step and, when
-//! it has finished, its end. Requests join and leave between macro steps.
+//! drops the requests whose client left (so a client that leaves is noticed
+//! within one macro step), admits waiting requests while the pool has cells
+//! for them (`admission`: preempted ones first, then new jobs), ends the
+//! requests past their deadline, makes room for the step (cached entries
+//! taken back, else the youngest request preempted), runs ONE macro step
+//! over every running request (prompt chunks of new requests mixed with the
+//! merged inputs of running ones, then their micro steps, batched), caches
+//! the prompts it finished feeding, and delivers each request the text of
+//! its step and, when it has finished, its end. Requests join and leave
+//! between macro steps.
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hamburger::chat::ChatTemplate;
 use hamburger::constraint::Grammars;
 use hamburger::generate::{self, DecodeConfig};
-use hamburger::kv_cache::SeqId;
-use hamburger::row_class::reusable_prefix;
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
 
-use super::request::{Request, Reused, ScoredPrompt};
+use super::pool::Pool;
+use super::request::Request;
 use super::slot_board::SlotBoard;
-use super::slots::{Cached, Slots};
-use super::{JobGroup, ModelInfo, SchedulerConfig, StartError};
+use super::{SchedulerConfig, StartError};
+use crate::job::{Job, ModelInfo};
 use crate::metrics::{self, Metrics};
 
-/// Prompt rows scored per forward: each reads back a row of logits
-/// (`n_vocab` floats), so a scoring graph's outputs stay bounded whatever
-/// `n_batch` is (64 rows of a 128 k vocabulary: 32 MiB).
-const SCORED_ROWS: usize = 64;
+/// How often ended requests whose reader is behind are looked at when
+/// nothing else runs.
+const READER_POLL: Duration = Duration::from_millis(20);
+
+/// How long an ended request waits for its reader to take its last events
+/// (a client that reads nothing for this long is dropped).
+const READER_GRACE: Duration = Duration::from_secs(60);
+
+/// Runs `f`; a panic in it becomes an error saying why, so one request's
+/// fault fails that request (or that step) and the engine thread goes on.
+pub(super) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
+        let why = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+        format!("the request failed on the engine thread: {}", why.unwrap_or_else(|| "a panic".into()))
+    })
+}
 
 /// Loads the model, says on `ready` whether it loaded, then serves the jobs
 /// of `rx` until every sender is gone and the last request has finished.
 pub(super) fn run(
     cfg: &SchedulerConfig,
-    rx: &Receiver<JobGroup>,
+    rx: &Receiver<Vec<Job>>,
     ready: &Sender<Result<Arc<ModelInfo>, StartError>>,
     m: &Metrics,
     board: &SlotBoard,
@@ -59,12 +72,14 @@ pub(super) fn run(
         engine,
         decode,
         running: Vec::new(),
+        preempted: VecDeque::new(),
+        finishing: Vec::new(),
         waiting: VecDeque::new(),
-        slots: Slots::new(cfg.engine.n_seq),
+        pool: Pool::new(cfg.engine.n_seq),
         tasks: 0,
     };
     let mut open = true;
-    while open || !lp.running.is_empty() || !lp.waiting.is_empty() {
+    while open || !lp.idle() {
         open = lp.take_jobs(rx, open);
         lp.drop_cancelled();
         lp.admit();
@@ -74,11 +89,12 @@ pub(super) fn run(
         }
         lp.deliver();
         if !lp.running.is_empty() {
+            lp.make_room();
             lp.step();
+            lp.publish_prompts();
             lp.deliver();
         }
-        let n_ctx_slot = info.n_ctx_slot;
-        board.publish(lp.running.iter().map(|r| r.slot_state(n_ctx_slot)));
+        board.publish(lp.running.iter().map(|r| r.slot_state(info.n_ctx)));
     }
 }
 
@@ -95,13 +111,12 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         Some(isolation) => t.isolated(isolation.clone()),
         None => t,
     });
-    let tool_format = chat_template.as_ref().and_then(crate::tools::CallFormat::of_template);
     let stem = cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let hidden = model.vocab.eog.iter().copied().chain(tokenizer.special_ids()).collect();
     let info = ModelInfo {
         name: cfg.alias.clone().unwrap_or(if model.name.is_empty() { stem } else { model.name.clone() }),
         n_predict: cfg.n_predict,
-        n_ctx_slot: cfg.engine.n_ctx / cfg.engine.n_seq,
+        n_ctx: cfg.engine.n_ctx,
         n_slots: cfg.engine.n_seq,
         n_vocab: model.hp.n_vocab,
         grammars: Grammars::new(&tokenizer, &model.vocab.eog)
@@ -111,7 +126,6 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         step: cfg.step,
         tokenizer,
         chat_template,
-        tool_format,
         eog: model.vocab.eog.clone(),
         hidden,
     };
@@ -119,29 +133,53 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
 }
 
 /// The engine thread's state: the engine, the requests running in its
-/// slots, the job groups waiting for slots, and the free slots with what their
-/// cells hold.
-struct EngineLoop<'t, 'm> {
-    info: &'t ModelInfo,
-    m: &'t Metrics,
-    engine: Engine<'m>,
-    decode: DecodeConfig,
-    running: Vec<Request<'t>>,
-    waiting: VecDeque<JobGroup>,
-    /// Slots (engine sequences) no request runs in.
-    slots: Slots,
+/// sequences, those preempted, those waiting, those whose reader is behind,
+/// and the pool of cells.
+pub(super) struct EngineLoop<'t, 'm> {
+    pub(super) info: &'t ModelInfo,
+    pub(super) m: &'t Metrics,
+    pub(super) engine: Engine<'m>,
+    pub(super) decode: DecodeConfig,
+    /// Requests decoding, each in its own sequence (at most `-np`).
+    pub(super) running: Vec<Request<'t>>,
+    /// Requests whose cells were taken back, oldest first: they resume
+    /// before any new job is admitted.
+    pub(super) preempted: VecDeque<Request<'t>>,
+    /// Ended requests whose reader has not yet taken their last text: their
+    /// cells and sequence are free already.
+    pub(super) finishing: Vec<(Request<'t>, Instant)>,
+    /// Jobs not yet admitted, in order of arrival.
+    pub(super) waiting: VecDeque<Job>,
+    /// Free sequences and cached prefixes.
+    pub(super) pool: Pool,
     /// Requests admitted since the server started.
-    tasks: u64,
+    pub(super) tasks: u64,
 }
 
 impl<'t> EngineLoop<'t, '_> {
-    /// Takes the queued jobs (blocking for one only when nothing runs or
-    /// waits); returns whether the queue is still open.
-    fn take_jobs(&mut self, rx: &Receiver<JobGroup>, mut open: bool) -> bool {
+    /// Whether nothing runs, waits, or waits for its reader.
+    fn idle(&self) -> bool {
+        self.running.is_empty() && self.preempted.is_empty() && self.waiting.is_empty() && self.finishing.is_empty()
+    }
+
+    /// Takes the queued jobs (blocking for one only when nothing is left to
+    /// do); returns whether the queue is still open.
+    fn take_jobs(&mut self, rx: &Receiver<Vec<Job>>, mut open: bool) -> bool {
         while open {
-            let idle = self.running.is_empty() && self.waiting.is_empty();
-            match if idle { rx.recv().map_err(|_| TryRecvError::Disconnected) } else { rx.try_recv() } {
-                Ok(group) => self.waiting.push_back(group),
+            let only_readers = self.running.is_empty() && self.preempted.is_empty() && self.waiting.is_empty();
+            let next = if self.idle() {
+                rx.recv().map_err(|_| TryRecvError::Disconnected)
+            } else if only_readers {
+                // Nothing to compute: wait for a job or for the readers a while.
+                rx.recv_timeout(READER_POLL).map_err(|e| match e {
+                    RecvTimeoutError::Timeout => TryRecvError::Empty,
+                    RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
+                })
+            } else {
+                rx.try_recv()
+            };
+            match next {
+                Ok(jobs) => self.waiting.extend(jobs),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -149,77 +187,24 @@ impl<'t> EngineLoop<'t, '_> {
         open
     }
 
-    /// Drops the waiting jobs and running requests whose client has gone.
+    /// Drops the requests whose client has gone: waiting, preempted,
+    /// running (their entries stay cached) or waiting for their reader.
     fn drop_cancelled(&mut self) {
-        let n_waiting: usize = self.waiting.iter().map(Vec::len).sum();
-        for group in &mut self.waiting {
-            group.retain(|job| !job.events.is_closed());
-        }
-        self.waiting.retain(|group| !group.is_empty());
-        let gone = (n_waiting - self.waiting.iter().map(Vec::len).sum::<usize>()) as u64;
+        let n_waiting = self.waiting.len();
+        self.waiting.retain(|job| !job.events.is_closed());
+        let gone = (n_waiting - self.waiting.len()) as u64;
         self.m.queue_depth.fetch_sub(gone, Ordering::Relaxed);
-        metrics::add(&self.m.cancelled, gone);
+        let n_preempted = self.preempted.len();
+        self.preempted.retain(|r| !r.client_left());
+        metrics::add(&self.m.cancelled, gone + (n_preempted - self.preempted.len()) as u64);
+        self.finishing.retain(|(r, _)| !r.client_left());
         for i in (0..self.running.len()).rev() {
             if self.running[i].client_left() {
                 let r = self.running.swap_remove(i);
-                self.slots.give_back(r.seq(), r.held(&self.engine));
+                self.pool.release(&mut self.engine, r.seq(), Some((&r.context(), r.read_fresh())));
                 metrics::add(&self.m.cancelled, 1);
             }
         }
-    }
-
-    /// Admits waiting job groups, oldest first, into the free slots, a group
-    /// only once there is a free slot for each of its jobs (so a prompt's
-    /// choices decode in the same macro steps; a group never holds more jobs
-    /// than there are slots): each job keeps the entries of the longest start
-    /// of its prompt that its slot's cells hold (all but the prompt's last
-    /// token, whose output the first step needs) and feeds the rest. A prompt
-    /// whose log-probabilities are asked for is scored here (all but its last
-    /// token, reusing nothing); a request for no token is answered at once.
-    fn admit(&mut self) {
-        while self.waiting.front().is_some_and(|group| group.len() <= self.slots.n_free()) {
-            for job in self.waiting.pop_front().expect("a waiting group") {
-                let taken = self.slots.take(&job.prompt, job.params.cache_prompt).expect("a free slot");
-                let seq = taken.seq;
-                self.m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-                let classes = self.engine.row_classes();
-                let reuse = reusable_prefix(classes, self.decode.n_batch, taken.common, job.prompt.len(), taken.alike);
-                let cached = self.engine.keep_prefix(seq, reuse.keep);
-                metrics::add(&self.m.prompt_tokens, (job.prompt.len() - cached) as u64);
-                metrics::add(&self.m.prompt_tokens_cached, cached as u64);
-                self.tasks += 1;
-                let scored = match job.params.prompt_logprobs.map(|top| self.score(seq, &job.prompt, top)).transpose() {
-                    Ok(scored) => scored,
-                    Err(e) => {
-                        log::error!("scoring the prompt of task {} failed: {e}", self.tasks);
-                        let _ = job.events.send(super::Event::Failed(e.to_string()));
-                        self.engine.clear_seq(seq);
-                        self.slots.give_back(seq, Cached::default());
-                        continue;
-                    }
-                };
-                let no_tokens = job.params.n_predict == 0;
-                let reused = Reused { tokens: cached, exact: reuse.exact, alike_before: taken.alike };
-                let r = Request::admit(self.tasks, seq, job, reused, scored, self.info);
-                if no_tokens {
-                    let held = r.held(&self.engine);
-                    r.answer(self.info, self.m);
-                    self.slots.give_back(seq, held);
-                } else {
-                    self.running.push(r);
-                }
-            }
-        }
-    }
-
-    /// Scores `prompt` in sequence `seq` (empty), at most [`SCORED_ROWS`]
-    /// tokens per forward, with `top` alternatives per token.
-    fn score(&mut self, seq: SeqId, prompt: &[u32], top: usize) -> hamburger::Result<ScoredPrompt> {
-        let (t, forwards) = (Instant::now(), self.engine.n_forwards());
-        let logprobs = self.engine.score(seq, prompt, self.decode.n_batch.min(SCORED_ROWS), top);
-        metrics::add(&self.m.base_forwards, (self.engine.n_forwards() - forwards) as u64);
-        let logprobs = logprobs?;
-        Ok(ScoredPrompt { logprobs, ms: t.elapsed().as_secs_f64() * 1e3 })
     }
 
     /// Runs one macro step over the running requests; when it fails, every
@@ -229,7 +214,9 @@ impl<'t> EngineLoop<'t, '_> {
         let steps_of = |running: &[Request]| running.iter().map(|r| r.macro_steps() as u64).sum::<u64>();
         let steps_before = steps_of(&self.running);
         let t = Instant::now();
-        let result = generate::macro_step(&mut self.engine, &self.decode, &mut self.running);
+        let (engine, decode, running) = (&mut self.engine, &self.decode, &mut self.running);
+        let result =
+            guarded(|| generate::macro_step(engine, decode, running).map_err(|e| e.to_string())).and_then(|r| r);
         log::trace!("macro step over {} sequences: {:.1} ms", self.running.len(), t.elapsed().as_secs_f64() * 1e3);
         metrics::add(&self.m.base_forwards, (self.engine.n_forwards() - forwards) as u64);
         metrics::add(&self.m.macro_steps, steps_of(&self.running) - steps_before);
@@ -237,26 +224,62 @@ impl<'t> EngineLoop<'t, '_> {
             log::error!("macro step failed: {e}");
             for r in std::mem::take(&mut self.running) {
                 let seq = r.seq();
-                r.fail(&e.to_string());
-                self.engine.clear_seq(seq);
-                self.slots.give_back(seq, Cached::default());
+                r.fail(&e);
+                self.pool.release(&mut self.engine, seq, None);
+            }
+        }
+    }
+
+    /// Caches the entries of the prompts fed in full since the last step,
+    /// so that requests sharing their start adopt them.
+    fn publish_prompts(&mut self) {
+        for r in &mut self.running {
+            if r.take_prompt_to_publish() {
+                self.pool.publish(&mut self.engine, r.seq(), r.prompt(), r.read_fresh());
             }
         }
     }
 
     /// Sends every running request its new text, and the finished ones their
-    /// end; their slots become free. Updates the gauges of what runs.
+    /// end; their sequences become free and their entries stay cached. A
+    /// request whose text handling panics fails alone. Updates the gauges of
+    /// what runs.
     fn deliver(&mut self) {
         for i in (0..self.running.len()).rev() {
-            self.running[i].send_text(self.info, &self.engine);
-            if self.running[i].is_done() {
-                let r = self.running.swap_remove(i);
-                let (seq, held) = (r.seq(), r.held(&self.engine));
-                r.answer(self.info, self.m);
-                self.slots.give_back(seq, held);
+            let (r, info, engine) = (&mut self.running[i], self.info, &self.engine);
+            match guarded(|| r.send_text(info, engine)) {
+                Ok(()) if self.running[i].is_done() => {
+                    let r = self.running.swap_remove(i);
+                    self.pool.release(&mut self.engine, r.seq(), Some((&r.context(), r.read_fresh())));
+                    self.finishing.push((r, Instant::now()));
+                }
+                Ok(()) => {}
+                Err(why) => {
+                    let r = self.running.swap_remove(i);
+                    log::error!("task {}: {why}", r.task());
+                    let seq = r.seq();
+                    r.fail(&why);
+                    self.pool.release(&mut self.engine, seq, None);
+                }
+            }
+        }
+        let now = Instant::now();
+        let (info, m) = (self.info, self.m);
+        for (mut r, ended) in std::mem::take(&mut self.finishing) {
+            if r.flush() {
+                let task = r.task();
+                if let Err(why) = guarded(|| r.answer(info, m)) {
+                    log::error!("task {task}: {why}");
+                }
+            } else if now.duration_since(ended) > READER_GRACE {
+                log::warn!("task {}: its reader took no event for {READER_GRACE:?} after its end: dropped", r.task());
+            } else {
+                self.finishing.push((r, ended));
             }
         }
         metrics::set(&self.m.processing, self.running.len() as u64);
         metrics::set(&self.m.kv_cells_used, self.engine.kv().n_used() as u64);
+        metrics::set(&self.m.kv_cells_cached, self.engine.kv().n_pinned_only() as u64);
+        metrics::set(&self.m.cached_entries, self.pool.n_cached() as u64);
     }
 }

@@ -1,39 +1,47 @@
 //! The engine thread: continuous batching over ONE [`hamburger::Engine`].
-//! ggml work stays on this thread (the model and engine are not `Send`); the
-//! HTTP side submits [`Job`]s through a bounded queue and receives
-//! [`Event`]s.
+//! ggml work stays on this thread (the model and engine are not `Send`);
+//! planned requests come as [`crate::job::Job`]s through a bounded queue and
+//! are answered with [`crate::job::Event`]s. It knows jobs, not HTTP, request
+//! fields or tool formats.
 //!
-//! * this module: the jobs, their events, and the handles ([`Scheduler`],
-//!   [`Submitter`]) that start, feed and stop the thread;
+//! * this module: the handles ([`Scheduler`], [`Submitter`]) that start,
+//!   feed and stop the thread;
 //! * `engine_loop`: the thread's loop (take jobs, drop the cancelled, admit,
-//!   step, deliver);
+//!   make room, step, cache the fed prompts, deliver);
+//! * `admission`: who decodes and in which cells: admission, waiting for a
+//!   shared prompt being fed, preemption and resumption;
+//! * `pool`: the one pool of KV cells: free sequences, cells taken and given
+//!   back; `prefix_cache`: the cached entries by the tokens they cover,
+//!   shared by every sequence that starts with them, least recently used
+//!   taken back first;
 //! * `request`: one running request, the single owner of its generation,
-//!   stop state, text and event channel;
-//! * `slots`: the free slots and the tokens their KV cells hold, for
-//!   prompt-prefix reuse;
-//! * [`slot_board`]: what each slot is doing, published by the thread once
-//!   per loop iteration for `/slots`.
+//!   its text (`answer_text`: cut at stop strings, searched incrementally)
+//!   and its bounded event channel;
+//! * [`slot_board`]: what each sequence is doing, published by the thread
+//!   once per loop iteration for `/slots`.
 
+mod admission;
+mod answer_text;
 mod engine_loop;
+#[cfg(test)]
+pub(crate) mod fault;
+mod pool;
+mod prefix_cache;
 mod request;
 pub mod slot_board;
-mod slots;
+#[cfg(test)]
+mod tests;
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
 
-use hamburger::chat::ChatTemplate;
-use hamburger::constraint::{Constraint, Grammars};
-use hamburger::tokenizer::Tokenizer;
-use hamburger::{EngineParams, LoadOptions, SamplerParams, StepParams, StepRule, Timings, TokenLogprob};
-use tokio::sync::mpsc::UnboundedSender;
+use hamburger::{EngineParams, LoadOptions, StepParams};
 use tokio::sync::watch;
 
+use crate::job::{Job, ModelInfo};
 use crate::metrics::{self, Metrics};
 use slot_board::SlotBoard;
 
@@ -44,7 +52,8 @@ pub struct SchedulerConfig {
     pub model: PathBuf,
     /// Device, offload and repacking.
     pub load: LoadOptions,
-    /// The engine: one sequence per slot (`n_seq`), `n_ctx` the KV cells of all slots together.
+    /// The engine: `n_seq` sequences decoded together (`-np`), drawing on
+    /// one pool of `n_ctx` KV cells.
     pub engine: EngineParams,
     /// The stop rule of requests that do not set theirs.
     pub step: StepParams,
@@ -59,130 +68,8 @@ pub struct SchedulerConfig {
     /// `--alias`); `None`: the model's own.
     pub alias: Option<String>,
     /// Tokens a request that sets no `max_tokens` may generate (llama-server's
-    /// `--n-predict`); `None`: until its slot's context is full.
+    /// `--n-predict`); `None`: until its context fills the pool.
     pub n_predict: Option<usize>,
-}
-
-/// What the HTTP side needs to know of the model.
-pub struct ModelInfo {
-    /// The model's name (the alias, else `general.name`, else the file stem).
-    pub name: String,
-    /// Tokens a request that sets no `max_tokens` may generate (`None`: the slot's room).
-    pub n_predict: Option<usize>,
-    /// KV cells each slot may use (its share of the cache): one per prompt
-    /// token and one per macro step of the answer.
-    pub n_ctx_slot: usize,
-    /// The engine's slots (sequences): the most choices one prompt's `n` may ask for,
-    /// since a prompt's choices are admitted together.
-    pub n_slots: usize,
-    /// Vocabulary size.
-    pub n_vocab: usize,
-    /// The most tokens a macro step can emit.
-    pub max_steps: usize,
-    /// The server's stop rule, whose `confidence` and `max_steps` a request may override.
-    pub step: StepParams,
-    /// The embedded tokenizer.
-    pub tokenizer: Tokenizer,
-    /// The compiler of requests' constraints (None: the tokenizer cannot serve them).
-    pub grammars: Option<Grammars>,
-    /// The chat template, if the model has one.
-    pub chat_template: Option<ChatTemplate>,
-    /// How the template's model writes a tool call (None: it renders no tools).
-    pub tool_format: Option<crate::tools::CallFormat>,
-    /// The end-of-generation tokens.
-    pub eog: Vec<u32>,
-    /// The end-of-generation and special tokens: never part of a response's text.
-    pub hidden: HashSet<u32>,
-}
-
-/// A request's generation settings.
-#[derive(Debug, Clone)]
-pub struct JobParams {
-    /// Tokens to generate at most (0: none, the prompt alone is answered).
-    pub n_predict: usize,
-    /// Sampling.
-    pub sampler: SamplerParams,
-    /// Added to the logits of these tokens (`logit_bias`).
-    pub logit_bias: Vec<(u32, f32)>,
-    /// Return each token's log-probability with this many alternatives.
-    pub logprobs: Option<usize>,
-    /// Score the prompt's tokens too, with this many alternatives (`echo`
-    /// with `logprobs`): the base's log-probability of each prompt token
-    /// after the first, from the logits of every prompt row
-    /// ([`hamburger::Engine::score`]), computed only when asked.
-    pub prompt_logprobs: Option<usize>,
-    /// When its macro steps end: the server's rule with the request's `confidence` and `max_steps`.
-    pub rule: StepRule,
-    /// Texts that end the generation (not included in it).
-    pub stop: Vec<String>,
-    /// Generate past end-of-generation tokens.
-    pub ignore_eos: bool,
-    /// Reuse the KV entries of the free slot whose cells hold the longest
-    /// start of the prompt (llama-server's `cache_prompt`); otherwise the
-    /// whole prompt is processed.
-    pub cache_prompt: bool,
-    /// Send the text of every macro step as it comes; otherwise only the
-    /// whole text at the end (no wake-up of the HTTP side per step).
-    pub stream: bool,
-    /// The structured-output constraint (`response_format`, `grammar`, `json_schema`).
-    pub constraint: Option<Constraint>,
-}
-
-/// One request for the engine thread.
-pub struct Job {
-    /// The prompt's token ids.
-    pub prompt: Vec<u32>,
-    /// Its settings.
-    pub params: JobParams,
-    /// Where its events go; a closed channel means the client left.
-    pub events: UnboundedSender<Event>,
-    /// When the generation stops and answers what it has, `finish_reason`
-    /// "length" (llama-server's `t_max_predict_ms`), waiting time included.
-    pub deadline: Instant,
-}
-
-/// Why a generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-generation token or a stop string.
-    Stop,
-    /// The token budget, or the deadline.
-    Length,
-}
-
-/// What the engine thread tells a request.
-#[derive(Debug, Clone)]
-pub enum Event {
-    /// New text of a streaming request: one macro step's, unless text was
-    /// held back (a tail that may become a stop string, an incomplete UTF-8
-    /// character) and now goes out with a later step's.
-    Text {
-        /// The text.
-        text: String,
-        /// Generated tokens since the previous `Text` (a step's tokens).
-        tokens: usize,
-        /// Macro steps since the previous `Text` (1 unless text was held).
-        steps: usize,
-        /// The log-probabilities of those tokens, when the request asked
-        /// (a stop string's cut tokens never among them).
-        logprobs: Vec<TokenLogprob>,
-    },
-    /// The end, with the statistics.
-    Done {
-        /// Why it ended.
-        reason: FinishReason,
-        /// The statistics.
-        timings: Timings,
-        /// The log-probabilities of the counted tokens that no `Text` carried
-        /// (those whose text was empty, an end-of-generation token), when the
-        /// request asked: the `Text`s' and these together are every counted token's.
-        logprobs: Vec<TokenLogprob>,
-        /// The log-probability of each prompt token after the first, when
-        /// the request asked ([`JobParams::prompt_logprobs`]).
-        prompt_logprobs: Vec<TokenLogprob>,
-    },
-    /// The generation failed.
-    Failed(String),
 }
 
 /// Why the engine thread did not start.
@@ -211,32 +98,27 @@ pub enum SubmitError {
     Closed,
 }
 
-/// Jobs the engine thread admits together, each into its own slot, once
-/// slots for all of them are free, so they decode in the same macro steps:
-/// the `n` choices of one prompt.
-pub type JobGroup = Vec<Job>;
-
 /// Queues jobs for the engine thread (one per HTTP handler, cloned).
 #[derive(Clone)]
 pub struct Submitter {
-    jobs: Sender<JobGroup>,
+    jobs: Sender<Vec<Job>>,
     /// Jobs that may wait (`queue_depth` counts them).
     limit: u64,
     metrics: Arc<Metrics>,
 }
 
 impl Submitter {
-    /// Queues the groups of one request, all of them or none: a request's
-    /// jobs count one each against the queue's limit.
+    /// Queues the jobs of one request, all of them or none: each counts
+    /// against the queue's limit.
     ///
     /// # Errors
     /// When the queue has no room for all of them, or the engine has stopped.
-    pub fn submit(&self, groups: Vec<JobGroup>) -> Result<(), SubmitError> {
-        let n = groups.iter().map(Vec::len).sum::<usize>() as u64;
+    pub fn submit(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
+        let n = jobs.len() as u64;
         let r = if self.metrics.queue_depth.fetch_add(n, Ordering::Relaxed) + n > self.limit {
             Err(SubmitError::Full)
         } else {
-            groups.into_iter().try_for_each(|g| self.jobs.send(g)).map_err(|_| SubmitError::Closed)
+            self.jobs.send(jobs).map_err(|_| SubmitError::Closed)
         };
         match r {
             Ok(()) => metrics::add(&self.metrics.requests, n),
@@ -294,7 +176,7 @@ impl Scheduler {
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
         let limit = cfg.queue as u64;
-        let slots = Arc::new(SlotBoard::new(cfg.engine.n_seq, cfg.engine.n_ctx / cfg.engine.n_seq.max(1)));
+        let slots = Arc::new(SlotBoard::new(cfg.engine.n_seq, cfg.engine.n_ctx));
         let board = slots.clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())

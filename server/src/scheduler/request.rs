@@ -9,13 +9,12 @@ use std::time::Instant;
 
 use hamburger::generate::{Pending, SeqGen};
 use hamburger::kv_cache::SeqId;
-use hamburger::tokenizer::TextStream;
 use hamburger::{Engine, Sampler, TokenLogprob};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
 
+use super::answer_text::AnswerText;
 use super::slot_board::{SlotParams, SlotState};
-use super::slots::Cached;
-use super::{Event, FinishReason, Job, ModelInfo};
+use crate::job::{Event, FinishReason, Job, ModelInfo};
 use crate::metrics::{self, Metrics};
 
 /// A prompt scored at admission ([`hamburger::Engine::score`]): all its
@@ -27,14 +26,13 @@ pub(super) struct ScoredPrompt {
     pub(super) ms: f64,
 }
 
-/// What a request reuses of its slot's cells ([`hamburger::row_class::reusable_prefix`]).
+/// What a request reuses of the prefix cache's cells ([`hamburger::row_class::reusable_prefix`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Reused {
-    /// Leading prompt tokens whose cells are kept.
+    /// Leading prompt tokens whose cells are adopted.
     pub(super) tokens: usize,
     /// Whether the answer is the one a fresh read of the prompt gives.
     pub(super) exact: bool,
-    /// The slot's [`Cached::alike`] before the request.
-    pub(super) alike_before: usize,
 }
 
 /// A request admitted into a slot (one engine sequence), from admission to its last event.
@@ -43,33 +41,33 @@ pub(super) struct Request<'t> {
     task: u64,
     /// Its decoding: prompt still to feed, sampler, budget and generated tokens.
     gen: SeqGen<'static>,
-    /// The whole prompt, its first `reused.tokens` tokens' entries reused from the slot's cells.
+    /// The whole prompt, its first `reused.tokens` tokens' entries adopted from the prefix cache.
     prompt: Vec<u32>,
     reused: Reused,
     /// Its prompt's log-probabilities, when scored at admission.
     scored: Option<ScoredPrompt>,
-    events: UnboundedSender<Event>,
-    stop: Vec<String>,
+    /// Where its events go: a bounded channel, so text is held back (and
+    /// goes out with a later event) while its reader has not taken the
+    /// earlier ones, one place always kept for the end.
+    events: Sender<Event>,
     n_predict: usize,
     stream: bool,
     ignore_eos: bool,
     deadline: Instant,
-    /// Turns the generated ids into text, a step at a time.
-    detok: TextStream<'t>,
-    /// Output ids already given to `detok`.
+    /// Its text, cut at a stop string.
+    text: AnswerText<'t>,
+    /// Output ids already turned into text.
     decoded_ids: usize,
-    /// The text so far (cut at a stop string).
-    text: String,
-    /// Bytes of `text` already sent.
+    /// Bytes of the text already sent.
     sent: usize,
     /// Tokens and macro steps whose text was already sent.
     sent_tokens: usize,
     sent_steps: usize,
-    stopped_by_string: bool,
-    /// The tokens up to the one that completed the stop string (those after
-    /// it, in the same macro step, are not part of the answer).
-    n_tokens_to_stop: Option<usize>,
     timed_out: bool,
+    /// While preempted: the tokens each entry it held covered, in order.
+    written: Vec<usize>,
+    /// Whether its prompt's entries were given to the prefix cache.
+    published: bool,
     /// Its settings, as `/slots` shows them.
     shown: SlotParams,
 }
@@ -77,8 +75,8 @@ pub(super) struct Request<'t> {
 impl<'t> Request<'t> {
     /// Admits `job` as task number `task` into sequence `seq`, whose cells
     /// hold the entries of the prompt's first `reused.tokens` tokens, then
-    /// those `scored` fed, and nothing else. It may take the slot's share of
-    /// the cache, `info.n_ctx_slot` cells (one per macro step, so k tokens a
+    /// those `scored` fed, and nothing else. Its context may grow to the
+    /// whole pool, `info.n_ctx` cells (one per macro step, so k tokens a
     /// step answer k times longer in them); its text is decoded with the
     /// model's tokenizer.
     pub(super) fn admit(
@@ -96,7 +94,7 @@ impl<'t> Request<'t> {
         let mut gen = SeqGen::new(seq, rest, p.n_predict, sampler)
             .continuing(Pending::default(), before.to_vec())
             .with_rule(p.rule);
-        gen = gen.with_cell_limit(info.n_ctx_slot);
+        gen = gen.with_cell_limit(info.n_ctx);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
         }
@@ -113,25 +111,116 @@ impl<'t> Request<'t> {
             reused,
             scored,
             events: job.events,
-            stop: p.stop,
+            text: AnswerText::new(&info.tokenizer, p.stop),
             n_predict: p.n_predict,
             stream: p.stream,
             ignore_eos: p.ignore_eos,
             deadline: job.deadline,
-            detok: TextStream::new(&info.tokenizer),
             decoded_ids: 0,
-            text: String::new(),
             sent: 0,
             sent_tokens: 0,
             sent_steps: 0,
-            stopped_by_string: false,
-            n_tokens_to_stop: None,
             timed_out: false,
+            written: Vec::new(),
+            published: false,
             shown,
         }
     }
 
-    /// Its slot's state so far, for `/slots` (`n_ctx`: the slot's cells).
+    /// The tokens of its context: the prompt, then the generated tokens.
+    pub(super) fn context(&self) -> Vec<u32> {
+        self.prompt.iter().chain(&self.gen.generation().output_ids).copied().collect()
+    }
+
+    /// The prompt's tokens.
+    pub(super) fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// Whether its prompt's entries are all written but not yet given to the
+    /// prefix cache: requests sharing its prompt's start wait for them.
+    pub(super) fn prompt_in_flight(&self) -> bool {
+        !self.published
+    }
+
+    /// The prompt length whose fresh read its cells of the prompt are (for
+    /// [`hamburger::row_class::reusable_prefix`]): the whole prompt's when
+    /// its reuse was exact and the rest was read alike (not when scored,
+    /// whose forwards are cut otherwise, nor once resumed: see
+    /// [`SeqGen::refeed`]), else 0 (the cells it adopted keep what the cache
+    /// knew of them).
+    pub(super) fn read_fresh(&self) -> usize {
+        let alike = self.reused.exact && self.scored.is_none() && self.gen.prompt_read_alike();
+        if alike && self.gen.prompt_fed() {
+            self.prompt.len()
+        } else {
+            0
+        }
+    }
+
+    /// Whether its whole prompt is fed and its entries may be cached (once).
+    pub(super) fn take_prompt_to_publish(&mut self) -> bool {
+        let ready = !self.published && self.gen.prompt_fed();
+        self.published |= ready;
+        ready
+    }
+
+    /// Records that it was preempted while its cells held entries at
+    /// `positions` (by position): resumed, it feeds again the entries the
+    /// cache no longer holds exactly as they were written.
+    pub(super) fn preempted(&mut self, positions: &[i32]) {
+        let mut start = 0;
+        self.written = positions
+            .iter()
+            .map(|&p| {
+                let n = p as usize + 1 - start;
+                start = p as usize + 1;
+                n
+            })
+            .collect();
+    }
+
+    /// How many tokens each entry it held when preempted covered, in order.
+    pub(super) fn written(&self) -> &[usize] {
+        &self.written
+    }
+
+    /// The entries it writes again when resumed with its first `kept`
+    /// written entries adopted: the others, each one input as it was
+    /// written (a prompt token, a plain token, or a macro step's tokens
+    /// merged). What it had not fed yet follows as it would have.
+    fn refed_inputs(&self, kept: usize) -> Vec<Vec<u32>> {
+        let context = self.context();
+        let mut at: usize = self.written[..kept].iter().sum();
+        self.written[kept..]
+            .iter()
+            .map(|&n| {
+                at += n;
+                context[at - n..at].to_vec()
+            })
+            .collect()
+    }
+
+    /// How many cells it takes when resumed with its first `kept` written
+    /// entries adopted, before its next outputs.
+    pub(super) fn cells_to_resume(&self, kept: usize) -> usize {
+        self.written.len() - kept + self.gen.pending_inputs()
+    }
+
+    /// Resumes it in sequence `seq`, whose cells hold the entries of its
+    /// first `kept` written entries (the others are fed again first).
+    pub(super) fn resume(&mut self, seq: SeqId, kept: usize) {
+        let inputs = self.refed_inputs(kept);
+        self.written.clear();
+        self.gen.refeed(seq, inputs);
+    }
+
+    /// Base inputs it feeds before its next outputs (one cell each).
+    pub(super) fn pending_inputs(&self) -> usize {
+        self.gen.pending_inputs()
+    }
+
+    /// Its slot's state so far, for `/slots` (`n_ctx`: the cells it may use).
     pub(super) fn slot_state(&self, n_ctx: usize) -> SlotState {
         let generation = self.gen.generation();
         SlotState {
@@ -144,6 +233,11 @@ impl<'t> Request<'t> {
             n_macro_steps: generation.macro_steps.len(),
             params: Some(self.shown.clone()),
         }
+    }
+
+    /// Its number since the server started (in its log line).
+    pub(super) fn task(&self) -> u64 {
+        self.task
     }
 
     /// The engine sequence (slot) it runs in.
@@ -161,87 +255,72 @@ impl<'t> Request<'t> {
         self.gen.is_done()
     }
 
-    /// What its slot's cells hold: the prompt, then the generated tokens as
-    /// they were fed (all but the last step's); and how many leading tokens'
-    /// cells are what a fresh read of a prompt that long computes: the whole
-    /// prompt's when the reuse was exact and the rest was read alike (not
-    /// when scored, whose forwards are cut otherwise), else the slot's
-    /// earlier prompt's when they were kept, else none.
-    pub(super) fn held(&self, engine: &Engine) -> Cached {
-        let output = &self.gen.generation().output_ids;
-        let mut tokens: Vec<u32> = self.prompt.iter().chain(output).copied().collect();
-        tokens.truncate(engine.next_pos(self.seq()));
-        let alike = if !self.reused.exact {
-            self.reused.alike_before
-        } else if self.scored.is_none() && self.gen.prompt_read_alike() && tokens.len() >= self.prompt.len() {
-            self.prompt.len()
-        } else {
-            0
-        };
-        Cached { tokens, alike }
-    }
-
     /// The macro steps it has run.
     pub(super) fn macro_steps(&self) -> usize {
         self.gen.generation().macro_steps.len()
     }
 
+    /// Whether `now` is past its deadline.
+    pub(super) fn past_deadline(&self, now: Instant) -> bool {
+        now >= self.deadline
+    }
+
     /// Ends the generation with what it has when `now` is past its deadline.
     pub(super) fn end_if_past_deadline(&mut self, now: Instant, engine: &Engine) {
-        if now >= self.deadline {
+        if self.past_deadline(now) {
             self.timed_out = true;
             self.gen.stop(engine);
         }
     }
 
-    /// Sends the text generated since the last call (a streaming request's,
-    /// or at the end): end-of-generation and special tokens are left out, a
-    /// stop string ends the generation (and is cut with what follows it, the
-    /// tokens after it uncounted), and a tail that may still become a stop
-    /// string is held back (the [`TextStream`] holds back an incomplete UTF-8
-    /// character until the end).
+    /// Turns the tokens generated since the last call into text (a
+    /// streaming request's, one with stop strings, or at the end): a stop
+    /// string ends the generation (it is cut with what follows it, the
+    /// tokens after it uncounted). Then sends what may be sent (a tail that
+    /// may still become a stop string is held back, and so is everything
+    /// while the reader has not taken earlier events: it goes out with a
+    /// later one).
     pub(super) fn send_text(&mut self, info: &ModelInfo, engine: &Engine) {
-        if !self.stream && self.stop.is_empty() && !self.gen.is_done() {
+        #[cfg(test)]
+        super::fault::panic_if_injected(&self.prompt);
+        let done = self.gen.is_done();
+        if !self.stream && !self.text.has_stop_strings() && !done {
             return;
         }
-        let visible = |ids: &[u32]| ids.iter().copied().filter(|t| !info.hidden.contains(t)).collect::<Vec<u32>>();
         let out = &self.gen.generation().output_ids;
-        let first_new = self.decoded_ids;
-        self.text.push_str(&self.detok.push(&visible(&out[first_new..])));
-        self.decoded_ids = out.len();
-        if self.gen.is_done() {
-            self.text.push_str(&self.detok.finish());
-        }
-        let text = &mut self.text;
-        if let Some((at, len)) = self.stop.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s.len()))).min() {
-            text.truncate(at);
-            self.stopped_by_string = true;
-            // The first token whose text completes the stop string ends the answer.
-            let n = (first_new + 1..=out.len()).find(|&n| info.tokenizer.decode(&visible(&out[..n])).len() >= at + len);
-            self.n_tokens_to_stop = Some(n.unwrap_or(out.len()));
+        if self.text.push(&out[self.decoded_ids..], &info.hidden, done) {
             self.gen.stop(engine);
         }
-        let mut end = text.len();
-        if !self.gen.is_done() {
-            let held = self
-                .stop
-                .iter()
-                .flat_map(|s| (1..s.len()).filter(move |&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
-                .filter(|prefix| text.ends_with(prefix))
-                .map(str::len)
-                .max()
-                .unwrap_or(0);
-            end -= held;
+        self.decoded_ids = self.gen.generation().output_ids.len();
+        self.flush();
+    }
+
+    /// Sends the text not yet sent, when the request streams or has ended
+    /// and its channel has room for it and for the end after it. Returns
+    /// whether nothing is left to send.
+    pub(super) fn flush(&mut self) -> bool {
+        let done = self.gen.is_done();
+        let end = self.text.sendable(done);
+        if !(self.stream || done) || end <= self.sent {
+            return true;
         }
-        if (self.stream || self.gen.is_done()) && end > self.sent && text.is_char_boundary(self.sent) {
-            let tokens = self.n_tokens_to_stop.unwrap_or(self.gen.generation().output_ids.len());
-            let steps = self.gen.generation().macro_steps.len();
-            let (new_tokens, new_steps) = (tokens - self.sent_tokens, steps - self.sent_steps);
-            let text = text[self.sent..end].to_string();
-            let logprobs = self.logprobs(self.sent_tokens, tokens);
-            let _ = self.events.send(Event::Text { text, tokens: new_tokens, steps: new_steps, logprobs });
-            (self.sent, self.sent_tokens, self.sent_steps) = (end, tokens, steps);
+        if self.events.capacity() < 2 || !self.text.text().is_char_boundary(self.sent) {
+            return false;
         }
+        let tokens = self.counted_tokens();
+        let steps = self.gen.generation().macro_steps.len();
+        let (new_tokens, new_steps) = (tokens - self.sent_tokens, steps - self.sent_steps);
+        let text = self.text.text()[self.sent..end].to_string();
+        let logprobs = self.logprobs(self.sent_tokens, tokens);
+        let _ = self.events.try_send(Event::Text { text, tokens: new_tokens, steps: new_steps, logprobs });
+        (self.sent, self.sent_tokens, self.sent_steps) = (end, tokens, steps);
+        true
+    }
+
+    /// The tokens of the answer: up to the one that completed a stop
+    /// string (those after it, in the same macro step, are not part of it).
+    fn counted_tokens(&self) -> usize {
+        self.text.stopped_at().unwrap_or(self.gen.generation().output_ids.len())
     }
 
     /// Answers a finished request: why it ended and its statistics, counting
@@ -250,7 +329,7 @@ impl<'t> Request<'t> {
         let generation = self.gen.generation();
         let mut timings = generation.timings.clone();
         let ended_by_eog = !self.ignore_eos && generation.output_ids.last().is_some_and(|t| info.eog.contains(t));
-        timings.gen_tokens = self.n_tokens_to_stop.unwrap_or(timings.gen_tokens);
+        timings.gen_tokens = self.counted_tokens();
         timings.cached_tokens = self.reused.tokens;
         // The prompt's tokens not reused, scored at admission or fed by its first macro step.
         timings.prompt_tokens = self.prompt.len() - self.reused.tokens;
@@ -261,7 +340,7 @@ impl<'t> Request<'t> {
         metrics::add(&m.draft_accepted, timings.draft_accepted as u64);
         metrics::add(&m.verify_forwards, timings.verify_forwards as u64);
         let reason = if self.timed_out
-            || !(self.stopped_by_string || ended_by_eog)
+            || !(self.text.stopped_at().is_some() || ended_by_eog)
                 && (timings.gen_tokens >= self.n_predict || generation.context_full)
         {
             FinishReason::Length
@@ -273,7 +352,8 @@ impl<'t> Request<'t> {
         log::info!("task {} (slot {}): prompt {prompt} tokens ({} reused) in {:.0} ms; {} tokens in {steps} macro steps ({per_step:.2} per step) in {:.0} ms; {} of {} drafted tokens accepted; {reason:?}", self.task, self.seq(), t.cached_tokens, t.prompt_ms, t.gen_tokens, t.gen_ms, t.draft_accepted, t.drafted);
         let logprobs = self.logprobs(self.sent_tokens, timings.gen_tokens);
         let prompt_logprobs = self.scored.as_ref().map(|s| s.logprobs.clone()).unwrap_or_default();
-        let _ = self.events.send(Event::Done { reason, timings, logprobs, prompt_logprobs });
+        // The end always has its place: text goes out only while two are free.
+        let _ = self.events.try_send(Event::Done { reason, timings, logprobs, prompt_logprobs });
     }
 
     /// The log-probabilities of the generated tokens `from..to` (none when
@@ -285,7 +365,7 @@ impl<'t> Request<'t> {
 
     /// Tells the client its generation failed with `error`.
     pub(super) fn fail(self, error: &str) {
-        let _ = self.events.send(Event::Failed(error.to_string()));
+        let _ = self.events.try_send(Event::Failed(error.to_string()));
     }
 }
 

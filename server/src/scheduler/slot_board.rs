@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use super::JobParams;
+use crate::job::JobParams;
 
 /// The settings a slot's request runs with (llama-server's `params`).
 #[derive(Debug, Clone, PartialEq, Serialize)]

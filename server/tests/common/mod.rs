@@ -28,13 +28,14 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Starts a server of `n_slots` slots of 512 KV cells and a queue of `queue`.
+    /// Starts a server of `n_slots` slots over a pool of 512 KV cells per slot and a queue of `queue`.
     pub fn start(n_slots: usize, queue: usize, api_key: Option<&str>) -> TestServer {
         let step = StepParams { confidence: 0.3, ..Default::default() };
         TestServer::start_with(n_slots, 512, queue, api_key, step, None)
     }
 
-    /// Starts a server of `n_slots` slots of `n_ctx_slot` KV cells each,
+    /// Starts a server of `n_slots` slots over one pool of `n_ctx_slot` KV
+    /// cells per slot (the slots share it),
     /// whose requests' stop rule defaults to `step`, with the Jinja
     /// `chat_template` instead of the model's when given.
     pub fn start_with(

@@ -377,7 +377,7 @@ fn json_report(prompt: &[u32], gen: &Generation, drafted: Option<&DraftStats>, t
         "macro_steps": steps,
         "text": text,
         // The server's timings object: one schema for both tools.
-        "timings": server::api::timings(&gen.timings),
+        "timings": server::response::timings(&gen.timings),
     });
     if let Some(d) = drafted {
         report["draft"] = serde_json::json!({

@@ -24,11 +24,12 @@ struct Args {
     /// Port to listen on.
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Sequences decoded together (slots). Also -np.
-    #[arg(long = "parallel", default_value_t = 4)]
-    parallel: usize,
+    /// Sequences decoded together (slots), all drawing on the one pool of
+    /// -c KV cells; -1: auto, 4 (llama-server's auto). Also -np.
+    #[arg(long = "parallel", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    parallel: i64,
     /// Tokens a request that sets no `max_tokens` may generate; -1: until
-    /// its slot's context is full (llama-server's -n).
+    /// its context fills the KV pool (llama-server's -n).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
     n_predict: i64,
     /// The model's name in `/v1/models` and in every answer (default: the GGUF's).
@@ -41,7 +42,8 @@ struct Args {
     /// Accepted for llama-server's launch scripts: `/metrics` is always served.
     #[arg(long)]
     metrics: bool,
-    /// KV cache entries of all slots together (each slot gets an equal share).
+    /// KV cells of the one pool every request draws from (one per prompt
+    /// token and one per macro step; shared prompt prefixes once).
     #[arg(short = 'c', long = "ctx-size", default_value_t = EngineParams::default().n_ctx)]
     ctx_size: usize,
     /// Base inputs per forward, all sequences together.
@@ -101,13 +103,26 @@ async fn shutdown_signal() {
     log::info!("stopping: no new requests; finishing the ones in flight");
 }
 
+/// Slots `-np -1` (auto) gives, as llama-server's auto.
+const AUTO_PARALLEL: usize = 4;
+
 fn run(mut args: Args) -> Result<()> {
-    if args.ctx_size < args.parallel {
-        anyhow::bail!("-c {} gives {} slots (-np) less than one entry each", args.ctx_size, args.parallel);
+    let parallel = match args.parallel {
+        -1 => AUTO_PARALLEL,
+        0 => anyhow::bail!("-np 0: expected at least 1 slot, or -1 for auto ({AUTO_PARALLEL})"),
+        n => usize::try_from(n)?,
+    };
+    // Each decoding sequence needs a cell for a prompt token and one for a macro step.
+    if args.ctx_size < 2 * parallel {
+        anyhow::bail!(
+            "-c {} cannot serve -np {parallel}: each decoding sequence needs at least 2 KV cells (use -c {} or more, or a smaller -np)",
+            args.ctx_size,
+            2 * parallel
+        );
     }
     let engine = EngineParams {
         n_ctx: args.ctx_size,
-        n_seq: args.parallel,
+        n_seq: parallel,
         n_batch: args.batch_size,
         n_threads: args.threads,
         ..Default::default()
@@ -132,12 +147,11 @@ fn run(mut args: Args) -> Result<()> {
     let scheduler = Scheduler::start(cfg)?;
     let info = &scheduler.info;
     log::info!(
-        "model {}: {} tokens of vocabulary, up to {} tokens per macro step; {} slots of {} KV cells, {mode} at confidence {confidence} unless a request sets them",
+        "model {}: {} tokens of vocabulary, up to {} tokens per macro step; {parallel} slots drawing on one pool of {} KV cells, {mode} at confidence {confidence} unless a request sets them",
         info.name,
         info.n_vocab,
         info.max_steps,
-        args.parallel,
-        info.n_ctx_slot
+        info.n_ctx
     );
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async {
@@ -145,7 +159,7 @@ fn run(mut args: Args) -> Result<()> {
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local: SocketAddr = listener.local_addr()?;
-        log::info!("listening on http://{local} ({} slots)", args.parallel);
+        log::info!("listening on http://{local} ({parallel} slots)");
         if !args.no_webui {
             log::info!("chat page: http://{local}/ (--no-webui turns it off)");
         }
@@ -155,7 +169,7 @@ fn run(mut args: Args) -> Result<()> {
             cors: args.cors,
             webui: !args.no_webui,
             model_path: model_path.display().to_string(),
-            total_slots: args.parallel,
+            total_slots: parallel,
         };
         server::serve(listener, scheduler, http, shutdown_signal()).await.context("serving")
     })

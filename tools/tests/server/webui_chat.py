@@ -66,6 +66,12 @@ def main():
     driver = browser(1280, 860)
     try:
         driver.get(args.url + "/")
+        # The sliders start at the server's defaults (/props), not at the page's own.
+        with urllib.request.urlopen(args.url + "/props", timeout=60) as r:
+            defaults = json.load(r)["default_generation_settings"]["params"]
+        for element_id in ["confidence", "temperature"]:
+            WebDriverWait(driver, 60).until(lambda d, i=element_id: float(
+                d.find_element(By.ID, i).get_attribute("value")) == defaults[i])
         set_input(driver, "system", args.system)
         set_input(driver, "temperature", 0)
         set_input(driver, "confidence", args.confidence)

@@ -6,18 +6,17 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use crate::api::{self, ChatRequest};
-use crate::error::ApiError;
-use crate::routes::{blocking, body, AppState};
+use super::state::{blocking, body, AppState};
+use crate::error::{status, ApiError};
+use crate::protocol::{self, ChatRequest};
 use crate::scheduler::slot_board::SlotState;
 
 /// The routes of this module, merged into the server's router.
-pub fn routes() -> Router<AppState> {
+pub(super) fn routes() -> Router<AppState> {
     Router::new()
         .route("/props", get(props))
         .route("/apply-template", post(apply_template))
@@ -33,9 +32,10 @@ async fn props(State(s): State<AppState>) -> Json<Value> {
     let n_predict = info.n_predict.map_or(-1, |n| n as i64);
     Json(json!({
         "default_generation_settings": {
-            "n_ctx": info.n_ctx_slot,
+            "n_ctx": info.n_ctx,
             "params": {
                 "n_predict": n_predict,
+                "temperature": hamburger::SamplerParams::default().temp.to_string().parse::<f64>().unwrap_or_default(),
                 // As the flag was written (0.8, not f32's 0.800000011920929).
                 "confidence": info.step.confidence.to_string().parse::<f64>().unwrap_or_default(),
                 "max_steps": if info.step.max_steps == 0 { info.max_steps } else { info.step.max_steps },
@@ -45,7 +45,7 @@ async fn props(State(s): State<AppState>) -> Json<Value> {
         "model_alias": info.name,
         "model_path": s.model_path,
         "chat_template": info.chat_template.as_ref().map_or("", |t| t.source()),
-        "n_ctx": info.n_ctx_slot * s.total_slots,
+        "n_ctx": info.n_ctx,
         "n_vocab": info.n_vocab,
     }))
 }
@@ -53,7 +53,7 @@ async fn props(State(s): State<AppState>) -> Json<Value> {
 /// llama-server's `/apply-template`: `messages` rendered with the model's
 /// chat template (the assistant's turn opened), as `{"prompt": text}`.
 async fn apply_template(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
-    let req: ChatRequest = api::parse(&body(b)?)?;
+    let req: ChatRequest = protocol::parse(&body(b)?)?;
     let messages = crate::messages::chat_messages(&req.messages)?;
     let info = s.info.clone();
     let prompt = blocking(move || {
@@ -69,7 +69,7 @@ async fn apply_template(State(s): State<AppState>, b: Result<Bytes, BytesRejecti
 /// OpenAI route that does the same.
 async fn native_completion() -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
+        status::NOT_FOUND,
         "llama-server's native /completion is not served: use /v1/completions (prompt, max_tokens, stream, ...)",
     )
 }

@@ -8,7 +8,7 @@ use axum::http::header;
 use axum::routing::get;
 use axum::Router;
 
-use crate::routes::AppState;
+use super::state::AppState;
 
 /// What the page may load: only this server's files and API.
 const CSP: &str =
@@ -16,14 +16,14 @@ const CSP: &str =
 
 /// The page's files: path, content type, contents.
 const FILES: [(&str, &str, &str); 3] = [
-    ("/", "text/html; charset=utf-8", include_str!("../webui/index.html")),
-    ("/webui/app.js", "text/javascript; charset=utf-8", include_str!("../webui/app.js")),
-    ("/webui/style.css", "text/css; charset=utf-8", include_str!("../webui/style.css")),
+    ("/", "text/html; charset=utf-8", include_str!("../../webui/index.html")),
+    ("/webui/app.js", "text/javascript; charset=utf-8", include_str!("../../webui/app.js")),
+    ("/webui/style.css", "text/css; charset=utf-8", include_str!("../../webui/style.css")),
 ];
 
 /// The routes of the page's files (GET), outside the API key's check: the
 /// page asks for the key and sends it with its API calls.
-pub fn routes() -> Router<AppState> {
+pub(super) fn routes() -> Router<AppState> {
     FILES.iter().fold(Router::new(), |router, &(path, content_type, body)| {
         router.route(
             path,
