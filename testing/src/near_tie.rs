@@ -145,6 +145,17 @@ pub fn assert_agree(
     what: &str,
 ) -> Option<Divergence> {
     let d = divergence(got, want)?;
+    assert_near_tie(&d, logit_tol, stop_tol, what);
+    Some(d)
+}
+
+/// Asserts that the divergence `d` is a near-tie: a token margin below
+/// `logit_tol`, or a step end's stop distance below `stop_tol` (printed, so
+/// a run shows how often ties part two decodes).
+///
+/// # Panics
+/// When it is not.
+pub fn assert_near_tie(d: &Divergence, logit_tol: f32, stop_tol: f32, what: &str) {
     let tol = if d.what.starts_with("token") { logit_tol } else { stop_tol };
     eprintln!("{what}: parts at decision {} ({}) where the margin is {:.2e}", d.at, d.what, d.margin);
     assert!(
@@ -154,7 +165,6 @@ pub fn assert_agree(
         d.what,
         d.margin
     );
-    Some(d)
 }
 
 /// [`assert_agree`] for two decodes whose logits were kept (one vector per
