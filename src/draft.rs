@@ -3,22 +3,24 @@
 //! `-p-min`), and the gate that learns, per sequence, when a draft is worth
 //! computing.
 //!
-//! A drafted token costs a micro step (the micro decoder's layers and an
-//! lm_head) and one more row in the next base forward; it earns a token only
-//! when the base agrees. With modules that rarely agree (random grafted
-//! modules reject nearly every draft) drafting must stop, or decoding is
-//! slower than one token per forward; with modules that agree where their
-//! stop head is confident, drafting must go on there. So the gate keeps, per
-//! bucket of the stop head's signal (`1 - p_stop` after the token a draft
-//! would follow: HAMburger's own "the step may go on"), the acceptance it has
-//! seen, and drafts the next token only while the chance that every draft so
-//! far and this one are accepted pays for its cost. A bucket it has given up
-//! on is probed now and then, at intervals that double after each failed
-//! probe, so that it notices when drafts start to agree. Everything is
-//! deterministic (no timing), so a seeded generation repeats itself.
+//! A drafted token costs a micro step and one more row in the next base
+//! forward, at the prices the engine has measured ([`crate::forward_cost`]);
+//! it earns a token only when the base agrees. With modules that rarely
+//! agree (random grafted modules reject nearly every draft), or where a
+//! second row costs about a forward of its own (two CPU cores), drafting
+//! must stop, or decoding is slower than one token per forward; with
+//! modules that agree where their stop head is confident, drafting must go
+//! on there. So the gate keeps, per bucket of the stop head's signal
+//! (`1 - p_stop` after the token a draft would follow: HAMburger's own "the
+//! step may go on"), the acceptance it has seen, and drafts the next token
+//! when some draft length from there on earns more tokens per cost than
+//! stopping. A bucket it has given up on is probed now and then, at
+//! intervals that double after each failed probe and keep probes within 2%
+//! of the forwards, so that it notices when drafts start to agree; where
+//! even drafts that were always accepted would not pay, it never probes.
 
 use crate::error::{Param, ParamError};
-use crate::hparams::HParams;
+use crate::forward_cost::Prices;
 
 /// Speculative decoding's type, by llama.cpp's names (`--spec-type`, the
 /// server's `speculative.type`): those that apply to a HAMburger.
@@ -151,22 +153,6 @@ impl DraftRule {
     }
 }
 
-/// What one drafted token costs, as a share of one base forward of one
-/// token: a micro step reads the micro decoder's layers and the lm_head, a
-/// base forward the base's layers and the lm_head; decoding one sequence on
-/// a CPU reads every weight once per forward, so the share is that of the
-/// weights, plus what one more row adds to the verifying forward.
-pub fn draft_cost(hp: &HParams) -> f32 {
-    /// One more row of a base forward, relative to the forward of one row.
-    const ROW_COST: f64 = 0.03;
-    let (d, kv, ff) = (hp.n_embd as f64, hp.n_embd_kv() as f64, hp.n_ff as f64);
-    let layer = 2.0 * d * d + 2.0 * d * kv + 3.0 * d * ff;
-    let head = hp.n_vocab as f64 * d;
-    let micro = hp.n_micro_layer as f64 * layer + head;
-    let base = hp.n_layer as f64 * layer + head;
-    (micro / base + ROW_COST) as f32
-}
-
 /// Buckets of the stop head's signal `1 - p_stop`: below 0.5, 0.8, 0.95, and above.
 const EDGES: [f32; 3] = [0.5, 0.8, 0.95];
 const BUCKETS: usize = EDGES.len() + 1;
@@ -175,22 +161,25 @@ const PRIOR: f32 = 0.3;
 const PRIOR_WEIGHT: f32 = 2.0;
 /// How fast old outcomes fade: each new one weighs as much as 1 / (1 - DECAY) old ones.
 const DECAY: f32 = 0.95;
-/// Gated-off steps between probes: from the first, doubling after each
-/// failed probe and halving after each accepted one, within the bounds.
+/// Gated-off steps before the first probe, and the most between two.
 const PROBE_FIRST: u32 = 4;
-const PROBE_MOST: u32 = 256;
+const PROBE_MOST: u32 = 1024;
+/// After a failed probe, probes are spaced so that they cost at most this
+/// share of the forwards between them.
+const PROBE_BUDGET: f32 = 0.02;
 
 /// One sequence's record of which drafts the base accepted, and the
 /// decision of whether to draft the next token (see the module's doc).
 #[derive(Debug, Clone)]
 pub struct DraftGate {
-    cost: f32,
     tried: [f32; BUCKETS],
     accepted: [f32; BUCKETS],
     /// Gated-off steps since the last probe.
     waited: u32,
     /// Gated-off steps between probes.
     interval: u32,
+    /// The fewest steps between probes that keeps them within [`PROBE_BUDGET`].
+    spacing: u32,
     /// The current draft's first token was drafted as a probe.
     probing: bool,
 }
@@ -201,58 +190,81 @@ fn bucket(p_stop: f32) -> usize {
     EDGES.iter().filter(|&&e| go_on >= e).count()
 }
 
+/// Expected tokens per cost of a step that drafts `d` tokens, for each `d`
+/// from 0 to `n_max`, when drafted token `j` is accepted with probability
+/// `acceptance[j]` if given, else `then`: the verified token's 1 plus the
+/// chance that each draft and those before it are accepted, over
+/// [`Prices::step`].
+fn rates(prices: &Prices, n_max: usize, acceptance: &[f32], then: f32) -> Vec<f32> {
+    let (mut reach, mut expected) = (1.0, 1.0);
+    let mut out = vec![1.0 / prices.step(0)];
+    for d in 1..=n_max {
+        reach *= acceptance.get(d - 1).copied().unwrap_or(then);
+        expected += reach;
+        out.push(expected / prices.step(d));
+    }
+    out
+}
+
+impl Default for DraftGate {
+    fn default() -> Self {
+        DraftGate::new()
+    }
+}
+
 impl DraftGate {
-    /// A gate for drafts of cost `cost` ([`draft_cost`]), with no outcome seen yet.
-    pub fn new(cost: f32) -> DraftGate {
+    /// A gate with no outcome seen yet.
+    pub fn new() -> DraftGate {
         DraftGate {
-            cost,
             tried: [0.0; BUCKETS],
             accepted: [0.0; BUCKETS],
             waited: 0,
             interval: PROBE_FIRST,
+            spacing: PROBE_FIRST,
             probing: false,
         }
     }
 
     /// The acceptance expected of a draft after a token of stop probability `p_stop`.
     fn acceptance(&self, p_stop: f32) -> f32 {
-        let b = bucket(p_stop);
+        self.bucket_acceptance(bucket(p_stop))
+    }
+
+    fn bucket_acceptance(&self, b: usize) -> f32 {
         (self.accepted[b] + PRIOR * PRIOR_WEIGHT) / (self.tried[b] + PRIOR_WEIGHT)
     }
 
     /// Whether to draft token `depth` (1 for the first) of a draft, given the
     /// stop probability after the token it follows, `p_stop_before` (those
     /// after the verified token and each drafted one so far, in order, the
-    /// last the one it follows). Drafts within `rule.n_min` always; none past
-    /// `rule.n_max`; else while the chance that this and every earlier draft
-    /// are accepted pays for one more draft at the rate the draft so far
-    /// earns, and as a probe when the first draft has been gated off long
-    /// enough.
-    pub fn wants(&mut self, rule: &DraftRule, depth: usize, p_stop_before: &[f32]) -> bool {
+    /// last the one it follows), at `prices`. Drafts within `rule.n_min`
+    /// always; none past `rule.n_max`; else when some draft length from
+    /// `depth` on (later drafts expected to fare as this one) earns more
+    /// tokens per cost than stopping before it, and as a probe when the
+    /// first draft has been gated off long enough and drafts that were
+    /// always accepted would pay.
+    pub fn wants(&mut self, rule: &DraftRule, depth: usize, p_stop_before: &[f32], prices: &Prices) -> bool {
         if depth > rule.n_max {
             return false;
         }
         if depth <= rule.n_min {
             return true;
         }
-        let mut reach = 1.0; // the chance that the drafts before this one are all accepted
-        let mut expected = 1.0; // tokens the step earns with them
-        for &p in &p_stop_before[..depth - 1] {
-            reach *= self.acceptance(p);
-            expected += reach;
-        }
-        let chance = reach * self.acceptance(p_stop_before[depth - 1]);
-        let rate = expected / (1.0 + (depth - 1) as f32 * self.cost);
-        if chance >= self.cost * rate {
+        let acceptance: Vec<f32> = p_stop_before[..depth].iter().map(|&p| self.acceptance(p)).collect();
+        let rates = rates(prices, rule.n_max, &acceptance, acceptance[depth - 1]);
+        let stop_here = rates[depth - 1];
+        if rates[depth..].iter().any(|&r| r > stop_here) {
             return true;
         }
-        if depth > 1 {
+        if depth > 1 || !could_pay(prices, rule.n_max) {
             return false;
         }
         self.waited += 1;
         self.probing = self.waited >= self.interval;
         if self.probing {
             self.waited = 0;
+            let cost = prices.step(1) - prices.step(0);
+            self.spacing = ((cost / PROBE_BUDGET).ceil() as u32).clamp(PROBE_FIRST, PROBE_MOST);
         }
         self.probing
     }
@@ -263,21 +275,28 @@ impl DraftGate {
         self.waited += 1;
     }
 
-    /// Whether the next forward's outputs may be drafted from: a draft is
-    /// wanted or a probe is due (a forward without drafting to follow stores
-    /// no features and runs no stop head).
-    pub fn may_draft(&self, rule: &DraftRule) -> bool {
-        rule.n_min > 0 || (rule.n_max > 0 && (self.waited + 1 >= self.interval || (0..BUCKETS).any(|b| self.worth(b))))
-    }
-
-    fn worth(&self, b: usize) -> bool {
-        (self.accepted[b] + PRIOR * PRIOR_WEIGHT) / (self.tried[b] + PRIOR_WEIGHT) >= self.cost
+    /// Whether the next forward's outputs may be drafted from at `prices`: a
+    /// draft is wanted in some bucket, or a probe is due (a forward without
+    /// drafting to follow stores no features and runs no stop head).
+    pub fn may_draft(&self, rule: &DraftRule, prices: &Prices) -> bool {
+        if rule.n_min > 0 {
+            return true;
+        }
+        if rule.n_max == 0 || !could_pay(prices, rule.n_max) {
+            return false;
+        }
+        self.waited + 1 >= self.interval
+            || (0..BUCKETS).any(|b| {
+                let rates = rates(prices, rule.n_max, &[], self.bucket_acceptance(b));
+                rates[1..].iter().any(|&r| r > rates[0])
+            })
     }
 
     /// Records the verification of a draft: `p_stop_before[j]` the stop
     /// probability after the token draft token `j` followed, and `accepted`
     /// of them accepted (the tokens after the first rejection were never
-    /// judged and teach nothing).
+    /// judged and teach nothing). A failed probe puts the next one twice as
+    /// far, and at least as far as keeps probes within their budget.
     pub fn record(&mut self, p_stop_before: &[f32], accepted: usize) {
         let judged = (accepted + 1).min(p_stop_before.len());
         for (j, &p) in p_stop_before[..judged].iter().enumerate() {
@@ -286,10 +305,21 @@ impl DraftGate {
             self.accepted[b] = self.accepted[b] * DECAY + f32::from(u8::from(j < accepted));
         }
         if std::mem::take(&mut self.probing) && judged > 0 {
-            self.interval =
-                if accepted > 0 { (self.interval / 2).max(PROBE_FIRST) } else { (self.interval * 2).min(PROBE_MOST) };
+            self.interval = if accepted > 0 {
+                (self.interval / 2).max(PROBE_FIRST)
+            } else {
+                (self.interval * 2).max(self.spacing).min(PROBE_MOST)
+            };
         }
     }
+}
+
+/// Whether drafting could pay at `prices` if every draft were accepted:
+/// when not (a second row costs about a forward of its own, as on two CPU
+/// cores), the gate neither drafts nor probes.
+fn could_pay(prices: &Prices, n_max: usize) -> bool {
+    let rates = rates(prices, n_max, &[], 1.0);
+    rates[1..].iter().any(|&r| r > rates[0])
 }
 
 #[cfg(test)]
@@ -328,44 +358,80 @@ mod tests {
         assert!(DraftParams { n_max: Some(0), ..ok }.validate(4).is_ok(), "0: never draft");
     }
 
+    /// Rows nearly free (a GPU, or many sequences' rows), micro steps 0.4.
+    fn cheap() -> Prices {
+        Prices::from_curve(&[1.0, 1.03, 1.06, 1.09], 0.4)
+    }
+
     #[test]
     fn n_min_drafts_always_and_n_max_never_more() {
-        let mut g = DraftGate::new(10.0); // nothing is worth its cost
+        let mut g = DraftGate::new();
+        let dear = Prices::from_curve(&[1.0, 3.0, 5.0, 7.0], 1.0); // nothing is worth its cost
         let rule = DraftRule { n_max: 2, n_min: 1, p_min: 0.9 };
-        assert!(g.wants(&rule, 1, &[0.5]));
-        assert!(!g.wants(&DraftRule { n_max: 0, ..rule }, 1, &[0.5]));
+        assert!(g.wants(&rule, 1, &[0.5], &dear));
+        assert!(!g.wants(&DraftRule { n_max: 0, ..rule }, 1, &[0.5], &dear));
         assert!(rule.keeps(1, 0.0) && !rule.keeps(2, 0.5) && rule.keeps(2, 0.95));
     }
 
     #[test]
     fn rejected_drafts_stop_drafting_but_for_probes_ever_further_apart() {
-        let mut g = DraftGate::new(0.4);
-        // The prior (0.3) is below the cost: no draft, but probes.
+        let mut g = DraftGate::new();
+        let prices = cheap();
+        // The prior (0.3) does not pay for a draft at these prices, but a probe may.
         let mut drafted = Vec::new();
-        for step in 0..200 {
-            if g.wants(&RULE, 1, &[0.3]) {
+        for step in 0..600 {
+            if g.wants(&RULE, 1, &[0.3], &prices) {
                 drafted.push(step);
                 g.record(&[0.3], 0);
             }
         }
-        assert_eq!(drafted, [3, 11, 27, 59, 123], "probes after 4, 8, 16, 32, 64 gated-off steps");
+        // A probe costs 0.43 forwards: after a failed one, 22 steps at least
+        // keep probes within 2%, then the intervals double.
+        assert_eq!(drafted, [3, 25, 69, 157, 333], "probes after 4, 22, 44, 88, 176 gated-off steps");
+    }
+
+    #[test]
+    fn where_even_accepted_drafts_would_not_pay_the_gate_never_drafts() {
+        // Two CPU cores, 135M Q8_0: two rows cost 2.3 forwards, four 3.1, a micro step 0.45.
+        let cpu = Prices::from_curve(&[1.0, 2.3, 2.7, 3.1], 0.45);
+        let mut g = DraftGate::new();
+        for _ in 0..10 {
+            g.record(&[0.01, 0.01, 0.01], 3); // every draft accepted
+        }
+        assert!(!g.may_draft(&RULE, &cpu));
+        assert!((0..300).all(|_| !g.wants(&RULE, 1, &[0.01], &cpu)), "no draft, no probe");
+        assert!(g.may_draft(&RULE, &cheap()) && g.wants(&RULE, 1, &[0.01], &cheap()));
+    }
+
+    #[test]
+    fn a_dear_first_row_is_paid_for_by_deep_drafts() {
+        // One more row costs 0.9 forwards, three only 1.2 (a kernel for four rows).
+        let prices = Prices::from_curve(&[1.0, 1.9, 2.0, 2.2], 0.1);
+        let mut g = DraftGate::new();
+        for _ in 0..20 {
+            g.record(&[0.01, 0.01, 0.01], 3);
+        }
+        // One draft alone would not pay (1.9 tokens for 2.0), three do (3.5 for 2.5).
+        assert!(g.wants(&RULE, 1, &[0.01], &prices));
+        assert!(g.wants(&RULE, 2, &[0.01, 0.01], &prices) && g.wants(&RULE, 3, &[0.01; 3], &prices));
     }
 
     #[test]
     fn accepted_drafts_in_a_confident_bucket_keep_drafting_there() {
-        let mut g = DraftGate::new(0.4);
+        let mut g = DraftGate::new();
+        let prices = cheap();
         // A probe in the confident bucket (p_stop 0.01) is accepted, then every draft.
         let mut n = 0;
         for _ in 0..40 {
-            if g.wants(&RULE, 1, &[0.01]) {
+            if g.wants(&RULE, 1, &[0.01], &prices) {
                 n += 1;
-                let deeper = g.wants(&RULE, 2, &[0.01, 0.01]);
+                let deeper = g.wants(&RULE, 2, &[0.01, 0.01], &prices);
                 g.record(&[0.01, 0.01][..1 + usize::from(deeper)], 1 + usize::from(deeper));
             }
         }
         assert!(n >= 30, "drafted {n} times of 40");
-        assert!(g.wants(&RULE, 3, &[0.01, 0.01, 0.01]), "deep drafts pay where all are accepted");
+        assert!(g.wants(&RULE, 3, &[0.01, 0.01, 0.01], &prices), "deep drafts pay where all are accepted");
         // The unconfident bucket was never tried: still gated off.
-        assert!(!g.worth(bucket(0.9)));
+        assert!(rates(&prices, 3, &[], g.acceptance(0.9))[1..].iter().all(|&r| r <= 1.0 / prices.step(0)));
     }
 }

@@ -6,12 +6,14 @@
 //! loop ([`crate::generate`]) and the single-sequence [`crate::Session`] sit on top.
 
 use std::rc::Rc;
+use std::time::Instant;
 
 use ggml::{Backend, Buffer, Context, Tensor, Type};
 
 use crate::batch::Batch;
 use crate::budget::EngineParams;
 use crate::error::{Param, ParamError};
+use crate::forward_cost::ForwardCosts;
 use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, OutputRows, Wants};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
 use crate::graph::{StepGraph, StepOut};
@@ -70,6 +72,8 @@ pub struct Engine<'m> {
     /// the entry the sequence already holds there ([`Engine::rewind`]).
     rewrite_below: Vec<usize>,
     forwards: usize,
+    /// The times of its forwards and micro steps (the draft gate's prices).
+    costs: ForwardCosts,
 }
 
 impl<'m> Engine<'m> {
@@ -110,6 +114,7 @@ impl<'m> Engine<'m> {
             out_pos: vec![Vec::new(); p.n_seq],
             rewrite_below: vec![0; p.n_seq],
             forwards: 0,
+            costs: ForwardCosts::new(hp),
         })
     }
 
@@ -144,6 +149,11 @@ impl<'m> Engine<'m> {
         } else {
             RowClasses::Cpu
         }
+    }
+
+    /// What its forwards and micro steps have cost so far ([`ForwardCosts`]).
+    pub fn costs(&self) -> &ForwardCosts {
+        &self.costs
     }
 
     /// Base forwards (macro steps of all sequences together) run so far.
@@ -388,12 +398,16 @@ impl<'m> Engine<'m> {
             )));
         }
         let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
+        let costs = &mut self.costs;
         let mut run = || -> Result<Vec<StepOut>> {
             let sg =
                 self.base_graphs.get(layout.shape.clone(), |s| base::build(model, kv, features, s, flash, backends))?;
+            let started = Instant::now();
             sg.inputs.set(kv, &layout)?;
             sg.sched.compute(&sg.graph)?;
-            sg.outputs.read(want.logits)
+            let outs = sg.outputs.read(want.logits)?;
+            costs.record_forward(batch.inputs().len(), started.elapsed());
+            Ok(outs)
         };
         match run() {
             Ok(outs) => {
@@ -454,8 +468,11 @@ impl<'m> Engine<'m> {
         let sg = self
             .micro_graphs
             .get(layout.shape.clone(), |s| micro::build(model, cache, features, s, flash, backends))?;
+        let started = Instant::now();
         sg.inputs.set(cache, &layout)?;
         sg.sched.compute(&sg.graph)?;
-        sg.outputs.read(want.logits)
+        let outs = sg.outputs.read(want.logits)?;
+        self.costs.record_micro(inputs.len(), started.elapsed());
+        Ok(outs)
     }
 }

@@ -18,8 +18,9 @@ use std::time::Instant;
 
 use crate::batch::Batch;
 use crate::constraint::{MicroPolicy, SeqConstraint};
-use crate::draft::{draft_cost, DraftGate};
+use crate::draft::DraftGate;
 use crate::engine::Engine;
+use crate::forward_cost::Prices;
 use crate::graph::base::Wants;
 use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
@@ -44,9 +45,6 @@ pub struct DecodeConfig {
     pub keep_logits: bool,
     /// The end-of-generation tokens.
     pub eog: Vec<u32>,
-    /// What one drafted token costs, as a share of a base forward
-    /// ([`crate::draft::draft_cost`]): self-verified drafts must earn it.
-    pub draft_cost: f32,
 }
 
 impl DecodeConfig {
@@ -62,7 +60,6 @@ impl DecodeConfig {
             ignore_eog: false,
             keep_logits: false,
             eog: model.vocab.eog.clone(),
-            draft_cost: draft_cost(&model.hp),
         })
     }
 
@@ -299,10 +296,10 @@ impl<'a> SeqGen<'a> {
     }
 
     /// Whether the micro decoder may run after this sequence's next forward:
-    /// always in macro steps, self-verified when its gate may draft.
-    fn may_draft(&self, cfg: &DecodeConfig) -> bool {
+    /// always in macro steps, self-verified when its gate may draft at `prices`.
+    fn may_draft(&self, cfg: &DecodeConfig, prices: &Prices) -> bool {
         match (self.rule(cfg).draft, &self.gate) {
-            (Some(rule), Some(gate)) => gate.may_draft(&rule),
+            (Some(rule), Some(gate)) => gate.may_draft(&rule, prices),
             _ => true,
         }
     }
@@ -477,7 +474,7 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
         if sg.gen.timings.reached.is_empty() {
             sg.gen.timings.reached = vec![0; sg.rule(cfg).max_steps];
             sg.gen.timings.prompt_tokens = sg.prompt.len();
-            sg.gate = sg.rule(cfg).draft.map(|_| DraftGate::new(cfg.draft_cost));
+            sg.gate = sg.rule(cfg).draft.map(|_| DraftGate::new());
         }
         let next_pos = engine.next_pos(sg.seq);
         fed.push(feed(sg, i, &mut batch, &mut budget, next_pos, cfg.n_batch));
@@ -489,9 +486,11 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
         }
     }
     let running = || seqs.iter().filter(|s| !s.done);
+    // Each running sequence's drafts share the forwards with one row of every other's.
+    let prices = engine.costs().prices(running().count().saturating_sub(1));
     let want_logits = cfg.keep_logits || running().any(|s| s.wants_logits());
-    let stop_head = running().any(|s| s.rule(cfg).needs_stop_head() && s.may_draft(cfg));
-    let features = running().any(|s| s.rule(cfg).may_continue() && s.may_draft(cfg));
+    let stop_head = running().any(|s| s.rule(cfg).needs_stop_head() && s.may_draft(cfg, &prices));
+    let features = running().any(|s| s.rule(cfg).may_continue() && s.may_draft(cfg, &prices));
     let micro_logits = want_logits || running().any(|s| s.rule(cfg).draft.is_some_and(|d| d.p_min > 0.0));
     let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?.into_iter();
     let mut ready = Vec::new();
@@ -514,7 +513,7 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
             ready.push((f.index, micro_loop::Start::Base(out)));
         }
     }
-    micro_loop::run(engine, cfg, &mut seqs, ready, MicroWants { stop_head, logits: micro_logits })
+    micro_loop::run(engine, cfg, &mut seqs, ready, MicroWants { stop_head, logits: micro_logits }, &prices)
 }
 
 #[cfg(test)]
@@ -526,7 +525,7 @@ mod tests {
 
     fn cfg(ignore_eog: bool) -> DecodeConfig {
         let rule = StepParams { confidence: 0.3, ..Default::default() }.rule(4).unwrap();
-        DecodeConfig { rule, n_batch: 8, ignore_eog, keep_logits: false, eog: vec![EOG], draft_cost: 0.4 }
+        DecodeConfig { rule, n_batch: 8, ignore_eog, keep_logits: false, eog: vec![EOG] }
     }
 
     fn seq<'a>(n_predict: usize) -> SeqGen<'a> {

@@ -20,6 +20,7 @@ pub mod draft;
 pub mod draft_model;
 pub mod engine;
 mod error;
+pub mod forward_cost;
 pub mod generate;
 pub mod graph;
 pub mod hparams;

@@ -8,6 +8,7 @@
 use super::{DecodeConfig, SeqGen};
 use crate::draft::DraftRule;
 use crate::engine::Engine;
+use crate::forward_cost::Prices;
 use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
 use crate::kv_cache::SeqId;
@@ -40,8 +41,8 @@ struct InStep {
 
 /// Runs the micro loops of the sequences in `ready` (index, start), batched:
 /// at each micro step every sequence whose step continues (or drafts) feeds
-/// its token, and the step computes what `want` asks; then records each
-/// sequence's step.
+/// its token, and the step computes what `want` asks (drafts priced at
+/// `prices`); then records each sequence's step.
 ///
 /// # Errors
 /// When a micro step fails.
@@ -51,6 +52,7 @@ pub(super) fn run(
     seqs: &mut [&mut SeqGen],
     ready: Vec<(usize, Start)>,
     want: MicroWants,
+    prices: &Prices,
 ) -> Result<()> {
     let mut steps = Vec::with_capacity(ready.len());
     let mut current = Vec::with_capacity(ready.len());
@@ -69,7 +71,7 @@ pub(super) fn run(
             let sg = &mut *seqs[st.index];
             let feed = match sg.rule(cfg).draft {
                 None => step_token(sg, cfg, engine, st, out.expect("a macro step's micro step has outputs")),
-                Some(rule) => draft_token(sg, cfg, engine, st, out, &rule),
+                Some(rule) => draft_token(sg, cfg, engine, st, out, &rule, prices),
             };
             if let Some(token) = feed {
                 next.push((a, sg.seq, token));
@@ -118,7 +120,7 @@ fn step_token(sg: &mut SeqGen, cfg: &DecodeConfig, engine: &Engine, st: &mut InS
 
 /// Self-verified: draws the next drafted token from `out` (a micro step's
 /// outputs; None at the start, after the verified tokens), keeping it when
-/// the rule does, then asks the gate whether to draft one more; returns the
+/// the rule does, then asks the gate whether to draft one more at `prices`; returns the
 /// token to feed to the next micro step, or None when drafting ends.
 fn draft_token(
     sg: &mut SeqGen,
@@ -127,6 +129,7 @@ fn draft_token(
     st: &mut InStep,
     out: Option<StepOut>,
     rule: &DraftRule,
+    prices: &Prices,
 ) -> Option<u32> {
     if let Some(out) = out {
         let depth = sg.draft.tokens.len() + 1;
@@ -160,7 +163,7 @@ fn draft_token(
     }
     let mut signal = sg.draft.p_stop_before.clone();
     signal.push(st.p_stop);
-    if !gate.wants(rule, depth, &signal) {
+    if !gate.wants(rule, depth, &signal, prices) {
         return None;
     }
     sg.draft.p_stop_before = signal;

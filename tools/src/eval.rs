@@ -160,6 +160,9 @@ pub struct Run {
     pub verify_forwards: usize,
     /// See `verify_forwards`.
     pub accepted: usize,
+    /// KV entries the output takes (the last, still unfed input's counted):
+    /// one per macro step, or one per token self-verified.
+    pub kv_entries: usize,
     /// Wall-clock nanoseconds, prompt included.
     pub ns: u64,
 }
@@ -179,6 +182,7 @@ pub fn run_hamburger(session: &mut Session, prompt: &[u32], n: usize) -> Result<
         forwards: t.macro_steps,
         verify_forwards: t.verify_forwards,
         accepted: t.draft_accepted,
+        kv_entries: (t.kv_entries + 1).saturating_sub(t.prompt_tokens),
         ns,
         ids: gen.output_ids,
     })
@@ -215,6 +219,8 @@ pub struct Row {
     pub tokens: usize,
     /// Our base forwards (macro steps).
     pub macro_steps: usize,
+    /// KV entries our outputs take ([`Run::kv_entries`]).
+    pub kv_entries: usize,
     /// Our nanoseconds and libllama's.
     pub ns: u64,
     /// libllama's nanoseconds on the same prompts.
@@ -284,7 +290,7 @@ impl Row {
             "prompts": self.prompts,
             "tokens": self.tokens,
             "tokens_per_step": self.tokens_per_step(),
-            "kv_entries_per_token": self.macro_steps as f64 / self.tokens.max(1) as f64,
+            "kv_entries_per_token": self.kv_entries as f64 / self.tokens.max(1) as f64,
             "tokens_per_s": self.tokens as f64 * 1e9 / self.ns.max(1) as f64,
             "base_tokens_per_s": self.tokens as f64 * 1e9 / self.base_ns.max(1) as f64,
             "speedup": self.speedup(),
@@ -335,6 +341,7 @@ pub fn account(row: &mut Row, ours: &Judged, base: &Judged) {
     row.prompts += 1;
     row.tokens += ours.run.ids.len();
     row.macro_steps += ours.run.forwards;
+    row.kv_entries += ours.run.kv_entries;
     row.verify_forwards += ours.run.verify_forwards;
     row.accepted += ours.run.accepted;
     row.ns += ours.run.ns;

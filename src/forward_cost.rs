@@ -1,0 +1,188 @@
+//! What this engine's forwards cost, measured as they run: the prices the
+//! self-verified draft gate ([`crate::draft::DraftGate`]) weighs drafts by.
+//!
+//! A drafted token costs a micro step and one more row in the next base
+//! forward, and neither price follows from the weights alone. On two CPU
+//! cores a forward of two rows costs 2.3 forwards of one (ggml leaves its
+//! one-row kernel for tinyBLAS's tiles), four rows about three, and a micro
+//! step 0.4-0.5 of a forward where the weights' share says 0.35
+//! (`docs/performance.md`); on a GPU, or with Q4_0's repacked kernels, the
+//! curve has another shape. So the engine times the compute of every base
+//! forward by its number of rows and of every micro step, and the gate
+//! prices drafts by those times relative to a forward of one row. Until a
+//! row count has been seen, its price is interpolated between the counts
+//! seen, or, before any, taken from the weights' shares.
+//!
+//! Timing makes the gate's choices, and so the rows each forward reads, vary
+//! from run to run: greedy answers stay the base's (verification is exact),
+//! sampled ones stay distributed as the base's, but a seeded sampled answer
+//! repeats only where the gate chooses alike (`--spec-draft-n-min` equal to
+//! `--spec-draft-n-max` fixes the draft length).
+
+use std::time::Duration;
+
+use crate::hparams::HParams;
+
+/// Row counts timed one by one; larger forwards (prompt chunks) are not the gate's concern.
+const MAX_ROWS: usize = 64;
+/// How fast old times fade: each new one weighs as much as 1 / (1 - DECAY) old ones.
+const DECAY: f64 = 0.9;
+/// One more row of a base forward, relative to a forward of one row, before any is timed.
+const PRIOR_ROW: f64 = 0.03;
+
+/// A running average of durations in seconds (None until the first).
+#[derive(Debug, Clone, Copy, Default)]
+struct Average(Option<f64>);
+
+impl Average {
+    fn add(&mut self, seconds: f64) {
+        self.0 = Some(self.0.map_or(seconds, |a| a * DECAY + seconds * (1.0 - DECAY)));
+    }
+}
+
+/// The engine's measured forward and micro-step times.
+#[derive(Debug, Clone)]
+pub struct ForwardCosts {
+    /// Seconds of a base forward's compute by rows (index: rows - 1).
+    forward: [Average; MAX_ROWS],
+    /// Seconds of a micro step per sequence in it.
+    micro: Average,
+    /// A micro step's share of a one-row forward before one is timed.
+    prior_micro: f64,
+}
+
+impl ForwardCosts {
+    /// No times yet; `hp` gives the prices used until there are.
+    pub fn new(hp: &HParams) -> ForwardCosts {
+        ForwardCosts {
+            forward: [Average::default(); MAX_ROWS],
+            micro: Average::default(),
+            prior_micro: weights_share(hp),
+        }
+    }
+
+    /// Records a base forward of `rows` rows whose compute took `took`.
+    pub fn record_forward(&mut self, rows: usize, took: Duration) {
+        if (1..=MAX_ROWS).contains(&rows) {
+            self.forward[rows - 1].add(took.as_secs_f64());
+        }
+    }
+
+    /// Records a micro step of `n_seq` sequences whose compute took `took`.
+    pub fn record_micro(&mut self, n_seq: usize, took: Duration) {
+        if n_seq > 0 {
+            self.micro.add(took.as_secs_f64() / n_seq as f64);
+        }
+    }
+
+    /// The prices as they stand, for a sequence that shares its forwards
+    /// with `others` rows of other sequences.
+    pub fn prices(&self, others: usize) -> Prices {
+        let one = self.forward[0].0;
+        let relative = |a: Average| one.zip(a.0).map(|(one, t)| t / one);
+        // Row counts timed so far, and their cost relative to one row.
+        let known: Vec<(usize, f64)> = std::iter::once((1, 1.0))
+            .chain((2..=MAX_ROWS).filter_map(|r| relative(self.forward[r - 1]).map(|c| (r, c))))
+            .collect();
+        let micro = relative(self.micro).unwrap_or(self.prior_micro);
+        Prices { known, others, micro: micro as f32 }
+    }
+}
+
+/// A micro step's share of a base forward by the weights each reads (one
+/// row on a CPU reads every weight once): the micro decoder's layers and the
+/// lm_head against the base's layers and the lm_head.
+fn weights_share(hp: &HParams) -> f64 {
+    let (d, kv, ff) = (hp.n_embd as f64, hp.n_embd_kv() as f64, hp.n_ff as f64);
+    let layer = 2.0 * d * d + 2.0 * d * kv + 3.0 * d * ff;
+    let head = hp.n_vocab as f64 * d;
+    (hp.n_micro_layer as f64 * layer + head) / (hp.n_layer as f64 * layer + head)
+}
+
+/// What drafting costs a sequence now, in forwards of one row ([`ForwardCosts::prices`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prices {
+    /// Row counts timed, ascending from (1, 1.0), with their relative cost.
+    known: Vec<(usize, f64)>,
+    /// Rows of other sequences in the same forwards.
+    others: usize,
+    /// A micro step's cost per sequence.
+    micro: f32,
+}
+
+impl Prices {
+    /// Prices of forwards that cost `forward[r - 1]` at `r` rows (a
+    /// measured curve, or a test's) and micro steps `micro`, for a sequence alone.
+    pub fn from_curve(forward: &[f64], micro: f32) -> Prices {
+        let known = forward.iter().enumerate().map(|(i, &c)| (i + 1, c / forward[0])).collect();
+        Prices { known, others: 0, micro }
+    }
+
+    /// The relative cost of a forward of `rows` rows: as timed; between two
+    /// counts timed, on the line between them; past the last, on from it
+    /// at the slope of the last two (before any but one row, the prior's).
+    fn forward(&self, rows: usize) -> f64 {
+        if rows == 0 {
+            return 0.0;
+        }
+        let after = self.known.iter().position(|&(r, _)| r >= rows);
+        match after {
+            Some(i) if self.known[i].0 == rows => self.known[i].1,
+            Some(i) => {
+                let ((r0, c0), (r1, c1)) = (self.known[i - 1], self.known[i]);
+                c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64
+            }
+            None => {
+                let n = self.known.len();
+                let (r1, c1) = self.known[n - 1];
+                let slope = if n >= 2 {
+                    let (r0, c0) = self.known[n - 2];
+                    ((c1 - c0) / (r1 - r0) as f64).max(0.0)
+                } else {
+                    PRIOR_ROW
+                };
+                c1 + slope * (rows - r1) as f64
+            }
+        }
+    }
+
+    /// What `drafts` drafted tokens and the verified one cost the sequence:
+    /// its rows' share of the forward and the micro steps that drafted them.
+    pub fn step(&self, drafts: usize) -> f32 {
+        let rows = (self.forward(self.others + 1 + drafts) - self.forward(self.others)) as f32;
+        rows + drafts as f32 * self.micro
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn untimed_row_counts_are_interpolated_and_extrapolated() {
+        let p = Prices { known: vec![(1, 1.0), (2, 2.3), (4, 3.1)], others: 0, micro: 0.5 };
+        assert_eq!(p.forward(2), 2.3);
+        assert!((p.forward(3) - 2.7).abs() < 1e-9, "between 2 and 4");
+        assert!((p.forward(5) - 3.5).abs() < 1e-9, "past 4 at the slope from 2 to 4");
+        assert!((p.step(1) - 2.8).abs() < 1e-6, "two rows (2.3) and one micro step (0.5)");
+        let alone = Prices { known: vec![(1, 1.0)], others: 0, micro: 0.3 };
+        assert!((alone.forward(4) - 1.09).abs() < 1e-9, "the prior's row cost");
+        let shared = Prices { others: 1, ..p };
+        assert!((shared.step(0) - 1.3).abs() < 1e-6, "a second row beside another sequence's");
+    }
+
+    #[test]
+    fn times_become_prices_relative_to_one_row() {
+        let hp = crate::hparams::small(4, 2, 4);
+        let mut c = ForwardCosts::new(&hp);
+        assert_eq!(c.prices(0).known, [(1, 1.0)], "nothing timed yet");
+        c.record_forward(2, Duration::from_millis(23));
+        assert_eq!(c.prices(0).known, [(1, 1.0)], "no price without a one-row time");
+        c.record_forward(1, Duration::from_millis(10));
+        c.record_micro(2, Duration::from_millis(8));
+        c.record_forward(512, Duration::from_secs(1)); // a prompt chunk: not timed
+        let p = c.prices(0);
+        assert_eq!(p.known.len(), 2);
+        assert!((p.known[1].1 - 2.3).abs() < 1e-9 && (p.micro - 0.4).abs() < 1e-6);
+    }
+}
