@@ -24,10 +24,9 @@ from another's cells. Standard library only.
 """
 
 import argparse
-import json
 import statistics
-import time
-import urllib.request
+
+from streamed_chat import stream_chat
 
 # About 200 tokens of plain text per turn (SmolLM2's tokenizer), different each turn.
 PARAGRAPH = (
@@ -52,35 +51,7 @@ ANSWER = (
 def turn(url, messages, max_tokens, cache_prompt):
     """Streams one greedy chat answer; returns (ms to the first content chunk,
     the server's prompt token count, the tokens it reused from its cache)."""
-    body = {
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "cache_prompt": cache_prompt,
-    }
-    req = urllib.request.Request(
-        url.rstrip("/") + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    start = time.perf_counter()
-    first = None
-    prompt_tokens = cached = None
-    with urllib.request.urlopen(req, timeout=600) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
-            for choice in chunk.get("choices", []):
-                if (choice.get("delta") or {}).get("content") and first is None:
-                    first = (time.perf_counter() - start) * 1e3
-            if chunk.get("usage"):
-                prompt_tokens = chunk["usage"].get("prompt_tokens")
-            if chunk.get("timings"):
-                cached = chunk["timings"].get("cache_n")
+    first, prompt_tokens, _, cached = stream_chat(url, messages, max_tokens, cache_prompt, timeout=600)
     if first is None:
         raise SystemExit(f"{url}: no content chunk came back")
     return first, prompt_tokens, cached

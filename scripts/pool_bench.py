@@ -37,6 +37,8 @@ import time
 import urllib.error
 import urllib.request
 
+from streamed_chat import stream_chat
+
 
 def post(url, path, body, timeout=3600):
     req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -75,31 +77,10 @@ QUESTIONS = [
 ]
 
 
-def stream_chat(url, messages, max_tokens, out, i):
+def stream_into(url, messages, max_tokens, out, i):
     """Streams one greedy chat; stores (TTFT ms, prompt_n, cache_n) in out[i]."""
-    body = {
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "cache_prompt": True,
-    }
-    t0 = time.perf_counter()
-    ttft, prompt_n, cache_n = None, None, None
     try:
-        with post(url, "/v1/chat/completions", body) as r:
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                for c in chunk.get("choices", []):
-                    if ttft is None and c.get("delta", {}).get("content"):
-                        ttft = (time.perf_counter() - t0) * 1e3
-                t = chunk.get("timings")
-                if t:
-                    prompt_n, cache_n = t.get("prompt_n"), t.get("cache_n")
+        ttft, _, prompt_n, cache_n = stream_chat(url, messages, max_tokens)
         out[i] = (ttft, prompt_n, cache_n)
     except (urllib.error.URLError, OSError) as e:
         out[i] = (None, None, f"failed: {e}")
@@ -113,7 +94,7 @@ def burst(url, system, clients, max_tokens):
             {"role": "system", "content": system},
             {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]},
         ]
-        threads.append(threading.Thread(target=stream_chat, args=(url, messages, max_tokens, out, i)))
+        threads.append(threading.Thread(target=stream_into, args=(url, messages, max_tokens, out, i)))
     for t in threads:
         t.start()
     for t in threads:
@@ -131,7 +112,7 @@ def shared_prefix(args):
             system = system_prompt(tag, n_words)
             if args.warm:
                 warm = [None]
-                stream_chat(url, [{"role": "system", "content": system}, {"role": "user", "content": "Hello."}], args.max_tokens, warm, 0)
+                stream_into(url, [{"role": "system", "content": system}, {"role": "user", "content": "Hello."}], args.max_tokens, warm, 0)
             out = burst(url, system, args.clients, args.max_tokens)
             ttfts = [o[0] for o in out if o[0] is not None]
             failed = sum(1 for o in out if o[0] is None)
