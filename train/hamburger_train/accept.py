@@ -57,8 +57,10 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
               "tokens": len(cache.next), "rules": [asdict(r) for r in results]}
     if runtime_gguf is not None:
         scored = {r["id"]: r for r in records.read(here / "scored.jsonl")}
-        report["runtime"] = [runtime(bin_dir, runtime_gguf, [scored[a["id"]] for a in cache.answers], p, threads)
-                             for p in sorted({0.0, *p_mins})]
+        walked = [scored[a["id"]] for a in cache.answers]
+        n_max = model.cfg.max_steps - 1
+        report["runtime"] = ([runtime(bin_dir, runtime_gguf, walked, 0.0, threads, fixed=n_max)]
+                             + [runtime(bin_dir, runtime_gguf, walked, p, threads) for p in sorted({0.0, *p_mins})])
     if as_json:
         print(json.dumps(report))
         return
@@ -71,15 +73,19 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
         print(f"| {r.rule} | {r.forwards} | {r.verify_forwards} | {r.accepted_per_forward:.3f} "
               f"| {r.accepted_per_verify_forward:.3f} | {r.drafted_per_forward:.3f} | {every} |")
     for r in report.get("runtime", []):
-        print(f"| runtime ({runtime_gguf}), p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']}, "
+        print(f"| runtime ({runtime_gguf}), {r['rule']}, p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']}, "
               f"shared prefix {r['shared_prefix']:.1f} "
               f"| {r['forwards']} | {r['verify_forwards']} | {r['accepted_per_forward']:.3f} "
               f"| {r['accepted_per_verify_forward']:.3f} | {r['drafted_per_forward']:.3f} | | |")
 
 
-def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int) -> dict:
+def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int,
+            fixed: int | None = None) -> dict:
     """The runtime's self-verified greedy decoding (`hamburger-cli
-    --spec-type draft-mtp`) of each answer's prompt ids, as many tokens as
+    --spec-type draft-mtp`; with `fixed`, exactly that many drafts at every
+    verify forward, the ungated rule of that n_max, which `measure` walks
+    alike; else the runtime's own gate, which prices drafts by the times it
+    measures and so follows the machine, not `gate.py`) of each answer's prompt ids, as many tokens as
     the answer has before the end-of-turn token `score` ends it with: its
     drafts, accepted drafts and verify forwards summed (the CLI's timings),
     its base forwards (one per committed token not accepted as a draft), how
@@ -93,6 +99,8 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
         cmd = [str(bin_dir / "hamburger-cli"), "-m", str(gguf), "--prompt-ids", ",".join(map(str, ids[:n_prompt])),
                "-n", str(len(answer)), "--temp", "0", "--json", "-t", str(threads), "--spec-type", "draft-mtp",
                "--spec-draft-p-min", str(p_min)]
+        if fixed is not None:
+            cmd += ["--spec-draft-n-min", str(fixed), "--spec-draft-n-max", str(fixed)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(f"accept: {cmd[0]} failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -104,6 +112,7 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
         same += k == len(answer)
         shared += k
     n = max(len(answers), 1)
-    return {"p_min": p_min, "answers": len(answers), "same_text": same, "shared_prefix": shared / n,
+    return {"rule": f"n_max {fixed}" if fixed is not None else "gate", "p_min": p_min, "answers": len(answers),
+            "same_text": same, "shared_prefix": shared / n,
             "forwards": forwards, "verify_forwards": verifies, "accepted_per_forward": accepted / max(forwards, 1),
             "accepted_per_verify_forward": accepted / max(verifies, 1), "drafted_per_forward": drafted / max(forwards, 1)}
