@@ -263,7 +263,8 @@ impl DraftGate {
         self.probing = self.waited >= self.interval;
         if self.probing {
             self.waited = 0;
-            let cost = prices.step(1) - prices.step(0);
+            // A probe's cost, in steps without one.
+            let cost = prices.step(1) / prices.step(0) - 1.0;
             self.spacing = ((cost / PROBE_BUDGET).ceil() as u32).clamp(PROBE_FIRST, PROBE_MOST);
         }
         self.probing

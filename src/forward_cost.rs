@@ -9,9 +9,9 @@
 //! (`docs/performance.md`); on a GPU, or with Q4_0's repacked kernels, the
 //! curve has another shape. So the engine times the compute of every base
 //! forward by its number of rows and of every micro step, and the gate
-//! prices drafts by those times relative to a forward of one row. Until a
-//! row count has been seen, its price is interpolated between the counts
-//! seen, or, before any, taken from the weights' shares.
+//! prices drafts by those times (only their ratios matter). Until a row
+//! count has been seen, its price is interpolated between the counts seen,
+//! or, before any, taken from the weights' shares.
 //!
 //! Timing makes the gate's choices, and so the rows each forward reads, vary
 //! from run to run: greedy answers stay the base's (verification is exact),
@@ -76,16 +76,25 @@ impl ForwardCosts {
     }
 
     /// The prices as they stand, for a sequence that shares its forwards
-    /// with `others` rows of other sequences.
+    /// with `others` rows of other sequences, in seconds (before anything is
+    /// timed, in forwards of one row from the weights' shares: only their
+    /// ratios matter to the gate).
     pub fn prices(&self, others: usize) -> Prices {
-        let one = self.forward[0].0;
-        let relative = |a: Average| one.zip(a.0).map(|(one, t)| t / one);
-        // Row counts timed so far, and their cost relative to one row.
-        let known: Vec<(usize, f64)> = std::iter::once((1, 1.0))
-            .chain((2..=MAX_ROWS).filter_map(|r| relative(self.forward[r - 1]).map(|c| (r, c))))
+        // More rows never cost less: each count at least the dearest of fewer.
+        let mut dearest = 0.0f64;
+        let known: Vec<(usize, f64)> = (1..=MAX_ROWS)
+            .filter_map(|r| self.forward[r - 1].0.map(|t| (r, t)))
+            .map(|(r, t)| {
+                dearest = dearest.max(t);
+                (r, dearest)
+            })
             .collect();
-        let micro = relative(self.micro).unwrap_or(self.prior_micro);
-        Prices { known, others, micro: micro as f32 }
+        if known.is_empty() {
+            return Prices { known: vec![(1, 1.0)], others, micro: self.prior_micro as f32 };
+        }
+        let mut p = Prices { known, others, micro: 0.0 };
+        p.micro = self.micro.0.unwrap_or_else(|| self.prior_micro * p.forward(1)) as f32;
+        p
     }
 }
 
@@ -99,10 +108,10 @@ fn weights_share(hp: &HParams) -> f64 {
     (hp.n_micro_layer as f64 * layer + head) / (hp.n_layer as f64 * layer + head)
 }
 
-/// What drafting costs a sequence now, in forwards of one row ([`ForwardCosts::prices`]).
+/// What drafting costs a sequence now ([`ForwardCosts::prices`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prices {
-    /// Row counts timed, ascending from (1, 1.0), with their relative cost.
+    /// Row counts timed, ascending, with their cost (never empty).
     known: Vec<(usize, f64)>,
     /// Rows of other sequences in the same forwards.
     others: usize,
@@ -112,18 +121,26 @@ pub struct Prices {
 
 impl Prices {
     /// Prices of forwards that cost `forward[r - 1]` at `r` rows (a
-    /// measured curve, or a test's) and micro steps `micro`, for a sequence alone.
+    /// measured curve, or a test's) and micro steps `micro`, in forwards of
+    /// one row, for a sequence alone.
     pub fn from_curve(forward: &[f64], micro: f32) -> Prices {
         let known = forward.iter().enumerate().map(|(i, &c)| (i + 1, c / forward[0])).collect();
         Prices { known, others: 0, micro }
     }
 
-    /// The relative cost of a forward of `rows` rows: as timed; between two
-    /// counts timed, on the line between them; past the last, on from it
-    /// at the slope of the last two (before any but one row, the prior's).
+    /// The cost of a forward of `rows` rows: as timed; between two counts
+    /// timed, on the line between them; below the fewest timed, scaled down
+    /// from it by the prior's row cost; past the most, on from it at the
+    /// slope of the last two (with one alone, the prior's row cost). A busy
+    /// server may never time a forward of one row.
     fn forward(&self, rows: usize) -> f64 {
+        let prior = |r: usize| 1.0 + PRIOR_ROW * (r as f64 - 1.0);
         if rows == 0 {
             return 0.0;
+        }
+        let (first, last) = (self.known[0], self.known[self.known.len() - 1]);
+        if rows < first.0 {
+            return first.1 * prior(rows) / prior(first.0);
         }
         let after = self.known.iter().position(|&(r, _)| r >= rows);
         match after {
@@ -134,23 +151,24 @@ impl Prices {
             }
             None => {
                 let n = self.known.len();
-                let (r1, c1) = self.known[n - 1];
                 let slope = if n >= 2 {
                     let (r0, c0) = self.known[n - 2];
-                    ((c1 - c0) / (r1 - r0) as f64).max(0.0)
+                    ((last.1 - c0) / (last.0 - r0) as f64).max(0.0)
                 } else {
-                    PRIOR_ROW
+                    last.1 * PRIOR_ROW / prior(last.0)
                 };
-                c1 + slope * (rows - r1) as f64
+                last.1 + slope * (rows - last.0) as f64
             }
         }
     }
 
     /// What `drafts` drafted tokens and the verified one cost the sequence:
-    /// its rows' share of the forward and the micro steps that drafted them.
+    /// its share of a forward of one row per sequence, what the drafts' rows
+    /// add to that forward, and the micro steps that drafted them.
     pub fn step(&self, drafts: usize) -> f32 {
-        let rows = (self.forward(self.others + 1 + drafts) - self.forward(self.others)) as f32;
-        rows + drafts as f32 * self.micro
+        let plain = self.others + 1;
+        let share = self.forward(plain) / plain as f64;
+        (share + self.forward(plain + drafts) - self.forward(plain)) as f32 + drafts as f32 * self.micro
     }
 }
 
@@ -168,21 +186,29 @@ mod tests {
         let alone = Prices { known: vec![(1, 1.0)], others: 0, micro: 0.3 };
         assert!((alone.forward(4) - 1.09).abs() < 1e-9, "the prior's row cost");
         let shared = Prices { others: 1, ..p };
-        assert!((shared.step(0) - 1.3).abs() < 1e-6, "a second row beside another sequence's");
+        assert!((shared.step(0) - 1.15).abs() < 1e-6, "half of a forward of two rows");
+        assert!((shared.step(1) - 2.05).abs() < 1e-6, "and the third row and a micro step");
     }
 
     #[test]
-    fn times_become_prices_relative_to_one_row() {
+    fn times_become_prices() {
         let hp = crate::hparams::small(4, 2, 4);
         let mut c = ForwardCosts::new(&hp);
-        assert_eq!(c.prices(0).known, [(1, 1.0)], "nothing timed yet");
-        c.record_forward(2, Duration::from_millis(23));
-        assert_eq!(c.prices(0).known, [(1, 1.0)], "no price without a one-row time");
-        c.record_forward(1, Duration::from_millis(10));
-        c.record_micro(2, Duration::from_millis(8));
+        assert_eq!(c.prices(0).known, [(1, 1.0)], "nothing timed yet: the prior, in one-row forwards");
+        // A busy server: forwards of 8 rows and more, never one.
+        c.record_forward(8, Duration::from_millis(40));
         c.record_forward(512, Duration::from_secs(1)); // a prompt chunk: not timed
-        let p = c.prices(0);
-        assert_eq!(p.known.len(), 2);
-        assert!((p.known[1].1 - 2.3).abs() < 1e-9 && (p.micro - 0.4).abs() < 1e-6);
+        let p = c.prices(7);
+        assert_eq!(p.known, [(8, 0.04)]);
+        assert!((p.forward(1) - 0.04 / 1.21).abs() < 1e-9, "scaled down by the prior's row cost");
+        assert!((p.micro - (weights_share(&hp) * 0.04 / 1.21) as f32).abs() < 1e-6, "the prior micro step");
+        c.record_forward(9, Duration::from_millis(50));
+        c.record_micro(4, Duration::from_millis(8));
+        let p = c.prices(7);
+        assert!((p.step(0) - 0.005).abs() < 1e-6, "an eighth of the forward of 8 rows");
+        assert!((p.step(1) - 0.017).abs() < 1e-6, "and the ninth row and a micro step");
+        assert!((p.forward(10) - 0.06).abs() < 1e-9, "on at the slope from 8 to 9");
+        c.record_forward(6, Duration::from_millis(45)); // a noisy time: dearer than 8 rows
+        assert_eq!(c.prices(0).forward(8), 0.045, "more rows never cost less");
     }
 }
