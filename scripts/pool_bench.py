@@ -45,13 +45,22 @@ def post(url, path, body, timeout=3600):
     return urllib.request.urlopen(req, timeout=timeout)
 
 
-# Plain words for the system prompt: SmolLM2's tokenizer takes about 1.25
-# tokens per word of this text.
+# Plain words for the system prompt (SmolLM2's tokenizer takes about 1.25
+# tokens per word of this text; words_for asks the server).
 WORDS = (
     "river bridge stone arch load steel cable tower span deck pier ground water flood wind traffic "
     "design engineer century iron concrete truss beam weight force tension compression support road "
     "valley city harbor ship canal lock gate wall tunnel mountain rail train station signal track"
 ).split()
+
+
+def words_for(url, n_tokens):
+    """How many words of the system prompt make about `n_tokens` tokens in
+    the tokenizer of the server at `url` (its /tokenize)."""
+    sample = system_prompt("sample", 400)
+    with post(url, "/tokenize", {"content": sample}) as r:
+        per_word = len(json.loads(r.read())["tokens"]) / 400
+    return max(1, round(n_tokens / per_word))
 
 
 def system_prompt(tag, n_words):
@@ -104,7 +113,7 @@ def burst(url, system, clients, max_tokens):
 
 def shared_prefix(args):
     servers = [s.split("=", 1) for s in args.server]
-    n_words = int(args.prefix / 1.25)
+    n_words = words_for(servers[0][1], args.prefix)
     rows = {label: {"ttft": [], "prompt_n": [], "cache_n": []} for label, _ in servers}
     for rep in range(args.reps):
         for label, url in servers:
