@@ -3,8 +3,7 @@
 # can run: Vulkan on Mesa's lavapipe (a Vulkan device on the CPU, which
 # scripts/install-vulkan.sh installs; on Debian 12 Mesa 25's, unpacked into
 # .vulkan-sdk/lavapipe, since Mesa 22's crashes), and CUDA where the machine
-# has an NVIDIA GPU. Not yet part of .ci/run: the vulkan build's time on a
-# clean 2-core machine is unmeasured (docs/performance.md).
+# has an NVIDIA GPU. .ci/run runs it after the CPU tests.
 #
 #   bash scripts/install-vulkan.sh && bash scripts/gpu-tests.sh
 set -euo pipefail

@@ -8,8 +8,9 @@
 # browser test (Debian's chromium and chromium-driver, and selenium in its own
 # environment, .venv-browser), lm-eval's API models (.venv-lm-eval), the
 # training tool's environment
-# (train/.venv: PyTorch on the CPU), which its tests run. What the `vulkan`
-# feature builds with and its GPU tests run on is install-vulkan.sh's.
+# (train/.venv: PyTorch on the CPU), which its tests run, and, through
+# install-vulkan.sh, what the `vulkan` feature builds with and the GPU tests
+# run on (Mesa's lavapipe).
 set -euo pipefail
 
 missing=()
@@ -62,3 +63,6 @@ lm_eval_venv="$(dirname "$0")/../.venv-lm-eval"
 }
 # hamburger-train's environment (does nothing when already complete).
 bash "$(dirname "$0")/../train/install.sh"
+# The Vulkan build's packages and lavapipe, for .ci/run's GPU stage (does
+# nothing when already installed).
+bash "$(dirname "$0")/install-vulkan.sh"

@@ -138,11 +138,11 @@ pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_t
     check_golden_cases(model, params, &(0..18).collect::<Vec<_>>(), logit_tol, stop_tol)
 }
 
-/// The golden cases a slow device decodes (the GPU tests on Mesa's lavapipe,
-/// which runs shaders on one CPU thread): each of the six prompts once and
-/// each of the three confidences twice, the 35-token prompt (whose
-/// prompt-sized products ggml offloads even at `-ngl 0`) and the F16
-/// near-tie of case 17 among them.
+/// The golden cases the server's GPU test asks for over HTTP (text compared
+/// exactly, so no near-tie may part): each of the six prompts once and each
+/// of the three confidences twice, the 35-token prompt (whose prompt-sized
+/// products ggml offloads even at `-ngl 0`) and the F16 near-tie of case 17
+/// among them.
 pub const SAMPLED: [usize; 6] = [0, 3, 7, 10, 14, 17];
 
 /// [`check_golden`] on the cases numbered in `which` alone.

@@ -1,7 +1,7 @@
 //! hamburger-server with every layer on a GPU (`--device cuda|metal|vulkan
 //! -ngl 99`, its defaults otherwise: an F16 cache, flash attention) answers
 //! the tiny fixture's golden cases over HTTP (the six of
-//! `testing::golden::SAMPLED`, as `tests/gpu.rs`): the original
+//! `testing::golden::SAMPLED`; `tests/gpu.rs` decodes all 18): the original
 //! implementation's text, token count and macro steps. Ignored like
 //! `tests/gpu.rs`; CI runs it through Vulkan on Mesa's lavapipe.
 
