@@ -206,6 +206,12 @@ fn rates(prices: &Prices, n_max: usize, acceptance: &[f32], then: f32) -> Vec<f3
     out
 }
 
+/// Whether some draft length of `depth` or more earns more than stopping
+/// before draft `depth` (`rates` as [`rates`] gives them).
+fn pays(rates: &[f32], depth: usize) -> bool {
+    rates[depth..].iter().any(|&r| r > rates[depth - 1])
+}
+
 impl Default for DraftGate {
     fn default() -> Self {
         DraftGate::new()
@@ -251,9 +257,7 @@ impl DraftGate {
             return true;
         }
         let acceptance: Vec<f32> = p_stop_before[..depth].iter().map(|&p| self.acceptance(p)).collect();
-        let rates = rates(prices, rule.n_max, &acceptance, acceptance[depth - 1]);
-        let stop_here = rates[depth - 1];
-        if rates[depth..].iter().any(|&r| r > stop_here) {
+        if pays(&rates(prices, rule.n_max, &acceptance, acceptance[depth - 1]), depth) {
             return true;
         }
         if depth > 1 || !could_pay(prices, rule.n_max) {
@@ -287,10 +291,7 @@ impl DraftGate {
             return false;
         }
         self.waited + 1 >= self.interval
-            || (0..BUCKETS).any(|b| {
-                let rates = rates(prices, rule.n_max, &[], self.bucket_acceptance(b));
-                rates[1..].iter().any(|&r| r > rates[0])
-            })
+            || (0..BUCKETS).any(|b| pays(&rates(prices, rule.n_max, &[], self.bucket_acceptance(b)), 1))
     }
 
     /// Records the verification of a draft: `p_stop_before[j]` the stop
@@ -319,8 +320,7 @@ impl DraftGate {
 /// when not (a second row costs about a forward of its own, as on two CPU
 /// cores), the gate neither drafts nor probes.
 fn could_pay(prices: &Prices, n_max: usize) -> bool {
-    let rates = rates(prices, n_max, &[], 1.0);
-    rates[1..].iter().any(|&r| r > rates[0])
+    pays(&rates(prices, n_max, &[], 1.0), 1)
 }
 
 #[cfg(test)]

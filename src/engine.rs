@@ -34,22 +34,23 @@ struct GraphCache<K, G> {
 }
 
 impl<K: PartialEq, G> GraphCache<K, G> {
-    /// Whether a graph of `key` is built (its next run is not its first,
-    /// which also allocates: a time worth recording).
-    fn has(&self, key: &K) -> bool {
-        self.entries.iter().any(|(k, _)| k == key)
-    }
-
-    fn get(&mut self, key: K, build: impl FnOnce(&K) -> Result<G>) -> Result<&mut G> {
-        if let Some(i) = self.entries.iter().position(|(k, _)| *k == key) {
-            let e = self.entries.remove(i);
-            self.entries.insert(0, e);
-        } else {
-            let g = build(&key)?;
-            self.entries.insert(0, (key, g));
-            self.entries.truncate(GRAPHS_KEPT);
-        }
-        Ok(&mut self.entries[0].1)
+    /// The graph of `key`, built by `build` if it is not kept, and whether
+    /// it was built now (its first run also allocates: no time to record).
+    fn get(&mut self, key: K, build: impl FnOnce(&K) -> Result<G>) -> Result<(&mut G, bool)> {
+        let built = match self.entries.iter().position(|(k, _)| *k == key) {
+            Some(i) => {
+                let e = self.entries.remove(i);
+                self.entries.insert(0, e);
+                false
+            }
+            None => {
+                let g = build(&key)?;
+                self.entries.insert(0, (key, g));
+                self.entries.truncate(GRAPHS_KEPT);
+                true
+            }
+        };
+        Ok((&mut self.entries[0].1, built))
     }
 }
 
@@ -404,16 +405,15 @@ impl<'m> Engine<'m> {
             )));
         }
         let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
-        // A graph's first run also allocates: its time is not a price.
-        let costs = self.base_graphs.has(&layout.shape).then_some(&mut self.costs);
-        let run = || -> Result<Vec<StepOut>> {
-            let sg =
+        let costs = &mut self.costs;
+        let mut run = || -> Result<Vec<StepOut>> {
+            let (sg, built) =
                 self.base_graphs.get(layout.shape.clone(), |s| base::build(model, kv, features, s, flash, backends))?;
             let started = Instant::now();
             sg.inputs.set(kv, &layout)?;
             sg.sched.compute(&sg.graph)?;
             let outs = sg.outputs.read(want.logits)?;
-            if let Some(costs) = costs {
+            if !built {
                 costs.record_forward(batch.inputs().len(), started.elapsed());
             }
             Ok(outs)
@@ -474,15 +474,14 @@ impl<'m> Engine<'m> {
         }
         let (model, cache, features, flash, backends) =
             (self.model, &self.micro, &self.features, self.flash, &self.backends);
-        let timed = self.micro_graphs.has(&layout.shape);
-        let sg = self
+        let (sg, built) = self
             .micro_graphs
             .get(layout.shape.clone(), |s| micro::build(model, cache, features, s, flash, backends))?;
         let started = Instant::now();
         sg.inputs.set(cache, &layout)?;
         sg.sched.compute(&sg.graph)?;
         let outs = sg.outputs.read(want.logits)?;
-        if timed {
+        if !built {
             self.costs.record_micro(inputs.len(), started.elapsed());
         }
         Ok(outs)

@@ -122,8 +122,9 @@ pub struct Prices {
 impl Prices {
     /// Prices of forwards that cost `forward[r - 1]` at `r` rows (a
     /// measured curve, or a test's) and micro steps `micro`, in forwards of
-    /// one row, for a sequence alone.
-    pub fn from_curve(forward: &[f64], micro: f32) -> Prices {
+    /// one row, for a sequence alone (the gate's tests).
+    #[cfg(test)]
+    pub(crate) fn from_curve(forward: &[f64], micro: f32) -> Prices {
         let known = forward.iter().enumerate().map(|(i, &c)| (i + 1, c / forward[0])).collect();
         Prices { known, others: 0, micro }
     }
