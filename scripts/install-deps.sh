@@ -12,6 +12,7 @@
 # install-vulkan.sh, what the `vulkan` feature builds with and the GPU tests
 # run on (Mesa's lavapipe).
 set -euo pipefail
+trap 'echo "install-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)

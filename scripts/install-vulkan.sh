@@ -16,9 +16,10 @@
 # * Mesa 22.3's lavapipe corrupts its heap and dies (SIGSEGV in its queue
 #   thread) on hamburger-server's third request with every layer offloaded;
 #   Mesa 25.0's, from bookworm-backports, runs the same requests exactly:
-#   its lavapipe goes to .vulkan-sdk/lavapipe, with an ICD file that .ci/run
+#   its lavapipe goes to .vulkan-sdk/lavapipe, with an ICD file that gpu-tests.sh
 #   hands to the Vulkan loader (VK_ICD_FILENAMES).
 set -euo pipefail
+trap 'echo "install-vulkan.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 root="$(cd "$(dirname "$0")/.." && pwd)"
 sdk="$root/.vulkan-sdk"
 
@@ -40,10 +41,13 @@ if dpkg --compare-versions "$mesa" lt 23 && [ ! -f "$sdk/lavapipe/lvp_icd.json" 
 fi
 [ ${#fetch[@]} -gt 0 ] || exit 0
 
-# The system's Debian mirror (deb822 or one-line sources).
-mirror=$(sed -n 's/^URIs: *\([^ ]*\/debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)
-[ -n "$mirror" ] || mirror=$(sed -n 's/^deb  *\(\[[^]]*\] *\)\{0,1\}\([^ ]*\/debian\) .*/\2/p' /etc/apt/sources.list 2>/dev/null | head -n 1)
-[ -n "$mirror" ] || { echo "install-vulkan: no Debian mirror in /etc/apt to fetch ${fetch[*]} from" >&2; exit 1; }
+# The system's Debian mirror: the archive its own release's packages come
+# from, as apt itself reads the sources (deb822 or one-line, any address: a
+# proxy, a snapshot, a trailing slash), so no format of /etc/apt is guessed.
+codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+mirror=$(apt-get indextargets --no-release-info --format '$(RELEASE) $(REPO_URI)' 2>/dev/null |
+  awk -v release="$codename" '$1 == release && !found { print $2; found = 1 }') || mirror=""
+[ -n "$mirror" ] || { echo "install-vulkan: apt lists no source for Debian '$codename' to fetch ${fetch[*]} from" >&2; exit 1; }
 apt_dir="$sdk/apt"
 rm -rf "$apt_dir"
 mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
@@ -65,7 +69,7 @@ lvp=$(find "$apt_dir/unpacked" -name libvulkan_lvp.so | head -n 1)
 if [ -n "$lvp" ]; then
   mkdir -p "$sdk/lavapipe"
   mv "$lvp" "$sdk/lavapipe/libvulkan_lvp.so"
-  api=$(sed -n 's/.*"api_version": *"\([^"]*\)".*/\1/p' "$(find "$apt_dir/unpacked" -name lvp_icd.json | head -n 1)")
+  api=$(sed -n 's/.*"api_version": *"\([^"]*\)".*/\1/p' "$(find "$apt_dir/unpacked" -name 'lvp_icd*.json' | head -n 1)")
   printf '{\n    "ICD": {\n        "api_version": "%s",\n        "library_path": "%s"\n    },\n    "file_format_version": "1.0.0"\n}\n' \
     "$api" "$sdk/lavapipe/libvulkan_lvp.so" >"$sdk/lavapipe/lvp_icd.json"
 fi
