@@ -126,8 +126,10 @@ fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_we
 
 /// `accept` on three prompts: the verifier answers them (the teacher server
 /// at confidence > 1), the answers are scored and their features cached, and
-/// each rule's walk is reported; with no draft allowed (p_min above 1) every
-/// draftable row is a verify forward and nothing is accepted.
+/// each rule's walk is reported; with no draft allowed (p_min 1) every
+/// draftable row is a verify forward and nothing is accepted. With
+/// `--runtime` the runtime decodes the same prompts self-verified with the
+/// trained head (hamburger-cli, Q8_0): one measure, two tools that agree.
 fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir: &Path) {
     let prompts = dir.join("few.jsonl");
     let rows: Vec<String> = ["Tell me a story.", "Write a function.", "What is a list?"]
@@ -136,19 +138,36 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
         .map(|(i, p)| format!("{}\n", json!({"id": format!("p{i}"), "prompt": p})))
         .collect();
     std::fs::write(&prompts, rows.concat()).unwrap();
-    let args = ["--prompts", prompts.to_str().unwrap(), "--max-tokens", "24", "--confidence", "0.5", "--p-min", "1.01"];
+    let args = ["--prompts", prompts.to_str().unwrap(), "--max-tokens", "24", "--confidence", "0.5", "--p-min", "1",
+        "--runtime"];
     let report: Value =
         serde_json::from_str(&run_ok(&mut stage("accept", work, &tiny_fixture(), &[&args[..], &["--json"]].concat())))
             .unwrap();
     assert_eq!(report["answers"], json!(3), "{report}");
     let rule = |name: &str| report["rules"].as_array().unwrap().iter().find(|r| r["rule"] == name).unwrap().clone();
-    let none = rule("n_max 3, p >= 1.01");
+    let none = rule("n_max 3, p >= 1");
     assert_eq!((none["accepted_per_forward"].as_f64(), none["drafted_per_forward"].as_f64()), (Some(0.0), Some(0.0)));
     assert_eq!(none["forwards"], none["rows"], "{none}");
     let all = rule("n_max 3");
     assert!(all["forwards"].as_u64() <= none["forwards"].as_u64(), "{all}");
     assert!(all["drafted_per_forward"].as_f64().unwrap() > 2.0, "{all}");
     assert!(work.join("accept/few/features/meta.json").exists());
+
+    // The runtime drafting 3 at every verify forward, and the tool walking
+    // the texts the runtime wrote with the same rule: the same base forwards
+    // and drafts, and the same acceptance within the noise of some hundred
+    // verify forwards (their drafts come from Q8_0 and from PyTorch f32).
+    let ours = report["runtime"].as_array().unwrap().iter().find(|r| r["rule"] == "n_max 3").unwrap().clone();
+    let tool = &report["runtime_texts"];
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap();
+    assert!((f(&ours, "forwards") - f(tool, "forwards")).abs() <= 0.05 * f(tool, "forwards"), "{ours} {tool}");
+    assert!(f(&ours, "verify_forwards") > 0.9 * f(&ours, "forwards"), "{ours}");
+    assert!((f(&ours, "drafted_per_forward") - f(tool, "drafted_per_forward")).abs() < 0.2, "{ours} {tool}");
+    let accepted = (f(&ours, "accepted_per_verify_forward"), f(tool, "accepted_per_verify_forward"));
+    assert!((accepted.0 - accepted.1).abs() < 0.1, "{ours} {tool}");
+    // With p_min 1 the runtime drafts nothing, as the tool's rule does.
+    let never = report["runtime"].as_array().unwrap().iter().find(|r| r["p_min"] == json!(1.0)).unwrap().clone();
+    assert_eq!((never["verify_forwards"].as_u64(), never["drafted_per_forward"].as_f64()), (Some(0), Some(0.0)));
 }
 
 /// Each stage takes its own flags: `draft` refuses `export`'s `--snapshot`

@@ -184,8 +184,9 @@ def parser() -> Parser:
     c.add_argument("--max-tokens", type=int, default=128, help="most tokens per answer")
     c.add_argument("--slots", type=int, default=4, help="concurrent requests (server -np)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    c.add_argument("--runtime-gguf", type=Path, help="that model as a GGUF: also measure the runtime's "
-                   "self-verified greedy decoding of the same prompts (hamburger-cli --spec-type draft-mtp)")
+    c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
+                   "decoding of the same prompts (hamburger-cli --spec-type draft-mtp) on the measured model "
+                   "converted to Q8_0, the teacher's type")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
     g.add_argument("--out", type=Path, required=True, metavar="CHECKPOINT", help="the checkpoint directory")
     g.add_argument("--ids", type=token_ids, required=True, help="prompt token ids, comma-separated")
@@ -202,7 +203,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale)
     elif stage == "accept":
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
-                   a.p_min, a.json, a.runtime_gguf)
+                   a.p_min, a.json, a.runtime)
     elif stage == "data":
         data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip)
     elif stage == "segment":

@@ -16,23 +16,26 @@ per base: measuring another file of the same base reuses it.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
-import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from . import data, features, records, segment
 from .draft import rules_of, verifier_ggufs
-from .drafting import measure, verifier
+from .drafting import DraftRule, measure, verifier
+from .export import SIDE_FILES, write_safetensors
+from .model import HAMburger
 
 
 def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Path, max_tokens: int, slots: int,
         threads: int, confidences: list[float], p_mins: list[float], as_json: bool,
-        runtime_gguf: Path | None = None) -> None:
+        with_runtime: bool = False) -> None:
     """Measures `grafted` (default: the work directory's `draft` result) on
     the prompts of `prompts` (JSON lines with `id` and `prompt`); with
-    `runtime_gguf` (that model as a GGUF) also the runtime's self-verified
-    greedy decoding of the same prompts (`runtime`)."""
+    `with_runtime` also the runtime's self-verified greedy decoding of the
+    same prompts (`runtime`) on that model as a GGUF (`runtime_gguf`)."""
     grafted = grafted or work / "draft" / "grafted.safetensors"
     if not grafted.exists():
         raise SystemExit(f"accept: {grafted} does not exist (run draft first, or give --grafted)")
@@ -55,12 +58,17 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
     results = measure(model, cache, rules_of(confidences, p_mins, model.cfg.max_steps - 1))
     report = {"grafted": str(grafted), "prompts": str(prompts), "answers": len(cache.answers),
               "tokens": len(cache.next), "rules": [asdict(r) for r in results]}
-    if runtime_gguf is not None:
+    if with_runtime:
         scored = {r["id"]: r for r in records.read(here / "scored.jsonl")}
         walked = [scored[a["id"]] for a in cache.answers]
         n_max = model.cfg.max_steps - 1
-        report["runtime"] = ([runtime(bin_dir, runtime_gguf, walked, 0.0, threads, fixed=n_max)]
-                             + [runtime(bin_dir, runtime_gguf, walked, p, threads) for p in sorted({0.0, *p_mins})])
+        with tempfile.TemporaryDirectory(dir=here) as tmp:
+            gguf = runtime_gguf(bin_dir, model, base, Path(tmp))
+            fixed, texts = runtime(bin_dir, gguf, walked, 0.0, threads, fixed=n_max)
+            report["runtime"] = [fixed] + [runtime(bin_dir, gguf, walked, p, threads)[0] for p in sorted({0.0, *p_mins})]
+        # The tool's walk of the very texts the runtime wrote with n_max drafts at every verify forward.
+        own = measure(model, features.in_memory(model, texts), [DraftRule(n_max, None, None)])[0]
+        report["runtime_texts"] = asdict(own)
     if as_json:
         print(json.dumps(report))
         return
@@ -72,15 +80,36 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
         every = " | ".join("-" if x is None else f"{x:.3f}" for x in (r.all_accepted, r.all_drafted))
         print(f"| {r.rule} | {r.forwards} | {r.verify_forwards} | {r.accepted_per_forward:.3f} "
               f"| {r.accepted_per_verify_forward:.3f} | {r.drafted_per_forward:.3f} | {every} |")
+    if "runtime_texts" in report:
+        r = report["runtime_texts"]
+        print(f"| `accept` on the runtime's own texts, {r['rule']} | {r['forwards']} | {r['verify_forwards']} "
+              f"| {r['accepted_per_forward']:.3f} | {r['accepted_per_verify_forward']:.3f} "
+              f"| {r['drafted_per_forward']:.3f} | | |")
     for r in report.get("runtime", []):
-        print(f"| runtime ({runtime_gguf}), {r['rule']}, p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']}, "
+        print(f"| runtime (Q8_0), {r['rule']}, p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']}, "
               f"shared prefix {r['shared_prefix']:.1f} "
               f"| {r['forwards']} | {r['verify_forwards']} | {r['accepted_per_forward']:.3f} "
               f"| {r['accepted_per_verify_forward']:.3f} | {r['drafted_per_forward']:.3f} | | |")
 
 
+def runtime_gguf(bin_dir: Path, model: HAMburger, base: Path, tmp: Path) -> Path:
+    """The measured model as the runtime loads it: its original layout (the
+    base's side files, `model.original_state()`) converted to Q8_0, the
+    teacher's type (`data.teacher_gguf`), so the runtime verifies with the
+    very base weights that answered the prompts."""
+    for f in SIDE_FILES:
+        shutil.copyfile(base / f, tmp / f)
+    write_safetensors(model.original_state(), tmp / "model.safetensors")
+    gguf = tmp / "runtime-q8_0.gguf"
+    out = subprocess.run([str(bin_dir / "hamburger-convert"), str(tmp), "--outfile", str(gguf), "--outtype", "q8_0"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"accept: hamburger-convert failed: {out.stderr.strip().splitlines()[-1:]}")
+    return gguf
+
+
 def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int,
-            fixed: int | None = None) -> dict:
+            fixed: int | None = None) -> tuple[dict, list[tuple[str, list[int], int]]]:
     """The runtime's self-verified greedy decoding (`hamburger-cli
     --spec-type draft-mtp`; with `fixed`, exactly that many drafts at every
     verify forward, the ungated rule of that n_max, which `measure` walks
@@ -91,8 +120,10 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
     its base forwards (one per committed token not accepted as a draft), how
     many outputs equal the answers, and the mean length of the prefix they
     share (greedy outputs part at near-ties: a forward of several rows sums
-    in another order than one of one row)."""
+    in another order than one of one row); and the texts it wrote (`id`,
+    prompt and output ids, prompt length), for `measure` to walk."""
     drafted = accepted = verifies = forwards = same = shared = 0
+    texts = []
     for a in answers:
         ids, n_prompt = a["ids"], a["n_prompt"]
         answer = ids[n_prompt:-1]
@@ -106,6 +137,7 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
             raise SystemExit(f"accept: {cmd[0]} failed: {out.stderr.strip().splitlines()[-1:]}")
         v = json.loads(out.stdout.strip().splitlines()[-1])
         t, got = v["timings"], v["output_ids"]
+        texts.append((a["id"], ids[:n_prompt] + got, n_prompt))
         drafted, accepted, verifies = drafted + t["draft_n"], accepted + t["draft_n_accepted"], verifies + t["verify_forwards"]
         forwards += len(got) - 1 - t["draft_n_accepted"]
         k = next((i for i, (x, y) in enumerate(zip(got, answer)) if x != y), min(len(got), len(answer)))
@@ -115,4 +147,5 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
     return {"rule": f"n_max {fixed}" if fixed is not None else "gate", "p_min": p_min, "answers": len(answers),
             "same_text": same, "shared_prefix": shared / n,
             "forwards": forwards, "verify_forwards": verifies, "accepted_per_forward": accepted / max(forwards, 1),
-            "accepted_per_verify_forward": accepted / max(verifies, 1), "drafted_per_forward": drafted / max(forwards, 1)}
+            "accepted_per_verify_forward": accepted / max(verifies, 1),
+            "drafted_per_forward": drafted / max(forwards, 1)}, texts

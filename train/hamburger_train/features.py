@@ -156,6 +156,24 @@ class Cache:
     answers: list[dict]
 
 
+def in_memory(model: HAMburger, texts: list[tuple[str, list[int], int]]) -> Cache:
+    """The rows of `texts` (`id`, token ids, prompt length) computed now and
+    kept in memory, stored as a cache stores them (f16) but without the
+    base's top tokens, which walking a text does not read: `accept`'s walk
+    of the texts the runtime itself wrote."""
+    feats, nxt, ends, answers, rows = [], [], [], [], 0
+    for id_, ids, n_prompt in texts:
+        t = torch.tensor(ids)
+        f = answer_features(model, t, n_prompt).to(torch.float16)
+        feats.append(f)
+        nxt.append(t[n_prompt:])
+        answers.append({"id": id_, "split": "heldout", "rows": len(f), "start": rows})
+        rows += len(f)
+        ends.append(torch.full((len(f),), rows))
+    no_top = torch.zeros(rows, 0)
+    return Cache(torch.cat(feats), torch.cat(nxt), no_top.long(), no_top, torch.cat(ends), answers)
+
+
 def load(cache: Path, want: dict, split: str | None = None, limit: int | None = None) -> Cache:
     """The cached rows of the answers of `split` (all when None; the first
     `limit` answers when given), refusing a cache made with another base or
