@@ -1,7 +1,6 @@
 //! What `hamburger-cli` decodes with: a [`Session`] of one model (macro
 //! steps), or a [`DraftSession`] of a target verifying a draft model's
-//! tokens (`-md`); one interface for completion and chat, and the report
-//! of what the drafting earned.
+//! tokens (`-md`): one interface for completion and chat.
 
 use hamburger::draft_model::{DraftSession, DraftStats};
 use hamburger::{Generation, Result, Session};
@@ -48,17 +47,4 @@ impl Decoder<'_, '_> {
             Decoder::Drafted(s) => s.generate(prompt, n_predict, on_step).map(|(g, d)| (g, Some(d))),
         }
     }
-}
-
-/// The lines `hamburger-cli` prints on stderr about a draft model's work.
-pub fn draft_report(d: &DraftStats) -> String {
-    format!(
-        "draft model: {} tokens drafted in {} draft forwards, {} accepted ({:.0}%, {:.2} per draft forward); {} target forwards\n",
-        d.drafted,
-        d.draft_forwards,
-        d.accepted,
-        100.0 * d.acceptance(),
-        d.accepted_per_draft_forward(),
-        d.target_forwards
-    )
 }

@@ -21,7 +21,9 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cli_output;
 pub mod compare;
+pub mod decode_flags;
 pub mod decoder;
 pub mod devices;
 pub mod draft_eval;

@@ -46,7 +46,7 @@ pub struct SweepArgs {
     pub n_gen: usize,
     /// The stop rule of the generation runs.
     #[command(flatten)]
-    pub decode: crate::cli::DecodeArgs,
+    pub decode: crate::decode_flags::DecodeArgs,
     /// Type of the grafted matrices (default: the policy's).
     #[arg(long, value_parser = quant::policy::parse_type)]
     pub grafted_type: Option<Type>,

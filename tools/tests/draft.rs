@@ -138,8 +138,17 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
         .map(|(i, p)| format!("{}\n", json!({"id": format!("p{i}"), "prompt": p})))
         .collect();
     std::fs::write(&prompts, rows.concat()).unwrap();
-    let args = ["--prompts", prompts.to_str().unwrap(), "--max-tokens", "24", "--confidence", "0.5", "--p-min", "1",
-        "--runtime"];
+    let args = [
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--max-tokens",
+        "24",
+        "--confidence",
+        "0.5",
+        "--p-min",
+        "1",
+        "--runtime",
+    ];
     let report: Value =
         serde_json::from_str(&run_ok(&mut stage("accept", work, &tiny_fixture(), &[&args[..], &["--json"]].concat())))
             .unwrap();

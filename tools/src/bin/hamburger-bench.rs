@@ -37,11 +37,11 @@ struct Args {
     forced_steps: Option<Vec<usize>>,
     /// The stop rule of tg tests without --forced-steps.
     #[command(flatten)]
-    decode: tools::cli::DecodeArgs,
+    decode: tools::decode_flags::DecodeArgs,
     /// `--spec-type draft-mtp` adds self-verified tg tests beside the others
     /// (drafts as `--spec-draft-*` say).
     #[command(flatten)]
-    spec: tools::cli::SpecArgs,
+    spec: tools::decode_flags::SpecArgs,
     /// A llama GGUF (the base-only export) to run with libllama in the same process.
     #[arg(long)]
     baseline: Option<PathBuf>,

@@ -8,10 +8,11 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use hamburger::chat::{Chat, ChatTemplate};
 use hamburger::draft_model::{DraftSession, DraftSessionParams, DraftStats};
-use hamburger::tokenizer::{TextStream, Tokenizer};
+use hamburger::tokenizer::Tokenizer;
 use hamburger::{EngineParams, Generation, Model, Session, SessionParams, StepParams};
 use tools::cli::FlashAttn;
-use tools::decoder::{draft_report, Decoder};
+use tools::cli_output::{json_report, report, visible, StepPrinter};
+use tools::decoder::Decoder;
 
 /// Runs a HAMburger model: each macro step (one base forward, one KV entry)
 /// emits up to --max-steps tokens.
@@ -23,7 +24,7 @@ struct Args {
     #[arg(short = 'm', long, required_unless_present = "list_devices")]
     model: Option<PathBuf>,
     #[command(flatten)]
-    draft: tools::cli::DraftModelArgs,
+    draft: tools::decode_flags::DraftModelArgs,
     #[command(flatten)]
     placement: tools::cli::PlacementArgs,
     /// List the devices of this build (and of the --rpc servers) and exit.
@@ -56,11 +57,11 @@ struct Args {
     #[arg(short = 't', long, value_parser = tools::cli::thread_count)]
     threads: Option<usize>,
     #[command(flatten)]
-    decode: tools::cli::DecodeArgs,
+    decode: tools::decode_flags::DecodeArgs,
     #[command(flatten)]
-    spec: tools::cli::SpecArgs,
+    spec: tools::decode_flags::SpecArgs,
     #[command(flatten)]
-    sampling: tools::cli::SamplingArgs,
+    sampling: tools::decode_flags::SamplingArgs,
     #[command(flatten)]
     grammar: tools::grammar::GrammarArgs,
     /// Interactive chat with the model's chat template (also -cnv); -p or -f
@@ -110,10 +111,6 @@ struct Args {
     #[arg(long = "cache-type", default_value = "f16", value_parser = ["f16", "f32", "q8_0"])]
     cache_type: String,
 }
-
-/// ANSI colours cycled through by macro step.
-const PALETTE: [&str; 4] = ["\x1b[38;5;39m", "\x1b[38;5;208m", "\x1b[38;5;42m", "\x1b[38;5;170m"];
-const RESET: &str = "\x1b[0m";
 
 fn main() -> ExitCode {
     tools::cli::run_tool("hamburger-cli", "warn", run)
@@ -315,123 +312,6 @@ fn run(mut args: Args) -> Result<()> {
     }
     budget.notice(&gen);
     Ok(())
-}
-
-/// Streams each macro step's text as it completes, coloured by step with
-/// `--color`, and keeps the turn's text for the reverse prompts.
-struct StepPrinter<'t> {
-    /// The detokenizer (`None`: print ids, for models without a tokenizer).
-    stream: Option<TextStream<'t>>,
-    color: bool,
-    step: usize,
-    /// The text generated so far.
-    turn: String,
-}
-
-impl<'t> StepPrinter<'t> {
-    fn new(tokenizer: Option<&'t Tokenizer>, color: bool) -> Self {
-        StepPrinter { stream: tokenizer.map(TextStream::new), color, step: 0, turn: String::new() }
-    }
-
-    /// The text of one macro step's `tokens`, added to the turn's.
-    fn text(&mut self, model: &Model, tokens: &[u32]) -> String {
-        let text = match self.stream.as_mut() {
-            Some(s) => s.push(&visible(model, tokens)),
-            None => tokens.iter().map(|t| format!("{t} ")).collect(),
-        };
-        self.turn.push_str(&text);
-        text
-    }
-
-    fn print(&mut self, out: &mut impl Write, text: &str) {
-        // Output errors (a closed pipe) end nothing here; generation finishes.
-        let _ = if self.color {
-            write!(out, "{}{text}{RESET}", PALETTE[self.step % PALETTE.len()])
-        } else {
-            write!(out, "{text}")
-        };
-        let _ = out.flush();
-        self.step += 1;
-    }
-}
-
-/// The tokens to show: end-of-generation tokens are not text.
-fn visible(model: &Model, tokens: &[u32]) -> Vec<u32> {
-    tokens.iter().copied().filter(|t| !model.vocab.eog.contains(t)).collect()
-}
-
-fn json_report(prompt: &[u32], gen: &Generation, drafted: Option<&DraftStats>, text: &str) -> serde_json::Value {
-    let mut kept = gen.output_ids.len();
-    let steps: Vec<Vec<u32>> = gen
-        .macro_steps
-        .iter()
-        .map(|s| {
-            let n = s.tokens.len().min(kept);
-            kept -= n;
-            s.tokens[..n].to_vec()
-        })
-        .collect();
-    let mut report = serde_json::json!({
-        "prompt_ids": prompt,
-        "output_ids": gen.output_ids,
-        "macro_steps": steps,
-        "text": text,
-        // The server's timings object: one schema for both tools.
-        "timings": server::response::timings(&gen.timings),
-    });
-    if let Some(d) = drafted {
-        report["draft"] = serde_json::json!({
-            "draft_forwards": d.draft_forwards,
-            "target_forwards": d.target_forwards,
-            "drafted": d.drafted,
-            "accepted": d.accepted,
-        });
-    }
-    report
-}
-
-/// The statistics printed to stderr after a generation (with -md, a
-/// "macro step" is a verify forward of the target).
-fn report(gen: &Generation, drafted: Option<&DraftStats>) -> String {
-    let t = &gen.timings;
-    let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
-    let mut s = format!(
-        "\nprompt: {} tokens in {:.1} ms ({:.1} tok/s)\ngeneration: {} tokens in {:.1} ms ({:.1} tok/s)\n\
-         macro steps: {} ({:.2} tokens per step)\nKV cache: {} entries for {} tokens ({:.2} tokens per entry, {} bytes per entry, {:.0} bytes per token)\n",
-        t.prompt_tokens,
-        t.prompt_ms,
-        rate(t.prompt_tokens, t.prompt_ms),
-        t.gen_tokens,
-        t.gen_ms,
-        rate(t.gen_tokens, t.gen_ms),
-        t.macro_steps,
-        t.tokens_per_step(),
-        t.kv_entries,
-        t.context_tokens,
-        t.context_tokens as f64 / t.kv_entries.max(1) as f64,
-        t.kv_bytes_per_entry,
-        (t.kv_entries * t.kv_bytes_per_entry) as f64 / t.context_tokens.max(1) as f64,
-    );
-    let reach: Vec<String> = t
-        .reached
-        .iter()
-        .enumerate()
-        .map(|(i, &r)| format!("{}: {:.0}%", i + 1, 100.0 * r as f64 / t.macro_steps.max(1) as f64))
-        .collect();
-    match drafted {
-        Some(d) => s.push_str(&draft_report(d)),
-        None => s.push_str(&format!("micro-step positions reached: {}\n", reach.join(", "))),
-    }
-    if t.verify_forwards > 0 {
-        s.push_str(&format!(
-            "self-verified: {} drafted tokens checked in {} forwards, {} accepted ({:.2} per verify forward)\n",
-            t.drafted,
-            t.verify_forwards,
-            t.draft_accepted,
-            t.accepted_per_verify()
-        ));
-    }
-    s
 }
 
 fn chat(args: &Args, model: &Model, decoder: &mut Decoder) -> Result<()> {

@@ -71,7 +71,7 @@ enum Cmd {
         /// `--spec-type draft-mtp` adds a self-verified row (its drafts as
         /// `--spec-draft-*` say) beside the confidences'.
         #[command(flatten)]
-        spec: tools::cli::SpecArgs,
+        spec: tools::decode_flags::SpecArgs,
     },
     /// Reads JSON lines `{"prompt": user message, "response": text}` (other
     /// fields are kept) and writes each with `ids` (prompt and answer, the

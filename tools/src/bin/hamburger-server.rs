@@ -51,14 +51,14 @@ struct Args {
     batch_size: usize,
     /// The stop rule of requests that do not set theirs (`confidence`, `max_steps`).
     #[command(flatten)]
-    decode: tools::cli::DecodeArgs,
+    decode: tools::decode_flags::DecodeArgs,
     /// Make every macro step emit exactly K tokens (benchmarks of untrained grafted modules).
     #[arg(long)]
     forced_steps: Option<usize>,
     /// How requests that do not set `speculative.type` decode: macro steps
     /// (none) or self-verified (draft-mtp), and the drafts' defaults.
     #[command(flatten)]
-    spec: tools::cli::SpecArgs,
+    spec: tools::decode_flags::SpecArgs,
     /// Requests that may wait for a slot; more are answered 503.
     #[arg(long, default_value_t = 64)]
     queue: usize,
