@@ -2,7 +2,9 @@
 //! listens on loopback by default, and SIGTERM / SIGINT stop it accepting
 //! while the request in flight streams to its end; then it exits 0. Bad flags
 //! fail before anything is loaded. What clients send and get back is in
-//! `server/requests.rs`, `echo`, prompt log-probabilities and lm-eval's API
+//! `server/requests.rs` (llama-server's own flags and routes in
+//! `server/llama_server.rs`; the running server they all drive in
+//! `server/served.rs`), `echo`, prompt log-probabilities and lm-eval's API
 //! models in `server/echo.rs`, the golden cases answered on a GPU in
 //! `server/gpu.rs`, prompt-prefix reuse that changes no answer in
 //! `server/prompt_cache.rs`, self-verified requests in
@@ -19,10 +21,14 @@ use testing::testmodel::{converted, tiny_fixture};
 mod echo;
 #[path = "server/gpu.rs"]
 mod gpu;
+#[path = "server/llama_server.rs"]
+mod llama_server;
 #[path = "server/prompt_cache.rs"]
 mod prompt_cache;
 #[path = "server/requests.rs"]
 mod requests;
+#[path = "server/served.rs"]
+mod served;
 #[path = "server/speculative.rs"]
 mod speculative;
 #[path = "server/webui.rs"]

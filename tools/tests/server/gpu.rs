@@ -7,7 +7,7 @@
 
 use serde_json::json;
 
-use super::requests::Served;
+use super::served::Served;
 
 #[test]
 #[ignore = "needs a GPU: cargo test --release --features vulkan -p hamburger-tools --test server gpu -- --ignored"]

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::requests::Served;
+use super::served::Served;
 
 /// A greedy completion of 24 tokens of the tiny fixture, with `extra` fields.
 fn body(extra: Value) -> Value {
