@@ -190,13 +190,15 @@ def walk(cache: Cache, where: dict[int, int], step: Callable[[int], tuple[int, i
     """Walks every answer as the runtime decodes it: a base forward after
     the base's token at row r, whose draft (`step(index of r)`: drafted,
     accepted) moves r past the accepted drafts and the base's own next token;
-    `start` is called before each answer. Returns the forwards, those with a
-    draft, the accepted and the drafted tokens."""
+    `start` is called before each answer. A walk ends at its answer's end,
+    even where the accepted drafts reach it (the next row is another
+    answer's first). Returns the forwards, those with a draft, the accepted
+    and the drafted tokens."""
     forwards = verifies = taken = drafted = 0
     for a in cache.answers:
         start()
-        r = a["start"]
-        while r in where:
+        r, end = a["start"], a["start"] + a["rows"]
+        while r < end and r in where:
             n, k = step(where[r])
             forwards, verifies, taken, drafted = forwards + 1, verifies + (n > 0), taken + k, drafted + n
             r += 1 + k
