@@ -98,6 +98,19 @@ impl ForwardCosts {
     }
 }
 
+/// The times as they stand, for a log line: a base forward's milliseconds by
+/// the row counts timed, and a micro step's per sequence ("-" until timed).
+impl std::fmt::Display for ForwardCosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |a: &Average| a.0.map_or("-".to_string(), |s| format!("{:.3}", s * 1e3));
+        let rows: Vec<String> = (1..=MAX_ROWS)
+            .filter(|&r| self.forward[r - 1].0.is_some())
+            .map(|r| format!("{r}: {}", ms(&self.forward[r - 1])))
+            .collect();
+        write!(f, "base forward ms by rows [{}], micro step ms per sequence {}", rows.join(", "), ms(&self.micro))
+    }
+}
+
 /// A micro step's share of a base forward by the weights each reads (one
 /// row on a CPU reads every weight once): the micro decoder's layers and the
 /// lm_head against the base's layers and the lm_head.
@@ -211,5 +224,9 @@ mod tests {
         assert!((p.forward(10) - 0.06).abs() < 1e-9, "on at the slope from 8 to 9");
         c.record_forward(6, Duration::from_millis(45)); // a noisy time: dearer than 8 rows
         assert_eq!(c.prices(0).forward(8), 0.045, "more rows never cost less");
+        assert_eq!(
+            c.to_string(),
+            "base forward ms by rows [6: 45.000, 8: 40.000, 9: 50.000], micro step ms per sequence 2.000"
+        );
     }
 }

@@ -385,6 +385,10 @@ pub fn run<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &DecodeConfig
     while seqs.iter().any(|s| !s.done) {
         macro_step(engine, cfg, &mut seqs)?;
     }
+    if seqs.iter().any(|s| s.gate.is_some()) {
+        // What the draft gate priced drafts by (`RUST_LOG=hamburger=debug`).
+        log::debug!("self-verified: {}", engine.costs());
+    }
     Ok(())
 }
 
