@@ -120,6 +120,13 @@ fn golden_decisions(case: &GoldenCase, max_steps: usize) -> Vec<Decision> {
     d
 }
 
+/// The golden cases the server's GPU test asks for over HTTP (text compared
+/// exactly, so no near-tie may part): each of the six prompts once and each
+/// of the three confidences twice, the 35-token prompt (whose prompt-sized
+/// products ggml offloads even at `-ngl 0`) and the F16 near-tie of case 17
+/// among them.
+pub const SAMPLED: [usize; 6] = [0, 3, 7, 10, 14, 17];
+
 /// Runs every golden case on `model` (an F32 conversion of the fixture, or
 /// any lower precision with tolerances to match), with `params.keep_logits`:
 /// the decisions (tokens and macro-step ends) equal the original's for the
@@ -135,33 +142,11 @@ fn golden_decisions(case: &GoldenCase, max_steps: usize) -> Vec<Decision> {
 /// # Panics
 /// On any departure beyond them: a test failure.
 pub fn check_golden(model: &Model, params: SessionParams, logit_tol: f32, stop_tol: f32) -> (Worst, Worst) {
-    check_golden_cases(model, params, &(0..18).collect::<Vec<_>>(), logit_tol, stop_tol)
-}
-
-/// The golden cases the server's GPU test asks for over HTTP (text compared
-/// exactly, so no near-tie may part): each of the six prompts once and each
-/// of the three confidences twice, the 35-token prompt (whose prompt-sized
-/// products ggml offloads even at `-ngl 0`) and the F16 near-tie of case 17
-/// among them.
-pub const SAMPLED: [usize; 6] = [0, 3, 7, 10, 14, 17];
-
-/// [`check_golden`] on the cases numbered in `which` alone.
-///
-/// # Panics
-/// As [`check_golden`]; on a case number beyond the 18.
-pub fn check_golden_cases(
-    model: &Model,
-    params: SessionParams,
-    which: &[usize],
-    logit_tol: f32,
-    stop_tol: f32,
-) -> (Worst, Worst) {
     let cases = cases();
     assert_eq!(cases.len(), 18);
     let (mut logit, mut stop) = (Worst::default(), Worst::default());
     let mut parted = Vec::new();
-    for &ci in which {
-        let case = &cases[ci];
+    for (ci, case) in cases.iter().enumerate() {
         let p = SessionParams { step: StepParams { confidence: case.confidence, ..params.step }, ..params.clone() };
         let mut session = Session::new(model, p).unwrap();
         let gen = session.generate(&case.prompt_ids, case.max_new_tokens, |_| true).unwrap();
