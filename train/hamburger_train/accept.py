@@ -16,7 +16,6 @@ per base: measuring another file of the same base reuses it.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import tempfile
 from dataclasses import asdict
@@ -25,7 +24,7 @@ from pathlib import Path
 from . import data, features, records, segment
 from .draft import rules_of, verifier_ggufs
 from .drafting import DraftRule, measure, verifier
-from .export import SIDE_FILES, write_safetensors
+from .export import write_checkpoint
 from .model import HAMburger
 
 
@@ -93,19 +92,11 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
 
 
 def runtime_gguf(bin_dir: Path, model: HAMburger, base: Path, tmp: Path) -> Path:
-    """The measured model as the runtime loads it: its original layout (the
-    base's side files, `model.original_state()`) converted to Q8_0, the
-    teacher's type (`data.teacher_gguf`), so the runtime verifies with the
-    very base weights that answered the prompts."""
-    for f in SIDE_FILES:
-        shutil.copyfile(base / f, tmp / f)
-    write_safetensors(model.original_state(), tmp / "model.safetensors")
-    gguf = tmp / "runtime-q8_0.gguf"
-    out = subprocess.run([str(bin_dir / "hamburger-convert"), str(tmp), "--outfile", str(gguf), "--outtype", "q8_0"],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"accept: hamburger-convert failed: {out.stderr.strip().splitlines()[-1:]}")
-    return gguf
+    """The measured model as the runtime loads it: its original layout
+    converted as the teacher is (`data.teacher_gguf`, Q8_0), so the runtime
+    verifies with the very base weights that answered the prompts."""
+    write_checkpoint(model, base, tmp)
+    return data.teacher_gguf(bin_dir, tmp, tmp)
 
 
 def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int,

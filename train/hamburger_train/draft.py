@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import signal
 import sys
 import time
@@ -49,7 +48,7 @@ from safetensors.torch import load_file
 
 from . import data, features, records, segment
 from .drafting import DraftRule, measure, text_after, draftable, verifier
-from .export import SIDE_FILES, write_safetensors
+from .export import write_checkpoint, write_safetensors
 from .gate import GatedRule
 from .model import HAMburger
 from .progress import Progress
@@ -95,10 +94,7 @@ def verifier_ggufs(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta
     else:
         if (work / "teacher-q8_0.gguf").exists() or (work / "base-q8_0.gguf").exists():
             raise SystemExit(f"{stage}: {work} has GGUFs of an unknown base: use another --work")
-        ckpt.mkdir(parents=True, exist_ok=True)
-        for f in SIDE_FILES:
-            shutil.copyfile(base / f, ckpt / f)
-        write_safetensors(model.original_state(), ckpt / "model.safetensors")
+        write_checkpoint(model, base, ckpt)
         (ckpt / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     work.mkdir(parents=True, exist_ok=True)
     return data.teacher_gguf(bin_dir, ckpt, work), segment.base_only_gguf(bin_dir, ckpt, work)

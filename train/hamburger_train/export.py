@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .model import HAMburger
 from .state import load_trained
 
 SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "hamburger.json")
@@ -36,6 +37,16 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     tmp.replace(path)
 
 
+def write_checkpoint(model: HAMburger, base: Path, out: Path) -> None:
+    """`model` in the original checkpoint layout in `out`: the base
+    checkpoint's side files (`SIDE_FILES`) and `model.safetensors`, what
+    `hamburger-convert` loads."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in SIDE_FILES:
+        shutil.copyfile(base / f, out / f)
+    write_safetensors(model.original_state(), out / "model.safetensors")
+
+
 def run(work: Path, base: Path, out: Path, snapshot: int | None = None,
         recommended_confidence: float | None = None) -> None:
     """Writes the trained model of `work` (its latest state, or the snapshot
@@ -45,15 +56,11 @@ def run(work: Path, base: Path, out: Path, snapshot: int | None = None,
     GGUF as every tool's default."""
     state, model = load_trained(work, base, "export", snapshot)
     model.merge_adapters()
-    out.mkdir(parents=True, exist_ok=True)
-    for f in SIDE_FILES:
-        shutil.copyfile(base / f, out / f)
+    write_checkpoint(model, base, out)
     if recommended_confidence is not None:
         side = json.loads((out / "hamburger.json").read_text())
         side["recommended_confidence"] = recommended_confidence
         (out / "hamburger.json").write_text(json.dumps(side, indent=2) + "\n")
-    sd = model.original_state()
-    write_safetensors(sd, out / "model.safetensors")
     grafted = {k: v.to(torch.float16) for k, v in state["grafted"].items()}
     write_safetensors(grafted, out / "grafted.safetensors")
     print(f"export: {out} (step {state['step']}; grafted modules "
