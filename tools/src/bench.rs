@@ -15,6 +15,25 @@ use rand::{Rng, SeedableRng};
 use hamburger::generate::{self, SeqGen};
 use hamburger::{Batch, Engine, EngineParams, Model, Result, Sampler, SamplerParams, Session, SessionParams, Wants};
 
+/// Memory the comparing tools take, touch and hold before they load any
+/// model, so that neither engine's weights land in it.
+///
+/// Measured on the 2-core VMs these benchmarks run on: of two models loaded
+/// one after the other in a process, the first read its one-row forward
+/// 5-10% slower than the second, libllama against libllama as much as ours
+/// against libllama, whichever ran first in a round; loading a model and
+/// dropping it first did not help, holding this much touched memory did
+/// (libllama against itself 1.00-1.01x). Without it a same-run ratio measures
+/// the load order. `docs/performance.md` has the numbers.
+#[must_use = "the memory helps only while it is held"]
+pub fn hold_first_pages() -> Box<[u8]> {
+    // black_box: an allocation nothing reads may otherwise be optimised away.
+    std::hint::black_box(vec![1u8; FIRST_PAGES].into_boxed_slice())
+}
+
+/// How much [`hold_first_pages`] holds: 256 MiB was enough in every process measured.
+const FIRST_PAGES: usize = 256 << 20;
+
 /// One test's samples.
 #[derive(Debug, Clone)]
 pub struct Measurement {

@@ -122,6 +122,7 @@ fn main() -> ExitCode {
 }
 
 fn run(mut args: Args) -> Result<()> {
+    let _first_pages = args.baseline.is_some().then(bench::hold_first_pages);
     let model = hamburger::Model::open(&args.model, &args.placement.load_options())?;
     args.decode.default_from_model(model.recommended_confidence);
     let args = &args;

@@ -217,6 +217,7 @@ fn load_base(path: &Path, placement: &BaselinePlacement) -> Result<LlamaModel> {
 
 fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: &RunOptions) -> Result<Vec<Row>> {
     let texts = read_prompts(prompts, o.limit)?;
+    let _first_pages = tools::bench::hold_first_pages();
     let model = Model::open(model, &o.placement.load_options())?;
     let chat = Prompts::new(&model)?;
     let ids: Vec<Vec<u32>> = texts.iter().map(|t| chat.user(t)).collect::<Result<_>>()?;
@@ -324,6 +325,7 @@ struct DraftOptions {
 fn draft_run(target: &Path, draft: &Path, baseline_draft: &Path, texts: &[String], o: &DraftOptions) -> Result<String> {
     use hamburger::draft_model::{DraftModelParams, DraftSession, DraftSessionParams};
     use tools::draft_eval::{self, SpecRow};
+    let _first_pages = tools::bench::hold_first_pages();
     let model = Model::open(target, &hamburger::LoadOptions::default())?;
     let ham = Model::open(draft, &hamburger::LoadOptions::default()).context("--model-draft")?;
     let chat = Prompts::new(&model)?;
