@@ -17,7 +17,10 @@
 //! stopping. A bucket it has given up on is probed now and then, at
 //! intervals that double after each failed probe and keep probes within 2%
 //! of the forwards, so that it notices when drafts start to agree; where
-//! even drafts that were always accepted would not pay, it never probes.
+//! even drafts that were always accepted would not pay, it probes only once
+//! in [`REPRICE_INTERVAL`] steps: no draft could earn there, but the probe
+//! times a forward of two rows and a micro step again, so a price measured
+//! wrong (one slow forward on a busy machine) does not stop drafting for good.
 
 use crate::error::{Param, ParamError};
 use crate::forward_cost::Prices;
@@ -167,6 +170,10 @@ const PROBE_MOST: u32 = 1024;
 /// After a failed probe, probes are spaced so that they cost at most this
 /// share of the forwards between them.
 const PROBE_BUDGET: f32 = 0.02;
+/// Gated-off steps between probes where drafts could not pay even if always
+/// accepted: their only use is to time the drafts' forwards again, at some
+/// 0.15% of the forwards on two CPU cores (a probe there costs 1.5 forwards).
+const REPRICE_INTERVAL: u32 = PROBE_MOST;
 
 /// One sequence's record of which drafts the base accepted, and the
 /// decision of whether to draft the next token (see the module's doc).
@@ -260,11 +267,11 @@ impl DraftGate {
         if pays(&rates(prices, rule.n_max, &acceptance, acceptance[depth - 1]), depth) {
             return true;
         }
-        if depth > 1 || !could_pay(prices, rule.n_max) {
+        if depth > 1 {
             return false;
         }
         self.waited += 1;
-        self.probing = self.waited >= self.interval;
+        self.probing = self.waited >= self.due(rule, prices);
         if self.probing {
             self.waited = 0;
             // A probe's cost, in steps without one.
@@ -287,11 +294,21 @@ impl DraftGate {
         if rule.n_min > 0 {
             return true;
         }
-        if rule.n_max == 0 || !could_pay(prices, rule.n_max) {
+        if rule.n_max == 0 {
             return false;
         }
-        self.waited + 1 >= self.interval
+        self.waited + 1 >= self.due(rule, prices)
             || (0..BUCKETS).any(|b| pays(&rates(prices, rule.n_max, &[], self.bucket_acceptance(b)), 1))
+    }
+
+    /// Gated-off steps before the next probe: the current interval, or
+    /// [`REPRICE_INTERVAL`] where drafts could not pay even if always accepted.
+    fn due(&self, rule: &DraftRule, prices: &Prices) -> u32 {
+        if could_pay(prices, rule.n_max) {
+            self.interval
+        } else {
+            REPRICE_INTERVAL
+        }
     }
 
     /// Records the verification of a draft: `p_stop_before[j]` the stop
@@ -318,7 +335,8 @@ impl DraftGate {
 
 /// Whether drafting could pay at `prices` if every draft were accepted:
 /// when not (a second row costs about a forward of its own, as on two CPU
-/// cores), the gate neither drafts nor probes.
+/// cores), the gate drafts only to time the drafts' forwards again
+/// ([`REPRICE_INTERVAL`]).
 fn could_pay(prices: &Prices, n_max: usize) -> bool {
     pays(&rates(prices, n_max, &[], 1.0), 1)
 }
@@ -392,7 +410,7 @@ mod tests {
     }
 
     #[test]
-    fn where_even_accepted_drafts_would_not_pay_the_gate_never_drafts() {
+    fn where_even_accepted_drafts_would_not_pay_the_gate_only_probes_to_reprice() {
         // Two CPU cores, 135M Q8_0: two rows cost 2.3 forwards, four 3.1, a micro step 0.45.
         let cpu = Prices::from_curve(&[1.0, 2.3, 2.7, 3.1], 0.45);
         let mut g = DraftGate::new();
@@ -400,7 +418,10 @@ mod tests {
             g.record(&[0.01, 0.01, 0.01], 3); // every draft accepted
         }
         assert!(!g.may_draft(&RULE, &cpu));
-        assert!((0..300).all(|_| !g.wants(&RULE, 1, &[0.01], &cpu)), "no draft, no probe");
+        // Only a probe in every REPRICE_INTERVAL steps, to time the drafts' forwards again.
+        let probes: Vec<u32> = (0..3 * REPRICE_INTERVAL).filter(|_| g.wants(&RULE, 1, &[0.01], &cpu)).collect();
+        assert_eq!(probes, [REPRICE_INTERVAL - 1, 2 * REPRICE_INTERVAL - 1, 3 * REPRICE_INTERVAL - 1]);
+        assert!(!g.may_draft(&RULE, &cpu), "the last probe just ran");
         assert!(g.may_draft(&RULE, &cheap()) && g.wants(&RULE, 1, &[0.01], &cheap()));
     }
 

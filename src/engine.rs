@@ -15,6 +15,7 @@ use crate::budget::EngineParams;
 use crate::error::{Param, ParamError};
 use crate::forward_cost::ForwardCosts;
 use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, OutputRows, Wants};
+use crate::graph::cache::GraphCache;
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
 use crate::graph::{StepGraph, StepOut};
 use crate::kv_cache::{KvCache, SeqId};
@@ -25,35 +26,6 @@ use crate::{Error, Result};
 
 /// Attention windows grow in steps of this many cells, so decode graphs are rebuilt rarely.
 const KV_PAD: usize = 256;
-/// Built graphs kept per kind (base, micro).
-const GRAPHS_KEPT: usize = 16;
-
-/// Built graphs by shape, most recently used first.
-struct GraphCache<K, G> {
-    entries: Vec<(K, G)>,
-}
-
-impl<K: PartialEq, G> GraphCache<K, G> {
-    /// The graph of `key`, built by `build` if it is not kept, and whether
-    /// it was built now (its first run also allocates: no time to record).
-    fn get(&mut self, key: K, build: impl FnOnce(&K) -> Result<G>) -> Result<(&mut G, bool)> {
-        let built = match self.entries.iter().position(|(k, _)| *k == key) {
-            Some(i) => {
-                let e = self.entries.remove(i);
-                self.entries.insert(0, e);
-                false
-            }
-            None => {
-                let g = build(&key)?;
-                self.entries.insert(0, (key, g));
-                self.entries.truncate(GRAPHS_KEPT);
-                true
-            }
-        };
-        Ok((&mut self.entries[0].1, built))
-    }
-}
-
 /// Caches, graphs and positions of several sequences over a borrowed model.
 pub struct Engine<'m> {
     model: &'m Model,
@@ -114,8 +86,8 @@ impl<'m> Engine<'m> {
             micro,
             features,
             _features_buf: features_buf,
-            base_graphs: GraphCache { entries: Vec::new() },
-            micro_graphs: GraphCache { entries: Vec::new() },
+            base_graphs: GraphCache::new(),
+            micro_graphs: GraphCache::new(),
             next_pos: vec![0; p.n_seq],
             feature_row: vec![None; p.n_seq],
             out_pos: vec![Vec::new(); p.n_seq],
@@ -407,13 +379,13 @@ impl<'m> Engine<'m> {
         let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
         let costs = &mut self.costs;
         let mut run = || -> Result<Vec<StepOut>> {
-            let (sg, built) =
+            let (sg, warm) =
                 self.base_graphs.get(layout.shape.clone(), |s| base::build(model, kv, features, s, flash, backends))?;
             let started = Instant::now();
             sg.inputs.set(kv, &layout)?;
             sg.sched.compute(&sg.graph)?;
             let outs = sg.outputs.read(want.logits)?;
-            if !built {
+            if warm {
                 costs.record_forward(batch.inputs().len(), started.elapsed());
             }
             Ok(outs)
@@ -474,14 +446,14 @@ impl<'m> Engine<'m> {
         }
         let (model, cache, features, flash, backends) =
             (self.model, &self.micro, &self.features, self.flash, &self.backends);
-        let (sg, built) = self
+        let (sg, warm) = self
             .micro_graphs
             .get(layout.shape.clone(), |s| micro::build(model, cache, features, s, flash, backends))?;
         let started = Instant::now();
         sg.inputs.set(cache, &layout)?;
         sg.sched.compute(&sg.graph)?;
         let outs = sg.outputs.read(want.logits)?;
-        if !built {
+        if warm {
             self.costs.record_micro(inputs.len(), started.elapsed());
         }
         Ok(outs)

@@ -8,10 +8,12 @@
 //! step 0.4-0.5 of a forward where the weights' share says 0.35
 //! (`docs/performance.md`); on a GPU, or with Q4_0's repacked kernels, the
 //! curve has another shape. So the engine times the compute of every base
-//! forward by its number of rows and of every micro step, and the gate
-//! prices drafts by those times (only their ratios matter). Until a row
-//! count has been seen, its price is interpolated between the counts seen,
-//! or, before any, taken from the weights' shares.
+//! forward by its number of rows and of every micro step once its graph is
+//! warm (the engine leaves out a graph's first two runs: the first builds
+//! and allocates, and on CUDA the second captures a CUDA graph), and the
+//! gate prices drafts by the median of the latest times (only their ratios
+//! matter). Until a row count has been seen, its price is interpolated
+//! between the counts seen, or, before any, taken from the weights' shares.
 //!
 //! Timing makes the gate's choices, and so the rows each forward reads, vary
 //! from run to run: greedy answers stay the base's (verification is exact),
@@ -25,18 +27,39 @@ use crate::hparams::HParams;
 
 /// Row counts timed one by one; larger forwards (prompt chunks) are not the gate's concern.
 const MAX_ROWS: usize = 64;
-/// How fast old times fade: each new one weighs as much as 1 / (1 - DECAY) old ones.
-const DECAY: f64 = 0.9;
+/// The times a price is the median of: the latest this many.
+const RECENT: usize = 8;
 /// One more row of a base forward, relative to a forward of one row, before any is timed.
 const PRIOR_ROW: f64 = 0.03;
 
-/// A running average of durations in seconds (None until the first).
+/// The latest [`RECENT`] durations of one kind, in seconds, and their median
+/// as the price: one slow run (a page fault, the machine's other work) does
+/// not move it once three are in, and the gate, which may stop running a
+/// kind of forward on a price it dislikes, is not led by a single outlier.
 #[derive(Debug, Clone, Copy, Default)]
-struct Average(Option<f64>);
+struct Recent {
+    times: [f64; RECENT],
+    /// Times recorded so far (the ring holds the latest `min(seen, RECENT)`).
+    seen: usize,
+}
 
-impl Average {
+impl Recent {
     fn add(&mut self, seconds: f64) {
-        self.0 = Some(self.0.map_or(seconds, |a| a * DECAY + seconds * (1.0 - DECAY)));
+        self.times[self.seen % RECENT] = seconds;
+        self.seen += 1;
+    }
+
+    /// The median of the times held (the mean of the middle two for an even
+    /// count), None before the first.
+    fn median(&self) -> Option<f64> {
+        let n = self.seen.min(RECENT);
+        if n == 0 {
+            return None;
+        }
+        let mut t = self.times;
+        let t = &mut t[..n];
+        t.sort_by(f64::total_cmp);
+        Some(if n % 2 == 1 { t[n / 2] } else { (t[n / 2 - 1] + t[n / 2]) / 2.0 })
     }
 }
 
@@ -44,9 +67,9 @@ impl Average {
 #[derive(Debug, Clone)]
 pub struct ForwardCosts {
     /// Seconds of a base forward's compute by rows (index: rows - 1).
-    forward: [Average; MAX_ROWS],
+    forward: [Recent; MAX_ROWS],
     /// Seconds of a micro step per sequence in it.
-    micro: Average,
+    micro: Recent,
     /// A micro step's share of a one-row forward before one is timed.
     prior_micro: f64,
 }
@@ -55,8 +78,8 @@ impl ForwardCosts {
     /// No times yet; `hp` gives the prices used until there are.
     pub fn new(hp: &HParams) -> ForwardCosts {
         ForwardCosts {
-            forward: [Average::default(); MAX_ROWS],
-            micro: Average::default(),
+            forward: [Recent::default(); MAX_ROWS],
+            micro: Recent::default(),
             prior_micro: weights_share(hp),
         }
     }
@@ -83,7 +106,7 @@ impl ForwardCosts {
         // More rows never cost less: each count at least the dearest of fewer.
         let mut dearest = 0.0f64;
         let known: Vec<(usize, f64)> = (1..=MAX_ROWS)
-            .filter_map(|r| self.forward[r - 1].0.map(|t| (r, t)))
+            .filter_map(|r| self.forward[r - 1].median().map(|t| (r, t)))
             .map(|(r, t)| {
                 dearest = dearest.max(t);
                 (r, dearest)
@@ -93,7 +116,7 @@ impl ForwardCosts {
             return Prices { known: vec![(1, 1.0)], others, micro: self.prior_micro as f32 };
         }
         let mut p = Prices { known, others, micro: 0.0 };
-        p.micro = self.micro.0.unwrap_or_else(|| self.prior_micro * p.forward(1)) as f32;
+        p.micro = self.micro.median().unwrap_or_else(|| self.prior_micro * p.forward(1)) as f32;
         p
     }
 }
@@ -102,9 +125,9 @@ impl ForwardCosts {
 /// the row counts timed, and a micro step's per sequence ("-" until timed).
 impl std::fmt::Display for ForwardCosts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = |a: &Average| a.0.map_or("-".to_string(), |s| format!("{:.3}", s * 1e3));
+        let ms = |a: &Recent| a.median().map_or("-".to_string(), |s| format!("{:.3}", s * 1e3));
         let rows: Vec<String> = (1..=MAX_ROWS)
-            .filter(|&r| self.forward[r - 1].0.is_some())
+            .filter(|&r| self.forward[r - 1].seen > 0)
             .map(|r| format!("{r}: {}", ms(&self.forward[r - 1])))
             .collect();
         write!(f, "base forward ms by rows [{}], micro step ms per sequence {}", rows.join(", "), ms(&self.micro))
@@ -228,5 +251,25 @@ mod tests {
             c.to_string(),
             "base forward ms by rows [6: 45.000, 8: 40.000, 9: 50.000], micro step ms per sequence 2.000"
         );
+    }
+
+    #[test]
+    fn a_price_is_the_median_of_the_latest_times() {
+        let hp = crate::hparams::small(4, 2, 4);
+        let mut c = ForwardCosts::new(&hp);
+        let ms = Duration::from_millis;
+        c.record_forward(1, ms(10));
+        c.record_forward(2, ms(200)); // one slow forward (a fault, the machine busy)
+        assert_eq!(c.prices(0).forward(2), 0.2, "alone, it is the price");
+        c.record_forward(2, ms(12));
+        c.record_forward(2, ms(11));
+        assert_eq!(c.prices(0).forward(2), 0.012, "three in, the outlier no longer sets it");
+        for _ in 0..RECENT {
+            c.record_forward(2, ms(30)); // the machine got slower: the latest times decide
+        }
+        assert_eq!(c.prices(0).forward(2), 0.03);
+        c.record_micro(1, ms(4));
+        c.record_micro(1, ms(6));
+        assert_eq!(c.prices(0).micro, 0.005, "an even count: the middle two's mean");
     }
 }

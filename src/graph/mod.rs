@@ -5,6 +5,7 @@
 //! * [`merger`]: the compositional embedder;
 //! * [`micro`]: one micro step of the micro-step decoder, for a batch of sequences;
 //! * [`layer`]: the attention inputs and the decoder layer both stacks share;
+//! * [`cache`]: the built graphs an engine keeps by shape, and which are warm;
 //! * this module: the shared pieces (norm, linear, MLP, heads) and the
 //!   [`StepGraph`] every builder returns.
 //!
@@ -13,6 +14,7 @@
 //! shape, data is filled per step.
 
 pub mod base;
+pub mod cache;
 pub mod layer;
 pub mod merger;
 pub mod micro;
