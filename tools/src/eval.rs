@@ -136,8 +136,36 @@ impl Prompts {
     /// # Errors
     /// When the template or the tokenizer fails.
     pub fn user(&self, text: &str) -> Result<Vec<u32>> {
-        let rendered = self.template.render(&[Message::new("user", text)], true)?;
+        self.chat(&[Message::new("user", text)])
+    }
+
+    /// The token ids of a conversation, ready for the answer to its last message.
+    ///
+    /// # Errors
+    /// When the template or the tokenizer fails.
+    pub fn chat(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        let rendered = self.template.render(messages, true)?;
         Ok(self.tokenizer.encode(&rendered, true)?)
+    }
+
+    /// The prompt ids of one JSON record: its `messages` (a chat, each
+    /// `{role, content}`), or else its `prompt` (one user message).
+    ///
+    /// # Errors
+    /// When the record has neither in that shape (`what` names it), or the
+    /// template or the tokenizer fails.
+    pub fn of_record(&self, v: &Value, what: &str) -> Result<Vec<u32>> {
+        if let Some(msgs) = v.get("messages") {
+            let msgs = msgs.as_array().with_context(|| format!("{what}: 'messages' is not an array"))?;
+            let mut chat = Vec::with_capacity(msgs.len());
+            for (j, m) in msgs.iter().enumerate() {
+                let field =
+                    |k: &str| m[k].as_str().with_context(|| format!("{what}: messages[{j}] has no string field '{k}'"));
+                chat.push(Message::new(field("role")?, field("content")?));
+            }
+            return self.chat(&chat);
+        }
+        self.user(v["prompt"].as_str().with_context(|| format!("{what}: no string field 'prompt' or 'messages'"))?)
     }
 
     /// The token ids of an answer's text (no special tokens added).

@@ -31,12 +31,13 @@ from .losses import sequence_loss
 from .metrics import Positions
 from .state import Answer, load_segments, load_trained, state_path, write_history, write_state
 
-EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "eval-prompts.jsonl"
+EVAL_SETS = [Path(__file__).resolve().parents[1] / name for name in ("eval-prompts.jsonl", "sharegpt-heldout.jsonl")]
+"""The evaluation prompts calibration never fits on: the quick set and the ShareGPT held-out set."""
 
 
 def calibration_rows(work: Path) -> list[Answer]:
     """The work directory's held-out answers but the evaluation prompts."""
-    skip = {json.loads(line)["id"] for line in EVAL_PROMPTS.read_text().splitlines() if line.strip()}
+    skip = {json.loads(line)["id"] for p in EVAL_SETS for line in p.read_text().splitlines() if line.strip()}
     return [a for a in load_segments(work, "heldout") if a.id not in skip]
 
 

@@ -1,14 +1,19 @@
 """`data`: an offline self-distillation corpus.
 
-Prompts come from Python's own standard library (what every machine here
-has): each public function or class with a docstring gives "write", "explain"
-and "what does" prompts. The base model answers them greedily through this
-project's `hamburger-server` at confidence > 1, i.e. exactly the base, so the
-corpus is the base's own behaviour and "no quality loss" means reproducing it.
+Prompts come from two sources, mixed by `--sharegpt-share`: what people ask
+a chat assistant (ShareGPT, `sharegpt`: first turns, and later turns with
+the conversation before them), and Python's own standard library (what every
+machine here has): each public function or class with a docstring gives
+"write", "explain" and "what does" prompts. The base model answers them
+greedily through this project's `hamburger-server` at confidence > 1, i.e.
+exactly the base, so the corpus is the base's own behaviour and "no quality
+loss" means reproducing it.
 
-The split is fixed by a hash of the documented object's qualified name: about
-one object in 40 is held out, with all of its prompts. Output (resumable):
-`prompts.jsonl` and `responses.jsonl` in the work directory.
+The split is fixed by a hash: of the documented object's qualified name for
+the standard library (about one object in 40 is held out, with all of its
+prompts), of the conversation's id for ShareGPT (`sharegpt.split_of`).
+Output (resumable): `prompts.jsonl` and `responses.jsonl` in the work
+directory.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import records
+from . import records, sharegpt
 from .progress import Progress
 
 HELD_OUT_ONE_IN = 40
@@ -92,13 +97,11 @@ def prompts_of(module: str, qual: str, sig: str, s: str, kind: str) -> list[str]
             f"What does `{qual}()` do in Python's standard library?"]
 
 
-def build_prompts(out: Path, limit: int) -> list[dict]:
-    """Writes `prompts.jsonl` (id, split, prompt), round-robin over modules so a limit keeps variety."""
-    path = out / "prompts.jsonl"
-    if path.exists():
-        return records.read(path)
+def stdlib_prompts(limit: int) -> list[dict]:
+    """The first `limit` standard-library prompt rows (id, split, prompt),
+    round-robin over modules so a limit keeps variety."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    by_module: dict[str, list[tuple[str, str]]] = {}
+    by_module: dict[str, list[tuple[str, str, str]]] = {}
     for module, qual, sig, s, kind in documented(root):
         for i, p in enumerate(prompts_of(module, qual, sig, s, kind)):
             by_module.setdefault(module, []).append((f"{qual}#{i}", p, split_of(qual)))
@@ -109,11 +112,42 @@ def build_prompts(out: Path, limit: int) -> list[dict]:
                 pid, p, split = q.pop(0)
                 rows.append({"id": pid, "split": split, "prompt": p})
         queues = [q for q in queues if q]
+    return rows
+
+
+def mixed(general: list[dict], stdlib: list[dict], limit: int, share: float) -> list[dict]:
+    """`limit` rows, a `share` of them from `general` spread evenly among the
+    standard library's (row i is general when floor((i + 1) share) grows)."""
+    out, g, s = [], iter(general), iter(stdlib)
+    for i in range(limit):
+        row = next(g, None) if int((i + 1) * share) > int(i * share) else next(s, None)
+        row = row or next(s, None) or next(g, None)
+        if row is None:
+            break
+        out.append(row)
+    return out
+
+
+def build_prompts(out: Path, limit: int, share: float = 0.0, source: Path | None = None) -> list[dict]:
+    """Writes `prompts.jsonl` (id, split, and prompt or messages) once per
+    work directory: `limit` prompts, a `share` of them from ShareGPT (the
+    wheel, or the JSON `source`), the rest from the standard library."""
+    path = out / "prompts.jsonl"
+    if path.exists():
+        return records.read(path)
+    general: list[dict] = []
+    if int(limit * share) > 0:
+        for r in sharegpt.prompts(source or sharegpt.wheel()):
+            general.append(r)
+            if len(general) == limit:
+                break
+    rows = mixed(general, stdlib_prompts(limit), limit, share)
     tmp = path.with_suffix(".part")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.rename(path)
     n_held = sum(r["split"] == "heldout" for r in rows)
-    print(f"data: {len(rows)} prompts from {root} ({n_held} held out)", file=sys.stderr)
+    n_general = sum(r["id"].startswith("sharegpt:") for r in rows)
+    print(f"data: {len(rows)} prompts, {n_general} from ShareGPT ({n_held} held out)", file=sys.stderr)
     return rows
 
 
@@ -154,23 +188,28 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def complete(url: str, prompt: str, max_tokens: int) -> dict:
-    """The server's greedy chat completion of `prompt` (the OpenAI-style response)."""
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
+def messages_of(row: dict) -> list[dict]:
+    """The chat a prompt row asks the base to answer: its `messages`, or one user turn of its `prompt`."""
+    return row["messages"] if "messages" in row else [{"role": "user", "content": row["prompt"]}]
+
+
+def complete(url: str, messages: list[dict], max_tokens: int) -> dict:
+    """The server's greedy chat completion of `messages` (the OpenAI-style response)."""
+    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=ANSWER_TIMEOUT_S) as r:
         return json.loads(r.read())
 
 
 def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots: int, threads: int,
-        skip: int = 0) -> None:
-    """Builds the first `limit` prompts, then answers every one from index
-    `skip` on that is not yet in `responses.jsonl` (a later run skips what an
-    earlier one was trained on: new data for training that goes on)."""
+        skip: int = 0, share: float = 0.0, source: Path | None = None) -> None:
+    """Builds the first `limit` prompts (a `share` from ShareGPT), then
+    answers every one from index `skip` on that is not yet in
+    `responses.jsonl` (a later run skips what an earlier one was trained on:
+    new data for training that goes on)."""
     out.mkdir(parents=True, exist_ok=True)
-    gguf = teacher_gguf(bin_dir, base, out)
-    answer(out / "responses.jsonl", bin_dir, gguf, build_prompts(out, limit)[skip:], max_tokens, slots, threads)
+    rows = build_prompts(out, limit, share, source)[skip:]
+    answer(out / "responses.jsonl", bin_dir, teacher_gguf(bin_dir, base, out), rows, max_tokens, slots, threads)
 
 
 def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tokens: int, slots: int,
@@ -189,9 +228,10 @@ def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tok
     pool = ThreadPoolExecutor(slots)
     try:
         with open(resp_path, "a") as f:
-            for r, a in zip(todo, pool.map(lambda r: complete(url, r["prompt"], max_tokens), todo)):
+            for r, a in zip(todo, pool.map(lambda r: complete(url, messages_of(r), max_tokens), todo)):
                 choice = a["choices"][0]
-                f.write(json.dumps({"id": r["id"], "split": r.get("split", "heldout"), "prompt": r["prompt"],
+                asked = {k: r[k] for k in ("prompt", "messages") if k in r}
+                f.write(json.dumps({"id": r["id"], "split": r.get("split", "heldout"), **asked,
                                     "response": choice["message"]["content"],
                                     "finish_reason": choice["finish_reason"]}) + "\n")
                 f.flush()

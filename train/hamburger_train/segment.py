@@ -73,8 +73,8 @@ def score(work: Path, bin_dir: Path, teacher: Path, scorer: Path, threads: int) 
     prog = Progress("segment: scoring", len(rows), "tokens", initial=len(done))
     n = len(done)
     with tempfile.TemporaryFile("w+") as inp, open(scored_path, "a") as out:
-        inp.write("".join(json.dumps({"id": r["id"], "split": r["split"], "prompt": r["prompt"],
-                                      "response": r["response"]}) + "\n" for r in todo))
+        inp.write("".join(json.dumps({k: r[k] for k in ("id", "split", "prompt", "messages", "response") if k in r})
+                          + "\n" for r in todo))
         inp.seek(0)
         cmd = [str(bin_dir / "hamburger-eval"), "score", "-m", str(teacher), "--baseline", str(scorer),
                "-t", str(threads), "--top", str(TOP)]
@@ -97,15 +97,19 @@ def score(work: Path, bin_dir: Path, teacher: Path, scorer: Path, threads: int) 
 def run(work: Path, bin_dir: Path, base: Path, threads: int, ratio: float, min_entropy: float) -> None:
     """Scores every answer not yet in `scored.jsonl`, then writes `segments.jsonl`."""
     from .data import teacher_gguf
-    max_steps = json.loads((base / "hamburger.json").read_text())["max_steps"]
     scored_path = work / "scored.jsonl"
     done = records.done_ids(scored_path)
     if any(r["id"] not in done for r in records.read(work / "responses.jsonl")):
         score(work, bin_dir, teacher_gguf(bin_dir, base, work), base_only_gguf(bin_dir, base, work), threads)
+    write_segments(work, json.loads((base / "hamburger.json").read_text())["max_steps"], ratio, min_entropy)
+
+
+def write_segments(work: Path, max_steps: int, ratio: float, min_entropy: float) -> None:
+    """`segments.jsonl` from every scored answer of `work/scored.jsonl` (`decreasing`)."""
     tokens = steps_total = 0
     tmp = work / "segments.part"
     with open(tmp, "w") as out:
-        for v in records.read(scored_path):
+        for v in records.read(work / "scored.jsonl"):
             steps = decreasing(v["entropy"], max_steps, ratio, min_entropy)
             tokens, steps_total = tokens + len(v["entropy"]), steps_total + len(steps)
             row = {"id": v["id"], "split": v["split"], "ids": v["ids"], "n_prompt": v["n_prompt"], "steps": steps}

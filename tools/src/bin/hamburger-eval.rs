@@ -1,8 +1,9 @@
 //! `hamburger-eval`: a trained HAMburger against its base on real prompts
 //! (tokens per macro step, KV entries per token, end-to-end tokens/s against
 //! libllama on the base in the same run, and the base's log-likelihood of the
-//! outputs), and `score`, the base's per-token entropies and log-probabilities
-//! of answers (what `hamburger-train segment` reads).
+//! outputs), `score`, the base's per-token entropies and log-probabilities
+//! of answers (what `hamburger-train segment` reads), and `tokenize`, chat
+//! prompts as token ids (what `hamburger-train pack` ships).
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -99,6 +100,15 @@ enum Cmd {
         #[command(flatten)]
         placement: tools::cli::PlacementArgs,
     },
+    /// Reads JSON lines with a `prompt` (a user message) or `messages` (a
+    /// chat) and writes each with `ids`: the prompt rendered with the
+    /// model's chat template and tokenized, ready for the answer (what
+    /// `hamburger-train pack` ships to a machine without this runtime).
+    Tokenize {
+        /// The GGUF whose tokenizer and chat template are used.
+        #[arg(short = 'm', long)]
+        model: PathBuf,
+    },
     /// Speculative decoding with a draft model, greedy, on every prompt in
     /// turn: the target alone (ours and libllama's), the target verifying
     /// the HAMburger's drafts (-md, at each confidence), and libllama with
@@ -163,6 +173,7 @@ fn main() -> ExitCode {
         Cmd::Score { model, baseline, threads, ctx_size, top, placement } => {
             score(&model, &baseline, threads, ctx_size, top.into(), &placement)
         }
+        Cmd::Tokenize { model } => tokenize(&model),
         Cmd::Draft {
             target,
             draft,
@@ -291,8 +302,8 @@ fn score(
         let field = |k: &str| {
             v[k].as_str().map(str::to_owned).with_context(|| format!("input line {}: no string field '{k}'", i + 1))
         };
-        let (prompt, response) = (field("prompt")?, field("response")?);
-        let mut ids = chat.user(&prompt)?;
+        let response = field("response")?;
+        let mut ids = chat.of_record(&v, &format!("input line {}", i + 1))?;
         let n_prompt = ids.len();
         ids.extend(chat.text(&response)?);
         ids.push(end);
@@ -309,6 +320,23 @@ fn score(
         if top > 0 {
             v["top"] = json!(s.top);
         }
+        writeln!(out, "{v}")?;
+    }
+    Ok(())
+}
+
+/// `hamburger-eval tokenize`: standard input's records with their prompt ids.
+fn tokenize(model: &Path) -> Result<()> {
+    let model = Model::open(model, &hamburger::LoadOptions::default())?;
+    let chat = Prompts::new(&model)?;
+    let mut out = std::io::stdout().lock();
+    for (i, line) in std::io::stdin().lock().lines().enumerate() {
+        let line = line.context("standard input")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut v: Value = serde_json::from_str(&line).with_context(|| format!("input line {}: not JSON", i + 1))?;
+        v["ids"] = json!(chat.of_record(&v, &format!("input line {}", i + 1))?);
         writeln!(out, "{v}")?;
     }
     Ok(())
