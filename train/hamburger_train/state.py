@@ -91,7 +91,7 @@ def load_trained(work: Path, base: Path, stage: str, snapshot: int | None = None
     path = state_path(work) if snapshot is None else snapshot_path(work, snapshot)
     if not path.exists():
         raise SystemExit(f"{stage}: {path} does not exist: run train first")
-    st = torch.load(path, weights_only=False)
+    st = torch.load(path, weights_only=False, map_location=torch.get_default_device())
     model = HAMburger.from_checkpoint(base, st.get("tuned_layers", 0), st.get("lora_rank", 0))
     model.load_original(st["grafted"], grafted_only=True)
     return st, model

