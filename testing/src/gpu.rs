@@ -42,7 +42,7 @@ pub fn on_gpu(gguf: &Path, ngl: usize) -> Model {
 /// The worst departures (logit, p_stop) from the golden file of an F32
 /// conversion with an F32 cache on ggml-vulkan, measured on Mesa's lavapipe
 /// at `-ngl` 0, 8 and 16 with its F16 arithmetic on: the worst of Mesa
-/// 22.3.6 (all 18 cases) and 25.0.7, which CI runs (docs/performance.md).
+/// 22.3.6 (all 18 cases) and 25.0.7, which CI runs (docs/gpu.md).
 /// The prompt-sized products hold their operands in F16.
 pub const VULKAN_F32_DEPARTURES: (f32, f32) = (3.52e-2, 3.77e-3);
 

@@ -29,23 +29,23 @@ fn each_binary_help_opens_with_its_own_summary() {
     assert_eq!(distinct.len(), firsts.len(), "two binaries open --help alike: {firsts:#?}");
 }
 
-/// The binary a README row's short name stands for.
+/// The binary a row's short name (docs/tools.md's llama.cpp table) stands for.
 fn binary(name: &str) -> &'static str {
     match name {
         "cli" => env!("CARGO_BIN_EXE_hamburger-cli"),
         "server" => env!("CARGO_BIN_EXE_hamburger-server"),
         "bench" => env!("CARGO_BIN_EXE_hamburger-bench"),
-        other => panic!("unknown binary {other} in the README's llama.cpp table"),
+        other => panic!("unknown binary {other} in docs/tools.md's llama.cpp table"),
     }
 }
 
-/// The README's "Coming from llama.cpp" table stays true: every spelling of
+/// docs/tools.md's "Coming from llama.cpp" table stays true: every spelling of
 /// every row parses with each binary it names (the flag, its example value,
 /// then `--help`, which only a known flag reaches), and every refusal fails
 /// in one line with its reason instead of "unexpected argument".
 #[test]
 fn the_readme_llama_cpp_table_parses_with_each_binary() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/tools.md")).unwrap();
     let section = readme.split("## Coming from llama.cpp").nth(1).unwrap().split("\n## ").next().unwrap();
     let rows: Vec<Vec<String>> = section
         .lines()
