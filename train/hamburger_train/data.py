@@ -128,10 +128,12 @@ def mixed(general: list[dict], stdlib: list[dict], limit: int, share: float) -> 
     return out
 
 
-def build_prompts(out: Path, limit: int, share: float = 0.0, source: Path | None = None) -> list[dict]:
+def build_prompts(out: Path, limit: int, share: float = 0.0, source: Path | None = None,
+                  stdlib_from: int = 0) -> list[dict]:
     """Writes `prompts.jsonl` (id, split, and prompt or messages) once per
     work directory: `limit` prompts, a `share` of them from ShareGPT (the
-    wheel, or the JSON `source`), the rest from the standard library."""
+    wheel, or the JSON `source`), the rest from the standard library's,
+    from its `stdlib_from`-th on (earlier runs answered the first ones)."""
     path = out / "prompts.jsonl"
     if path.exists():
         return records.read(path)
@@ -141,7 +143,7 @@ def build_prompts(out: Path, limit: int, share: float = 0.0, source: Path | None
             general.append(r)
             if len(general) == limit:
                 break
-    rows = mixed(general, stdlib_prompts(limit), limit, share)
+    rows = mixed(general, stdlib_prompts(stdlib_from + limit)[stdlib_from:], limit, share)
     tmp = path.with_suffix(".part")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.rename(path)
@@ -202,13 +204,13 @@ def complete(url: str, messages: list[dict], max_tokens: int) -> dict:
 
 
 def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots: int, threads: int,
-        skip: int = 0, share: float = 0.0, source: Path | None = None) -> None:
+        skip: int = 0, share: float = 0.0, source: Path | None = None, stdlib_from: int = 0) -> None:
     """Builds the first `limit` prompts (a `share` from ShareGPT), then
     answers every one from index `skip` on that is not yet in
     `responses.jsonl` (a later run skips what an earlier one was trained on:
     new data for training that goes on)."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = build_prompts(out, limit, share, source)[skip:]
+    rows = build_prompts(out, limit, share, source, stdlib_from)[skip:]
     answer(out / "responses.jsonl", bin_dir, teacher_gguf(bin_dir, base, out), rows, max_tokens, slots, threads)
 
 

@@ -101,14 +101,15 @@ def verifier_ggufs(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta
 
 
 def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int,
-            slots: int, threads: int, share: float = 0.0, source: Path | None = None) -> tuple[HAMburger, dict]:
+            slots: int, threads: int, share: float = 0.0, source: Path | None = None,
+            stdlib_from: int = 0) -> tuple[HAMburger, dict]:
     """Steps 1-4: the verifier, its answers, their scores and their cached
     features; returns the verifier and the cache's `meta`."""
     model = verifier(base, init, "draft")
     meta = features.meta_of(model, base)
     features.check_meta(work / "features", meta)
     teacher, scorer = verifier_ggufs(work, bin_dir, base, model, meta, "draft")
-    rows = data.build_prompts(work, prompts, share, source)[skip:prompts]
+    rows = data.build_prompts(work, prompts, share, source, stdlib_from)[skip:prompts]
     data.answer(work / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
     segment.score(work, bin_dir, teacher, scorer, threads)
     features.build(work / "features", model, base, records.read(work / "scored.jsonl"))
@@ -176,7 +177,7 @@ def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[
 def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int, slots: int,
         threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
         p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0, share: float = 0.0,
-        source: Path | None = None) -> None:
+        source: Path | None = None, stdlib_from: int = 0) -> None:
     """Prepares the work directory (`prepare`), then trains until `steps`
     optimizer steps of `batch` rows, resuming from `out/state.pt` (default
     `WORK/draft/`, where the run's history and result go too); the micro
@@ -184,7 +185,8 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     learns). SIGINT or SIGTERM stops it after the step under way, saved."""
     if init is not None and not init.exists():
         raise SystemExit(f"draft: --init {init} does not exist")
-    model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source)
+    model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
+                          stdlib_from)
     out = out or work / "draft"
     out.mkdir(parents=True, exist_ok=True)
     path = out / "state.pt"

@@ -26,16 +26,19 @@ from . import data, export
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW_SH = Path(__file__).resolve().parents[1] / "window.sh"
+WINDOW_FLAGS = ("--device cuda --dtype bf16 --minutes 8 --steps 1500 --batch 16 --lr 2e-4 --lora-rank 8 "
+                "--plain-weight 1 --answer-batch 256")
+"""The window's flags `steps.txt` suggests: the shipped model's recipe, bf16 on the GPU, an 8-minute clock."""
 TRAVEL_BYTES = 60 * 1024 * 1024
 """What one call may carry, the working tree included (the device takes 64 MiB; a margin kept)."""
 
 
-def tree_bytes() -> int:
-    """The bytes of the working tree that travel with every call (tracked and untracked-not-ignored files)."""
+def tree_files() -> list[Path]:
+    """The working tree's files that travel with every call (tracked and untracked-not-ignored)."""
     r = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True)
     if r.returncode != 0:
-        return 0
-    return sum((ROOT / p).stat().st_size for p in r.stdout.decode().split("\0") if p and (ROOT / p).is_file())
+        return []
+    return [(ROOT / p).resolve() for p in r.stdout.decode().split("\0") if p and (ROOT / p).is_file()]
 
 
 def tokenize(bin_dir: Path, teacher: Path, rows: list[dict]) -> list[dict]:
@@ -110,20 +113,23 @@ def check_answers(path: Path) -> int:
 
 
 def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int, share: float,
-        source: Path | None, init: Path, answers: Path | None, room: int | None = None) -> list[Path]:
+        source: Path | None, stdlib_from: int, init: Path, answers: Path | None,
+        room: int | None = None) -> list[Path]:
     """Builds the pack in `out` (made anew) for prompts `skip`..`limit` of `work`'s list; returns its folders."""
     for f, what in ((init, "--init"), (answers, "--answers")):
         if f is not None and not f.is_file():
             raise SystemExit(f"pack: {what} {f}: no such file")
     if answers is not None:
         check_answers(answers)
-    room = room or TRAVEL_BYTES - tree_bytes()
+    tree = tree_files()
+    # --init travels in the pack: where it is in the tree, it must be out of the tree during the calls
+    init_in_tree = init.resolve() in tree
+    room = room or TRAVEL_BYTES - sum(f.stat().st_size for f in tree if f != init.resolve())
     if room < 8 * 1024 * 1024:
         raise SystemExit(f"pack: the working tree leaves {max(room, 0) >> 20} MiB of the {TRAVEL_BYTES >> 20} MiB "
-                         "a call carries: move its largest files (the shipped grafted.safetensors travels in the "
-                         "pack as --init) out of the tree for the window's calls")
+                         "a call carries: move its largest files out of the tree for the window's calls")
     work.mkdir(parents=True, exist_ok=True)
-    rows = data.build_prompts(work, limit, share, source)[skip:limit]
+    rows = data.build_prompts(work, limit, share, source, stdlib_from)[skip:limit]
     ids = tokenize(bin_dir, data.teacher_gguf(bin_dir, base, work), rows)
     if out.exists():
         shutil.rmtree(out)
@@ -142,7 +148,10 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     tmp.rmdir()
     shown = [d.relative_to(ROOT) if d.is_relative_to(ROOT) else d for d in folders]
     steps = [f"bash {d}/window.sh stage" for d in shown[:-1]]
-    steps.append(f"bash {shown[-1]}/window.sh run --device cuda --dtype bf16 --minutes 8")
+    steps.append(f"bash {shown[-1]}/window.sh run {WINDOW_FLAGS}")
+    if init_in_tree:  # here, before the first call and after the last
+        keep = f"/tmp/hamburger-init-{init.name}"
+        steps = [f"# here: mv {init} {keep}", *steps, f"# here: mv {keep} {init}"]
     (out / "steps.txt").write_text("\n".join(steps) + "\n")
     print(f"pack: {len(ids)} prompts in {len(folders)} folders under {out} ({room >> 20} MiB each at most); "
           f"the calls, in order:\n  " + "\n  ".join(steps), file=sys.stderr)
