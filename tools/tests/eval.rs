@@ -122,3 +122,53 @@ fn a_prompt_file_without_prompts_is_one_line_naming_file_and_line() {
     c.args(["run", "-m"]).arg(&ham).arg("--baseline").arg(&base).arg("--prompts").arg(&prompts);
     testing::process::assert_one_line_error(&mut c, &["bad.jsonl:2", "prompt"]);
 }
+
+/// `hamburger-eval SUB -m ham [--baseline base]` fed `input` on standard input; its standard output.
+fn eval_with_input(args: &[&str], ham: &Path, base: Option<&Path>, input: &str) -> String {
+    use std::io::Write;
+    let mut c = eval_bin();
+    c.args(args).arg("-m").arg(ham);
+    if let Some(b) = base {
+        c.arg("--baseline").arg(b);
+    }
+    let mut child = c.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{c:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn a_chats_messages_are_scored_and_tokenized_after_the_whole_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ham, base) = fixture_ggufs(dir.path());
+    let chat = r#"{"id": "c", "messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}, {"role": "user", "content": "The license?"}], "response": "The license"}"#;
+    let one = r#"{"id": "u", "prompt": "The license?", "response": "The license"}"#;
+    let input = format!("{chat}\n{one}\n");
+    let scored: Vec<Value> = eval_with_input(&["score", "-t", "1"], &ham, Some(&base), &input)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tokenized: Vec<Value> =
+        eval_with_input(&["tokenize"], &ham, None, &input).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(scored.len(), 2);
+    for (s, t) in scored.iter().zip(&tokenized) {
+        let n = s["n_prompt"].as_u64().unwrap() as usize;
+        assert_eq!(s["ids"].as_array().unwrap()[..n], t["ids"].as_array().unwrap()[..], "the same prompt ids");
+    }
+    let (chat_n, one_n) = (scored[0]["n_prompt"].as_u64().unwrap(), scored[1]["n_prompt"].as_u64().unwrap());
+    assert!(chat_n > one_n, "the earlier turns come before the last: {chat_n} vs {one_n}");
+    let (chat_ids, one_ids) = (scored[0]["ids"].as_array().unwrap(), scored[1]["ids"].as_array().unwrap());
+    assert_eq!(chat_ids[chat_n as usize..], one_ids[one_n as usize..], "the same answer tokens");
+    let mut c = eval_bin();
+    c.args(["tokenize", "-m"])
+        .arg(&ham)
+        .stdin(std::fs::File::open(write_lines(dir.path(), "{\"messages\": 3}")).unwrap());
+    testing::process::assert_one_line_error(&mut c, &["input line 1", "messages"]);
+}
+
+fn write_lines(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("lines.jsonl");
+    std::fs::write(&p, format!("{text}\n")).unwrap();
+    p
+}

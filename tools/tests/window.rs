@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{json, Value};
+use testing::process::assert_one_line_error;
 use testing::testmodel::{self, from_gguf};
 
 fn repo() -> PathBuf {
@@ -200,15 +201,6 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     assert_eq!(key(&again), key(&answers), "the earlier answers, scored, none answered anew");
 }
 
-/// The one-line error of a command that must fail.
-fn one_line_error(c: &mut Command) -> String {
-    let out = c.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    assert!(!out.status.success(), "{c:?} succeeded: {err}");
-    assert_eq!(err.lines().count(), 1, "not one line: {err}");
-    err
-}
-
 #[test]
 fn a_missing_or_broken_data_package_or_answers_file_is_one_line_naming_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -219,20 +211,16 @@ fn a_missing_or_broken_data_package_or_answers_file_is_one_line_naming_it() {
         c.arg("--bin").arg(bin_dir()).args(["--prompts", "4", "--sharegpt"]).arg(source);
         c
     };
-    let err = one_line_error(&mut data(&d.join("missing.json")));
-    assert!(err.contains("missing.json"), "{err}");
+    assert_one_line_error(&mut data(&d.join("missing.json")), &["missing.json"]);
     std::fs::write(d.join("cut.whl"), b"PK\x03\x04 not a whole wheel").unwrap();
-    let err = one_line_error(&mut data(&d.join("cut.whl")));
-    assert!(err.contains("cut.whl") && err.contains("delete it"), "{err}");
+    assert_one_line_error(&mut data(&d.join("cut.whl")), &["cut.whl", "delete it"]);
     std::fs::write(d.join("empty.json"), b"[{\"id\": \"x\", \"conversations\": [{\"from\"").unwrap();
-    let err = one_line_error(&mut data(&d.join("empty.json")));
-    assert!(err.contains("empty.json") && err.contains("no whole conversation"), "{err}");
+    assert_one_line_error(&mut data(&d.join("empty.json")), &["empty.json", "no whole conversation"]);
     assert!(!d.join("work/prompts.jsonl").exists(), "nothing half-made is kept");
 
     std::fs::write(d.join("answers.jsonl.gz"), b"not gzip").unwrap();
     let mut c = Command::new(repo().join("train/hamburger-train"));
     c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
     c.arg("--bin").arg(bin_dir()).arg("--answers").arg(d.join("answers.jsonl.gz")).arg("--out").arg(d.join("pack"));
-    let err = one_line_error(&mut c);
-    assert!(err.contains("--answers") && err.contains("answers.jsonl.gz"), "{err}");
+    assert_one_line_error(&mut c, &["--answers", "answers.jsonl.gz"]);
 }

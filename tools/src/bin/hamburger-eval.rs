@@ -292,25 +292,17 @@ fn score(
     let end = model.vocab.eos.context("the model has no end-of-turn token")?;
     let base = load_base(baseline, &BaselinePlacement::new(&model.plan, placement))?;
     let mut scorer = Scorer::new(&base, n_ctx, threads)?;
-    let mut out = std::io::stdout().lock();
-    for (i, line) in std::io::stdin().lock().lines().enumerate() {
-        let line = line.context("standard input")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut v: Value = serde_json::from_str(&line).with_context(|| format!("input line {}: not JSON", i + 1))?;
-        let field = |k: &str| {
-            v[k].as_str().map(str::to_owned).with_context(|| format!("input line {}: no string field '{k}'", i + 1))
-        };
-        let response = field("response")?;
-        let mut ids = chat.of_record(&v, &format!("input line {}", i + 1))?;
+    each_record(|at, mut v| {
+        let response = v["response"].as_str().map(str::to_owned);
+        let response = response.with_context(|| format!("{at}: no string field 'response'"))?;
+        let mut ids = chat.of_record(&v, at)?;
         let n_prompt = ids.len();
         ids.extend(chat.text(&response)?);
         ids.push(end);
         ids.truncate(n_ctx);
         if ids.len() <= n_prompt {
-            log::warn!("input line {}: the prompt fills the context; skipped", i + 1);
-            continue;
+            log::warn!("{at}: the prompt fills the context; skipped");
+            return Ok(None);
         }
         let s = scorer.score(&ids, n_prompt, top)?;
         v["ids"] = json!(ids);
@@ -320,7 +312,25 @@ fn score(
         if top > 0 {
             v["top"] = json!(s.top);
         }
-        writeln!(out, "{v}")?;
+        Ok(Some(v))
+    })
+}
+
+/// Reads standard input's JSON lines, passes each (with where it is, for
+/// errors: `input line N`) to `f`, and writes what `f` returns to standard
+/// output, one line each (`None`: the record is skipped).
+fn each_record(mut f: impl FnMut(&str, Value) -> Result<Option<Value>>) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    for (i, line) in std::io::stdin().lock().lines().enumerate() {
+        let line = line.context("standard input")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = format!("input line {}", i + 1);
+        let v: Value = serde_json::from_str(&line).with_context(|| format!("{at}: not JSON"))?;
+        if let Some(v) = f(&at, v)? {
+            writeln!(out, "{v}")?;
+        }
     }
     Ok(())
 }
@@ -329,17 +339,10 @@ fn score(
 fn tokenize(model: &Path) -> Result<()> {
     let model = Model::open(model, &hamburger::LoadOptions::default())?;
     let chat = Prompts::new(&model)?;
-    let mut out = std::io::stdout().lock();
-    for (i, line) in std::io::stdin().lock().lines().enumerate() {
-        let line = line.context("standard input")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut v: Value = serde_json::from_str(&line).with_context(|| format!("input line {}: not JSON", i + 1))?;
-        v["ids"] = json!(chat.of_record(&v, &format!("input line {}", i + 1))?);
-        writeln!(out, "{v}")?;
-    }
-    Ok(())
+    each_record(|at, mut v| {
+        v["ids"] = json!(chat.of_record(&v, at)?);
+        Ok(Some(v))
+    })
 }
 
 struct DraftOptions {
