@@ -22,10 +22,14 @@ case "${1:-}" in
   run)
     shift
     stage
-    for first in "$pack"/*.piece-00; do
+    # a file cut into NN pieces is joined once all NN are staged (else `window` names it)
+    for first in "$pack"/*.piece-00-of-*; do
       [ -e "$first" ] || continue
-      name=${first%.piece-00}
-      cat "$name".piece-* > "$name.joining" && mv "$name.joining" "$name" && rm "$name".piece-*
+      n=${first##*-of-}
+      name=${first%.piece-00-of-*}
+      pieces=("$name".piece-*-of-"$n")
+      [ "${#pieces[@]}" -eq "$((10#$n))" ] || continue
+      cat "${pieces[@]}" > "$name.joining" && mv "$name.joining" "$name" && rm "${pieces[@]}"
     done
     mkdir -p "$out"
     set -o pipefail

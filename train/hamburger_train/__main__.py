@@ -1,4 +1,4 @@
-"""`hamburger-train`: builds a trained HAMburger on the CPU, in resumable stages.
+"""`hamburger-train`: builds a trained HAMburger in resumable stages, on the CPU or in a GPU window.
 
     hamburger-train data      --work DIR   # prompts from ShareGPT and the stdlib, answered by the base
     hamburger-train segment   --work DIR   # the base's entropies -> macro steps ("decreasing")
@@ -229,7 +229,7 @@ def parser() -> Parser:
     w.add_argument("--work", type=Path, required=True, help="work directory (resumable state)")
     w.add_argument("--out", type=Path, required=True, help="what comes back: grafted parts, answers, history")
     w.add_argument("--minutes", type=float, default=8.0, help="the window's clock (default 8)")
-    w.add_argument("--answer-share", type=float, default=0.4, help="the share of the clock new answers may take")
+    w.add_argument("--answer-share", type=share, default=0.4, help="the share of the clock new answers may take")
     w.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer")
     w.add_argument("--answer-batch", type=int, default=128, help="prompts answered at once")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
@@ -265,8 +265,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         train.run(a.work, base, init=a.init, dtype=a.dtype, **train_args(a))
     elif stage == "pack":
         pack.run(a.work, a.bin, base, a.out, a.prompts, a.skip, a.sharegpt_share, a.sharegpt, a.stdlib_from, a.init,
-                 a.answers,
-                 a.room_mib << 20 if a.room_mib else None)
+                 a.answers, a.room_mib << 20 if a.room_mib else None)
     elif stage == "calibrate":  # asked for alone it refits; within `all` it fits a state once
         calibrate.run(a.work, base, refit=a.stage == "calibrate")
     elif stage == "diagnose":

@@ -62,16 +62,17 @@ def base_gguf() -> Path:
 
 
 def pieces(path: Path, name: str, size: int, tmp: Path) -> list[Path]:
-    """`path` as files of at most `size` bytes named `name` or `name.piece-NN` (joined in order by `window.sh`)."""
+    """`path` as files of at most `size` bytes named `name` or `name.piece-II-of-NN` (joined in order by
+    `window.sh` once all NN are staged)."""
     n = path.stat().st_size
     if n <= size:
         dst = tmp / name
         shutil.copyfile(path, dst)
         return [dst]
-    out = []
+    out, count = [], (n + size - 1) // size
     with open(path, "rb") as f:
-        for i in range((n + size - 1) // size):
-            dst = tmp / f"{name}.piece-{i:02d}"
+        for i in range(count):
+            dst = tmp / f"{name}.piece-{i:02d}-of-{count:02d}"
             dst.write_bytes(f.read(size))
             out.append(dst)
     return out

@@ -96,10 +96,22 @@ def split_file(path: Path, out: Path) -> list[Path]:
     return parts
 
 
+def check_pack(pack: Path) -> None:
+    """A pack that lacks a file (a folder not staged, a piece missing) is a
+    one-line error naming the file and what to do."""
+    for name in ("base.gguf", "init.safetensors", "prompt-ids.jsonl.gz", *SIDE_FILES):
+        if not (pack / name).is_file():
+            pieces = sorted(pack.glob(name + ".piece-*"))
+            what = f"{len(pieces)} of its pieces, not all" if pieces else "it is missing"
+            raise SystemExit(f"window: {pack / name}: {what}; stage every folder of the pack (window.sh stage) "
+                             "before window.sh run")
+
+
 def run(pack: Path, work: Path, out: Path, minutes: float, answer_share: float, max_tokens: int,
         answer_batch: int, train_args: dict, ratio: float, min_entropy: float) -> None:
     """The window's steps (the module's list), against a clock of `minutes`;
     training starts from `train_args["init"]`, by default the pack's `init.safetensors`."""
+    check_pack(pack)
     start = time.monotonic()
     end = start + minutes * 60
     work.mkdir(parents=True, exist_ok=True)
