@@ -101,7 +101,7 @@ pub enum Error {
 /// `n_ctx` or `top_p`, never as one front-end's flag or request field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Param {
-    /// KV cells of an engine ([`crate::EngineParams::n_ctx`]).
+    /// KV cells of an engine ([`crate::engine::budget::EngineParams::n_ctx`]).
     NCtx,
     /// Sequences of an engine.
     NSeq,
@@ -111,13 +111,13 @@ pub enum Param {
     NThreads,
     /// Tokens to generate.
     NPredict,
-    /// The stop rule's confidence ([`crate::StepParams::confidence`]).
+    /// The stop rule's confidence ([`crate::decode::step::StepParams::confidence`]).
     Confidence,
     /// The cap of tokens per macro step.
     MaxSteps,
     /// The forced tokens per macro step.
     ForcedSteps,
-    /// Sampling temperature ([`crate::SamplerParams::temp`]).
+    /// Sampling temperature ([`crate::sampling::SamplerParams::temp`]).
     Temp,
     /// Nucleus sampling.
     TopP,
@@ -130,17 +130,17 @@ pub enum Param {
     /// The presence penalty.
     PresencePenalty,
     /// How the micro decoder's tokens are used: kept as macro steps, or
-    /// drafted and verified by the base ([`crate::StepParams::draft`]).
+    /// drafted and verified by the base ([`crate::decode::step::StepParams::draft`]).
     SpecType,
     /// The most tokens drafted per verify forward, by the micro decoder
-    /// ([`crate::DraftParams::n_max`]) or a draft model.
+    /// ([`crate::decode::draft::DraftParams::n_max`]) or a draft model.
     DraftNMax,
     /// The tokens always drafted (self-verified), or the fewest drafted
     /// tokens worth a verify forward (a draft model).
     DraftNMin,
     /// The least probability a drafted token needs.
     DraftPMin,
-    /// The device a model runs on ([`crate::LoadOptions::device`]).
+    /// The device a model runs on ([`crate::model::placement::LoadOptions::device`]).
     Device,
     /// The offload devices' shares of the offloaded layers.
     TensorSplit,

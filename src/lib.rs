@@ -3,50 +3,47 @@
 //! the micro-step decoder. See `docs/architecture.md` and
 //! `docs/model.md` (the model's specification).
 //!
-//! Modules follow llama.cpp's split: [`arch`] (names), [`hparams`],
-//! [`placement`] and [`weights`] (loader), [`model`], [`budget`] (an engine's settings
-//! and what they allocate), [`kv_cache`],
-//! [`graph`] (builders), [`engine`] (caches and graphs of many sequences),
-//! [`batch`], [`generate`] (the macro/micro loop), [`draft`] (self-verified
-//! decoding's drafts), [`session`] (one
-//! sequence), [`sampling`], and the text side ([`tokenizer`], [`chat`]).
+//! The folders are the layers, after llama.cpp's split, each importing only
+//! the ones before it in this list: [`model`] (the model and its file:
+//! names, hyper-parameters, placement, weights), [`text`] (tokenizer, chat
+//! templates), [`memory`] (KV cache, batches, which cached rows are
+//! reusable), [`graph`] (the graph builders), [`sampling`] (choosing tokens
+//! from logits: samplers, the speculative acceptance rule, constraints),
+//! [`engine`] (caches and graphs of many sequences, its settings and
+//! measured costs) and [`decode`] (the macro/micro loop, its stop and draft
+//! rules, and the sessions on top). Errors ([`Error`], [`ParamError`]) are
+//! shared by all.
 
-pub mod arch;
-pub mod batch;
-pub mod budget;
-pub mod chat;
-pub mod constraint;
-pub mod draft;
-pub mod draft_model;
+pub mod decode;
 pub mod engine;
 mod error;
-pub mod forward_cost;
-pub mod generate;
 pub mod graph;
-pub mod hparams;
-pub mod kv_cache;
+pub mod memory;
 pub mod model;
-pub mod placement;
-pub mod row_class;
 pub mod sampling;
-pub mod session;
-pub mod speculative;
-pub mod step;
-mod threads;
-pub mod tokenizer;
-pub mod weights;
+pub mod text;
 
-pub use batch::Batch;
-pub use budget::EngineParams;
-pub use draft::{DraftParams, DraftRule};
+// The modules' paths before they were grouped into folders, kept for the
+// crates that name them (`hamburger::chat`, `hamburger::draft_model`, ...).
+// Modules inside this crate import from the folders, never from here.
+pub use decode::{draft, draft_model, generate, session, step};
+pub use engine::{budget, forward_cost};
+pub use memory::{batch, kv_cache, row_class};
+pub use model::{arch, hparams, placement, weights};
+pub use sampling::{constraint, speculative};
+pub use text::{chat, tokenizer};
+
+pub use decode::draft::{DraftParams, DraftRule};
+pub use decode::generate::{DecodeConfig, SeqGen};
+pub use decode::session::{Session, SessionParams};
+pub use decode::step::{Generation, MacroStep, StepParams, StepRule, Timings};
+pub use engine::budget::EngineParams;
 pub use engine::Engine;
 pub use error::{Error, Param, ParamError, Result};
-pub use generate::{DecodeConfig, SeqGen};
 pub use graph::base::Wants;
 pub use graph::micro::MicroWants;
 pub use graph::StepOut;
+pub use memory::batch::Batch;
+pub use model::placement::{DeviceChoice, LoadOptions};
 pub use model::Model;
-pub use placement::{DeviceChoice, LoadOptions};
 pub use sampling::{Sampler, SamplerParams, TokenLogprob, MAX_TOP_LOGPROBS};
-pub use session::{Session, SessionParams};
-pub use step::{Generation, MacroStep, StepParams, StepRule, Timings};

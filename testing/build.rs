@@ -7,8 +7,14 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 /// What the converter is made of, relative to this crate.
-const SOURCES: &[&str] =
-    &["../convert/src", "../quant/src", "../ggml/src/gguf", "../src/hparams.rs", "../src/arch.rs", "../src/arch"];
+const SOURCES: &[&str] = &[
+    "../convert/src",
+    "../quant/src",
+    "../ggml/src/gguf",
+    "../src/model/hparams.rs",
+    "../src/model/arch.rs",
+    "../src/model/arch",
+];
 
 fn files(p: &Path, out: &mut Vec<PathBuf>) {
     if p.is_dir() {

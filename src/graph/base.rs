@@ -15,11 +15,11 @@ use ggml::{Backend, Context, Tensor, Type};
 
 use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
 use super::{finish, merger, rms_norm, start, token_input, StepGraph};
-use crate::batch::Batch;
-use crate::hparams::HParams;
-use crate::kv_cache::{KvCache, SeqId};
+use crate::error::Result;
+use crate::memory::batch::Batch;
+use crate::memory::kv_cache::{KvCache, SeqId};
+use crate::model::hparams::HParams;
 use crate::model::Model;
-use crate::Result;
 
 /// The rope position of each input of `batch` (in batch order) given each
 /// sequence's next token position, and the next positions after it. A
@@ -296,7 +296,7 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hparams::small;
+    use crate::model::hparams::small;
 
     /// Sequence 0's two prompt tokens, sequence 1's macro step of three
     /// tokens, then sequence 0's macro step of two.

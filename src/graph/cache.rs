@@ -1,9 +1,9 @@
 //! The built graphs an engine keeps, by shape, and how many runs each has
 //! had: a graph is built once per shape and reused every step, and only a
 //! warm graph's runs are timed for the draft gate's prices
-//! ([`crate::forward_cost`]).
+//! ([`crate::engine::forward_cost`]).
 
-use crate::Result;
+use crate::error::Result;
 
 /// Built graphs kept per kind (base, micro).
 const GRAPHS_KEPT: usize = 16;

@@ -6,10 +6,10 @@ use ggml::{Context, Graph, Tensor, Type};
 use half::f16;
 
 use super::{ffn, rms_norm, rope_params};
-use crate::hparams::HParams;
-use crate::kv_cache::{KvCache, SeqId};
-use crate::weights::LayerWeights;
-use crate::Result;
+use crate::error::Result;
+use crate::memory::kv_cache::{KvCache, SeqId};
+use crate::model::hparams::HParams;
+use crate::model::weights::LayerWeights;
 
 /// One row (input position) of a graph: its sequence, rope position and the
 /// cache cell its keys and values go to.

@@ -5,8 +5,8 @@
 use ggml::{Context, Tensor, Type};
 
 use super::linear;
-use crate::hparams::HParams;
-use crate::weights::MergerWeights;
+use crate::model::hparams::HParams;
+use crate::model::weights::MergerWeights;
 
 /// Merges the token embeddings `e [D, k, m]` (k > 1 tokens, in emission
 /// order, of each of m inputs) into `[D, m]`:

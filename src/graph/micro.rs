@@ -12,10 +12,10 @@ use ggml::{Backend, Tensor, Type};
 
 use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
 use super::{finish, start, token_input, StepGraph};
-use crate::hparams::HParams;
-use crate::kv_cache::{KvCache, SeqId};
+use crate::error::Result;
+use crate::memory::kv_cache::{KvCache, SeqId};
+use crate::model::hparams::HParams;
 use crate::model::Model;
-use crate::Result;
 
 /// Cells of the micro cache per sequence: F features + S - 1 token embeddings.
 pub fn cells_per_seq(hp: &HParams) -> usize {
@@ -152,7 +152,7 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hparams::small;
+    use crate::model::hparams::small;
 
     fn cells(layout: &MicroLayout) -> Vec<(SeqId, i32, usize)> {
         layout.rows.iter().map(|r| (r.seq, r.pos, r.cell)).collect()

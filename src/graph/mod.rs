@@ -23,9 +23,9 @@ use std::rc::Rc;
 
 use ggml::{Backend, Context, Graph, RopeParams, Scheduler, Tensor, Type};
 
-use crate::hparams::HParams;
-use crate::weights::{LayerWeights, Linear, StopHeadWeights, Weights};
-use crate::Result;
+use crate::error::Result;
+use crate::model::hparams::HParams;
+use crate::model::weights::{LayerWeights, Linear, StopHeadWeights, Weights};
 
 /// A built graph with the type that fills its inputs and its outputs, and the
 /// scheduler that allocated it: built once per shape, reused every step.

@@ -1,7 +1,7 @@
 """The runtime's draft gate for self-verified decoding, ported so that
 `drafting.measure` drafts exactly as the runtime does.
 
-The runtime (`src/draft.rs`, `DraftGate`, as of issue 35's first version)
+The runtime (`src/decode/draft.rs`, `DraftGate`, as of issue 35's first version)
 keeps, per sequence, the acceptance it has seen in buckets of the stop
 head's "go on" signal (`1 - p_stop` after the token a draft would follow:
 below 0.5, 0.8, 0.95, and above), and drafts the next token only while the

@@ -1,0 +1,171 @@
+//! The micro steps that follow one base forward, all sequences batched: at
+//! each micro step every sequence whose step goes on feeds its last token.
+//! In macro steps the micro decoder's tokens are the step's (HAMburger's
+//! stop rule ends it); self-verified, they are drafts that the next base
+//! forward checks (the draft gate ends them). Tokens a grammar forces after
+//! a step's tokens end it, and are fed one input each by the next forward.
+
+use super::{DecodeConfig, SeqGen};
+use crate::decode::draft::DraftRule;
+use crate::decode::step::MacroStep;
+use crate::engine::forward_cost::Prices;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::graph::micro::MicroWants;
+use crate::graph::StepOut;
+use crate::memory::kv_cache::SeqId;
+use crate::sampling::TokenLogprob;
+
+/// How a sequence's micro loop starts.
+pub(super) enum Start {
+    /// Macro steps: the base forward's outputs, from which the step's first token is drawn.
+    Base(StepOut),
+    /// Self-verified: the step's tokens, verified ([`super::verify::check`]),
+    /// the last `n_forced` of them forced by a grammar, the stop
+    /// probability after the last verified one (the draft gate's signal),
+    /// and whether the forward stored the features drafting starts from.
+    Verified { step: MacroStep, n_forced: usize, p_stop: f32, features: bool },
+}
+
+/// One sequence's macro step in the making.
+struct InStep {
+    index: usize,
+    step: MacroStep,
+    /// Tokens at the end of `step` that a grammar forced.
+    n_forced: usize,
+    /// Self-verified: the stop probability after the last token drafted from.
+    p_stop: f32,
+    /// Self-verified: whether the micro decoder has features to draft from.
+    features: bool,
+}
+
+/// Runs the micro loops of the sequences in `ready` (index, start), batched:
+/// at each micro step every sequence whose step continues (or drafts) feeds
+/// its token, and the step computes what `want` asks (drafts priced at
+/// `prices`); then records each sequence's step.
+///
+/// # Errors
+/// When a micro step fails.
+pub(super) fn run(
+    engine: &mut Engine,
+    cfg: &DecodeConfig,
+    seqs: &mut [&mut SeqGen],
+    ready: Vec<(usize, Start)>,
+    want: MicroWants,
+    prices: &Prices,
+) -> Result<()> {
+    let mut steps = Vec::with_capacity(ready.len());
+    let mut current = Vec::with_capacity(ready.len());
+    for (a, (index, start)) in ready.into_iter().enumerate() {
+        let (step, n_forced, p_stop, features, out) = match start {
+            Start::Base(out) => (MacroStep::default(), 0, f32::NAN, true, Some(out)),
+            Start::Verified { step, n_forced, p_stop, features } => (step, n_forced, p_stop, features, None),
+        };
+        steps.push(InStep { index, step, n_forced, p_stop, features });
+        current.push((a, out));
+    }
+    for s in 0.. {
+        let mut next = Vec::new();
+        for (a, out) in current {
+            let st = &mut steps[a];
+            let sg = &mut *seqs[st.index];
+            let feed = match sg.rule(cfg).draft {
+                None => step_token(sg, cfg, engine, st, out.expect("a macro step's micro step has outputs")),
+                Some(rule) => draft_token(sg, cfg, engine, st, out, &rule, prices),
+            };
+            if let Some(token) = feed {
+                next.push((a, sg.seq, token));
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        let inputs: Vec<(SeqId, u32)> = next.iter().map(|&(_, seq, t)| (seq, t)).collect();
+        let outs = engine.micro_step(s, &inputs, want)?;
+        current = next.iter().map(|&(a, _, _)| a).zip(outs.into_iter().map(Some)).collect();
+    }
+    for st in steps {
+        let sg = &mut *seqs[st.index];
+        // Drafted tokens are no history until verified.
+        sg.history.truncate(sg.history.len() - sg.draft.tokens.len());
+        sg.end_step(st.step, st.n_forced, cfg, engine);
+    }
+    Ok(())
+}
+
+/// Macro steps: draws the step's next token from `out` (the base's for the
+/// first, the micro decoder's after), then takes the tokens a grammar forces;
+/// returns the token to feed to the next micro step, or None when the step
+/// ends (by the stop rule, at end of generation or the budget, or after
+/// forced tokens).
+fn step_token(sg: &mut SeqGen, cfg: &DecodeConfig, engine: &Engine, st: &mut InStep, mut out: StepOut) -> Option<u32> {
+    let token = sg.pick(&out, &mut st.step)?;
+    st.step.tokens.push(token);
+    st.step.p_stop.push(out.p_stop);
+    if cfg.keep_logits {
+        st.step.logits.push(out.logits.take().unwrap_or_default());
+    }
+    let n = st.step.tokens.len();
+    let ends = sg.step_ends(cfg, n, out.p_stop, token);
+    let forced = if sg.is_eog(cfg, token) { Vec::new() } else { sg.forced(engine, &mut st.step) };
+    if !forced.is_empty() {
+        // Forced tokens end the step: the micro decoder never saw them.
+        st.step.p_stop.extend(forced.iter().map(|_| 1.0));
+        st.n_forced = forced.len();
+        st.step.tokens.extend(forced);
+        return None;
+    }
+    (!ends).then_some(token)
+}
+
+/// Self-verified: draws the next drafted token from `out` (a micro step's
+/// outputs; None at the start, after the verified tokens), keeping it when
+/// the rule does, then asks the gate whether to draft one more at `prices`; returns the
+/// token to feed to the next micro step, or None when drafting ends.
+fn draft_token(
+    sg: &mut SeqGen,
+    cfg: &DecodeConfig,
+    engine: &Engine,
+    st: &mut InStep,
+    out: Option<StepOut>,
+    rule: &DraftRule,
+    prices: &Prices,
+) -> Option<u32> {
+    if let Some(out) = out {
+        let depth = sg.draft.tokens.len() + 1;
+        let before = sg.constraint.as_ref().map(|c| c.mark());
+        sg.draft.mark = sg.draft.mark.or(before);
+        let (token, q) = sg.draw(&out, true)?;
+        let prob = out.logits.as_deref().map_or(1.0, |l| TokenLogprob::new(l, token, 0).logprob.exp());
+        if !rule.keeps(depth, prob) {
+            sg.history.pop();
+            if let (Some(c), Some(mark)) = (&mut sg.constraint, before) {
+                c.rollback_to(mark);
+            }
+            return None;
+        }
+        sg.draft.tokens.push(token);
+        sg.draft.q.push(q);
+        st.p_stop = out.p_stop;
+    }
+    let last = *sg.draft.tokens.last().or(st.step.tokens.last())?;
+    let depth = sg.draft.tokens.len() + 1;
+    // A draft and the token the base adds after it must fit the budget and the cells.
+    let budget = sg.remaining().saturating_sub(st.step.tokens.len());
+    let cells = sg.cells_left(engine).saturating_sub(1);
+    if st.n_forced > 0 || sg.is_eog(cfg, last) || depth >= budget || depth > cells {
+        return None;
+    }
+    let gate = sg.gate.as_mut().expect("a self-verified sequence has a draft gate");
+    if !st.features {
+        gate.skip();
+        return None;
+    }
+    let mut signal = sg.draft.p_stop_before.clone();
+    signal.push(st.p_stop);
+    if !gate.wants(rule, depth, &signal, prices) {
+        return None;
+    }
+    sg.draft.p_stop_before = signal;
+    Some(last)
+}

@@ -1,0 +1,82 @@
+//! Self-verified decoding's check: the base forward read the last verified
+//! token and the drafted tokens after it, one row each; the base's
+//! distribution at each row accepts the next drafted token or replaces it
+//! (speculative sampling, [`crate::sampling::Sampler::verify_draft`]; greedy: the
+//! tokens agree or the base's own token takes its place), and at the first
+//! rejection, or after the last draft, the base adds its own token. So every
+//! token is the base's, drawn as one token per forward would draw it. The
+//! rejected rows' KV entries go, and the next draft starts from the last
+//! accepted row's features (`docs/model.md`).
+
+use super::micro_loop::Start;
+use super::{DecodeConfig, SeqGen};
+use crate::decode::step::MacroStep;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::graph::StepOut;
+use crate::sampling::TokenLogprob;
+
+/// Checks `sg`'s drafts against `rows`, its output rows of the forward just
+/// run (the last verified token's, then each drafted token's): emits the
+/// accepted drafts and the base's token, drops the rejected rows' entries,
+/// records the outcome in the draft gate and the timings, and takes the
+/// tokens a grammar forces after them. Returns how the micro loop starts
+/// (drafting after the last token, unless forced tokens follow it or the
+/// forward stored no `features` to draft from).
+///
+/// # Errors
+/// When the engine has no such rows (a bug of the caller).
+pub(super) fn check(
+    sg: &mut SeqGen,
+    cfg: &DecodeConfig,
+    engine: &mut Engine,
+    rows: Vec<StepOut>,
+    features: bool,
+) -> Result<Start> {
+    let draft = sg.take_draft();
+    let drafted = draft.tokens.len();
+    debug_assert_eq!(rows.len(), drafted + 1, "one output row per drafted token, and the verified one's");
+    let mut step = MacroStep::default();
+    let mut accepted = 0;
+    for (j, mut out) in rows.into_iter().enumerate() {
+        let p = sg.distribution(&out, true);
+        let (token, agreed) = match draft.tokens.get(j) {
+            Some(&d) => match sg.sampler.verify_draft(&p, &draft.q[j], d) {
+                None => (d, true),
+                Some(t) => (t, false),
+            },
+            None => (sg.sampler.draw(&p), false),
+        };
+        if let Some(c) = &mut sg.constraint {
+            c.commit(token);
+        }
+        sg.history.push(token);
+        if let (Some(top), Some(l)) = (sg.logprobs, &out.logits) {
+            step.logprobs.push(TokenLogprob::new(l, token, top));
+        }
+        step.tokens.push(token);
+        step.p_stop.push(out.p_stop);
+        if cfg.keep_logits {
+            step.logits.push(out.logits.take().unwrap_or_default());
+        }
+        accepted += usize::from(agreed);
+        if !agreed || sg.is_eog(cfg, token) || step.tokens.len() >= sg.remaining() {
+            break;
+        }
+    }
+    engine.keep_through_output(sg.seq, accepted)?;
+    if let Some(gate) = &mut sg.gate {
+        gate.record(&draft.p_stop_before, accepted);
+    }
+    let t = &mut sg.gen.timings;
+    t.drafted += drafted;
+    t.draft_accepted += accepted;
+    t.verify_forwards += usize::from(drafted > 0);
+    let p_stop = *step.p_stop.last().expect("a check emits a token");
+    let last = *step.tokens.last().expect("a check emits a token");
+    let forced = if sg.is_eog(cfg, last) { Vec::new() } else { sg.forced(engine, &mut step) };
+    step.p_stop.extend(forced.iter().map(|_| 1.0));
+    let n_forced = forced.len();
+    step.tokens.extend(forced);
+    Ok(Start::Verified { step, n_forced, p_stop, features })
+}

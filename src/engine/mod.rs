@@ -1,0 +1,474 @@
+//! The engine, the layer that runs the graphs over the caches: it owns the
+//! memory of many sequences and the graphs built for them, and answers
+//! forwards and micro steps; it knows neither stop rules nor sessions, which
+//! `decode/` builds on top.
+//!
+//! * [`budget`]: [`EngineParams`], an engine's settings, and what they will
+//!   allocate, checked before anything is (the memory plan);
+//! * [`forward_cost`]: the measured times of its forwards and micro steps,
+//!   and what a draft costs at those prices;
+//! * here, [`Engine`] (llama.cpp's `llama_context`): for up to `n_seq`
+//!   sequences of one model, the base KV cache they share, each one's micro
+//!   cache range and feature columns, the graphs built for them, and each
+//!   one's next token position. It runs base forwards over batches of inputs
+//!   of several sequences, and micro steps over several sequences at once;
+//!   the decode loop ([`crate::decode::generate`]) and the single-sequence
+//!   [`crate::decode::session::Session`] sit on top.
+
+pub mod budget;
+pub mod forward_cost;
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use ggml::{Backend, Buffer, Context, Tensor, Type};
+
+use crate::engine::budget::EngineParams;
+use crate::engine::forward_cost::ForwardCosts;
+use crate::error::{Error, Result};
+use crate::error::{Param, ParamError};
+use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, OutputRows, Wants};
+use crate::graph::cache::GraphCache;
+use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
+use crate::graph::{StepGraph, StepOut};
+use crate::memory::batch::Batch;
+use crate::memory::kv_cache::{KvCache, SeqId};
+use crate::memory::row_class::RowClasses;
+use crate::model::Model;
+use crate::sampling::TokenLogprob;
+
+/// Attention windows grow in steps of this many cells, so decode graphs are rebuilt rarely.
+const KV_PAD: usize = 256;
+/// Caches, graphs and positions of several sequences over a borrowed model.
+pub struct Engine<'m> {
+    model: &'m Model,
+    flash: bool,
+    backends: Vec<Rc<Backend>>,
+    kv: KvCache,
+    micro: KvCache,
+    /// Each sequence's features `[D, F * R * n_seq]`, R slots per sequence
+    /// ([`base::feature_rows_per_seq`]), one per output row of its last base
+    /// forward: the base forward writes them, micro step 0 reads one slot.
+    features: Tensor,
+    _features_buf: Buffer,
+    base_graphs: GraphCache<BaseShape, StepGraph<BaseInputs>>,
+    micro_graphs: GraphCache<MicroShape, StepGraph<MicroInputs>>,
+    next_pos: Vec<usize>,
+    /// The feature slot of each sequence that micro step 0 reads (its last
+    /// base forward's last output row, or the row [`Engine::keep_through_output`]
+    /// kept); `None` when that forward stored no features.
+    feature_row: Vec<Option<usize>>,
+    /// The rope positions of each sequence's output rows in its last base forward.
+    out_pos: Vec<Vec<i32>>,
+    /// Per sequence: inputs at positions below this one rewrite, in place,
+    /// the entry the sequence already holds there ([`Engine::rewind`]).
+    rewrite_below: Vec<usize>,
+    forwards: usize,
+    /// The times of its forwards and micro steps (the draft gate's prices).
+    costs: ForwardCosts,
+}
+
+impl<'m> Engine<'m> {
+    /// An engine with empty caches, placed as the model's plan says.
+    ///
+    /// # Errors
+    /// On invalid settings or failed allocations.
+    pub fn new(model: &'m Model, p: &EngineParams) -> Result<Engine<'m>> {
+        let hp = &model.hp;
+        p.check(model)?;
+        let plan = &model.plan;
+        let v_trans = !p.flash_attn;
+        let base_bufts: Vec<_> = (0..hp.n_layer).map(|il| plan.cache_layer(il)).collect();
+        let kv = KvCache::new(&base_bufts, p.n_ctx, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans).map_err(|e| {
+            let message =
+                format!("cannot allocate a KV cache of {} entries ({e}): use a smaller {}", p.n_ctx, Param::NCtx);
+            ParamError::new(&[Param::NCtx], message)
+        })?;
+        let micro_bufts = vec![plan.tail(); hp.n_micro_layer];
+        let micro_cells = micro::cells_per_seq(hp) * p.n_seq;
+        let micro = KvCache::new(&micro_bufts, micro_cells, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans)?;
+        let fctx = Context::new(1, 0)?;
+        let n_cols = (hp.n_features() * base::feature_rows_per_seq(hp) * p.n_seq) as i64;
+        let features = fctx.new_tensor(Type::F32, &[hp.n_embd as i64, n_cols]).named("features");
+        let features_buf = Buffer::alloc_context(&fctx, plan.tail())?;
+        Ok(Engine {
+            model,
+            flash: p.flash_attn,
+            backends: plan.backends(p.n_threads)?,
+            kv,
+            micro,
+            features,
+            _features_buf: features_buf,
+            base_graphs: GraphCache::new(),
+            micro_graphs: GraphCache::new(),
+            next_pos: vec![0; p.n_seq],
+            feature_row: vec![None; p.n_seq],
+            out_pos: vec![Vec::new(); p.n_seq],
+            rewrite_below: vec![0; p.n_seq],
+            forwards: 0,
+            costs: ForwardCosts::new(hp),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// The base KV cache (sizes, cells in use).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Sequences this engine holds.
+    pub fn n_seq(&self) -> usize {
+        self.next_pos.len()
+    }
+
+    /// Tokens in `seq`'s context (the next token position).
+    pub fn next_pos(&self, seq: SeqId) -> usize {
+        self.next_pos[seq]
+    }
+
+    /// Which of its base forwards compute a row alike ([`crate::memory::row_class`]):
+    /// known for ggml's CPU backend alone.
+    pub fn row_classes(&self) -> RowClasses {
+        let plan = &self.model.plan;
+        if plan.n_gpu_layers() > 0 || plan.tail_device().is_some() {
+            RowClasses::Unknown
+        } else if self.flash {
+            RowClasses::CpuFlashAttention
+        } else {
+            RowClasses::Cpu
+        }
+    }
+
+    /// What its forwards and micro steps have cost so far ([`ForwardCosts`]).
+    pub fn costs(&self) -> &ForwardCosts {
+        &self.costs
+    }
+
+    /// Base forwards (macro steps of all sequences together) run so far.
+    pub fn n_forwards(&self) -> usize {
+        self.forwards
+    }
+
+    /// Puts the CPU workers to sleep until the next graph instead of letting
+    /// them spin (see [`ggml::ThreadPool::pause`]): for a caller about to
+    /// idle or to let other work have the cores, such as a benchmark timing
+    /// another engine.
+    pub fn pause_threads(&self) {
+        self.backends.iter().for_each(|b| b.pause_threads());
+    }
+
+    /// Forgets `seq`: frees its cells and restarts its positions.
+    pub fn clear_seq(&mut self, seq: SeqId) {
+        self.kv.clear_seq(seq);
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = 0;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
+    }
+
+    /// Keeps `seq`'s entries that cover only its first `n` tokens (a new
+    /// prompt that starts with them reuses them) and forgets the rest;
+    /// returns the tokens kept: `n`, or less when a merged entry straddles
+    /// token `n`. The next input of `seq` continues at that position.
+    pub fn keep_prefix(&mut self, seq: SeqId, n: usize) -> usize {
+        let kept = self.kv.keep_prefix(seq, n.min(self.next_pos[seq]));
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = kept;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
+        kept
+    }
+
+    /// Makes `seq`'s next input start at position `n` again while it keeps
+    /// its entries from `n` on: inputs at those positions rewrite them in
+    /// place, in the cells they are in (shared or pinned ones included), so
+    /// the context keeps its cell layout. For a cached prompt read again
+    /// exactly as it was first read (`crate::memory::row_class::reusable_prefix`'s
+    /// rest): the entries written are the ones already there, and since
+    /// attention sums over cells in cell order (flash attention's tiled path
+    /// even by 64-cell tiles), only the same cells give the same sums. When
+    /// the entries from `n` on are not one token each, they are dropped
+    /// instead ([`Engine::keep_prefix`]). Returns the position the next input
+    /// starts at.
+    pub fn rewind(&mut self, seq: SeqId, n: usize) -> usize {
+        let end = self.next_pos[seq];
+        let later = self.kv.entries_of(seq).into_iter().filter(|&(_, p)| p as usize >= n).count();
+        if n >= end || later != end - n {
+            return self.keep_prefix(seq, n);
+        }
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = n;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = end;
+        n
+    }
+
+    /// Makes the cached entries in `cells` (held or pinned, in position
+    /// order, a prefix of some context from position 0) the context of
+    /// `seq`, which must hold nothing: its next input continues after the
+    /// last of them. Returns the tokens they cover (0 when `cells` is empty).
+    ///
+    /// # Errors
+    /// When `seq` is unknown or holds cells, or a cell is free.
+    pub fn adopt(&mut self, seq: SeqId, cells: &[usize]) -> Result<usize> {
+        if seq >= self.n_seq() || self.kv.n_cells_of(seq) > 0 {
+            return Err(Error::Invalid(format!("sequence {seq} cannot adopt cached entries: unknown or not empty")));
+        }
+        let mut next = 0;
+        for &c in cells {
+            let Some(pos) = self.kv.pos_of(c) else {
+                self.kv.clear_seq(seq);
+                return Err(Error::Invalid(format!("cell {c} holds no entry to adopt")));
+            };
+            self.kv.share(c, seq);
+            next = next.max(pos as usize + 1);
+        }
+        self.micro.clear_seq(seq);
+        self.next_pos[seq] = next;
+        self.feature_row[seq] = None;
+        self.out_pos[seq].clear();
+        self.rewrite_below[seq] = 0;
+        Ok(next)
+    }
+
+    /// Pins cell `cell`: it keeps its entry when the sequences holding it
+    /// leave (a cache of prefixes keeps it for later sequences to
+    /// [`Engine::adopt`]); false when it is free.
+    pub fn pin(&mut self, cell: usize) -> bool {
+        self.kv.pin(cell)
+    }
+
+    /// Takes one pin off cell `cell`, freeing it when no sequence holds it.
+    pub fn unpin(&mut self, cell: usize) {
+        self.kv.unpin(cell);
+    }
+
+    /// Keeps `seq`'s last base forward up to its output row `row` (0: the
+    /// first output row of `seq` in that forward) and drops the entries of
+    /// the inputs after it: the drafted tokens a self-verified step rejected.
+    /// The next input of `seq` continues after that row, and micro step 0
+    /// reads that row's features (when the forward stored them), so the next
+    /// draft starts from the last accepted token.
+    ///
+    /// # Errors
+    /// When the last forward of `seq` had no such output row.
+    pub fn keep_through_output(&mut self, seq: SeqId, row: usize) -> Result<()> {
+        let Some(&pos) = self.out_pos.get(seq).and_then(|p| p.get(row)) else {
+            return Err(Error::Invalid(format!("sequence {seq}'s last base forward has no output row {row}")));
+        };
+        let kept = self.kv.keep_prefix(seq, pos as usize + 1);
+        debug_assert_eq!(kept, pos as usize + 1, "a verified row is one token's entry");
+        self.next_pos[seq] = kept;
+        self.rewrite_below[seq] = self.rewrite_below[seq].min(kept);
+        self.out_pos[seq].truncate(row + 1);
+        if self.feature_row[seq].is_some() {
+            self.feature_row[seq] = Some(row);
+        }
+        Ok(())
+    }
+
+    fn check_tokens<'a>(&self, tokens: impl IntoIterator<Item = &'a u32>) -> Result<()> {
+        let n_vocab = self.model.hp.n_vocab;
+        match tokens.into_iter().find(|&&t| t as usize >= n_vocab) {
+            Some(t) => Err(Error::Invalid(format!("token id {t} is outside the vocabulary of {n_vocab}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// One base forward over `batch`: each input takes a free cell of its
+    /// sequence. Returns, for each sequence of the batch in order of first
+    /// appearance, the outputs of its output rows (its last input, and the
+    /// inputs pushed as output rows before it, in batch order) as
+    /// `(sequence, outputs)` (the logits and the stop probability only if
+    /// `want` asks; the features for micro step 0 are stored only if it asks,
+    /// and micro step 0 refuses a sequence without; it reads the last output
+    /// row's unless [`Engine::keep_through_output`] keeps an earlier one).
+    ///
+    /// # Errors
+    /// On an unknown sequence or token, a full cache, or a failed computation
+    /// (the batch's cells are freed again then).
+    pub fn decode(&mut self, batch: &Batch, want: Wants) -> Result<Vec<(SeqId, StepOut)>> {
+        self.forward(batch, want, OutputRows::LastOfEachSequence)
+    }
+
+    /// One base forward over `batch` (single-token inputs) with outputs at
+    /// every input, in batch order, and no features stored: a verify
+    /// forward of speculative decoding, which reads the distribution after
+    /// the last committed token and after each drafted one ([`crate::decode::draft_model`]).
+    ///
+    /// # Errors
+    /// As [`Engine::decode`].
+    pub fn decode_every(&mut self, batch: &Batch, want: Wants) -> Result<Vec<(SeqId, StepOut)>> {
+        self.forward(batch, Wants { features: false, ..want }, OutputRows::Every)
+    }
+
+    /// Scores `tokens` in sequence `seq` with the base alone, as a plain
+    /// Llama reads a prompt: feeds all but the last token as single-token
+    /// inputs after `seq`'s context, at most `n_batch` per forward, reading
+    /// the logits at every input, and returns each later token's
+    /// log-probability given everything before it, with the `top` most
+    /// likely alternatives (`tokens.len() - 1` entries: nothing in `tokens`
+    /// predicts the first). The last token is left for the caller to feed: a
+    /// generation that follows needs its forward's outputs (the next token's
+    /// logits, the features of micro step 0). This is what it costs to know
+    /// a prompt's log-probabilities (an lm-eval log-likelihood request, a
+    /// completion's `echo` with `logprobs`), so it is run only when asked.
+    ///
+    /// # Errors
+    /// As [`Engine::decode`]; the entries of the chunks already fed stay in `seq`.
+    pub fn score(&mut self, seq: SeqId, tokens: &[u32], n_batch: usize, top: usize) -> Result<Vec<TokenLogprob>> {
+        let Some((_, fed)) = tokens.split_last() else { return Ok(Vec::new()) };
+        let want = Wants { stop_head: false, logits: true, features: false };
+        let n_batch = n_batch.max(1);
+        let mut scored = Vec::with_capacity(fed.len());
+        for (c, chunk) in fed.chunks(n_batch).enumerate() {
+            let mut batch = Batch::new();
+            batch.push_tokens(seq, chunk);
+            let outs = self.forward(&batch, want, OutputRows::Every)?;
+            let next = &tokens[c * n_batch + 1..];
+            for ((_, out), &token) in outs.iter().zip(next) {
+                let logits = out.logits.as_deref().expect("a scoring forward reads the logits");
+                scored.push(TokenLogprob::new(logits, token, top));
+            }
+        }
+        Ok(scored)
+    }
+
+    /// One base forward over `batch` with outputs at `rows` (see [`Engine::decode`]).
+    fn forward(&mut self, batch: &Batch, want: Wants, rows: OutputRows) -> Result<Vec<(SeqId, StepOut)>> {
+        if batch.is_empty() {
+            return Err(Error::Invalid("nothing to decode: the batch is empty".into()));
+        }
+        if let Some(i) = batch.inputs().iter().find(|i| i.seq >= self.n_seq()) {
+            return Err(Error::Invalid(format!("sequence {} is beyond the engine's {}", i.seq, self.n_seq())));
+        }
+        self.check_tokens(batch.tokens())?;
+        let (pos, next_pos) = base::positions(batch, &self.next_pos);
+        // Inputs that rewrite an entry in place keep its cell; the others take free ones.
+        let rewrites: Vec<Option<usize>> = batch
+            .inputs()
+            .iter()
+            .zip(&pos)
+            .map(|(i, &p)| {
+                let rewrite = i.n_tokens == 1 && (p as usize) < self.rewrite_below[i.seq];
+                rewrite.then(|| self.kv.cell_of(i.seq, p)).flatten()
+            })
+            .collect();
+        let new_seqs: Vec<SeqId> =
+            batch.inputs().iter().zip(&rewrites).filter(|(_, r)| r.is_none()).map(|(i, _)| i.seq).collect();
+        let n = new_seqs.len();
+        let new_cells = self.kv.find_free_for(&new_seqs).ok_or_else(|| {
+            let message = format!(
+                "the KV cache is full: {n} more entries do not fit in {} (use a larger {})",
+                self.kv.n_cells(),
+                Param::NCtx
+            );
+            ParamError::new(&[Param::NCtx], message)
+        })?;
+        let mut free = new_cells.iter().copied();
+        let cells: Vec<usize> = rewrites.iter().map(|r| r.or_else(|| free.next()).expect("a cell each")).collect();
+        for (((i, &c), &p), r) in batch.inputs().iter().zip(&cells).zip(&pos).zip(&rewrites) {
+            if r.is_none() {
+                self.kv.occupy(c, i.seq, p);
+            }
+        }
+        let n_kv = self.kv.used_window().next_multiple_of(KV_PAD).min(self.kv.n_cells());
+        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, want, rows);
+        let per_seq = base::feature_rows_per_seq(&self.model.hp);
+        if let Some(r) = layout.out_rank.iter().find(|&&r| want.features && r >= per_seq) {
+            new_cells.iter().for_each(|&c| self.kv.release(c));
+            return Err(Error::Invalid(format!(
+                "{} output rows of one sequence in a base forward: features are kept for {per_seq}",
+                r + 1
+            )));
+        }
+        let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
+        let costs = &mut self.costs;
+        let mut run = || -> Result<Vec<StepOut>> {
+            let (sg, warm) =
+                self.base_graphs.get(layout.shape.clone(), |s| base::build(model, kv, features, s, flash, backends))?;
+            let started = Instant::now();
+            sg.inputs.set(kv, &layout)?;
+            sg.sched.compute(&sg.graph)?;
+            let outs = sg.outputs.read(want.logits)?;
+            if warm {
+                costs.record_forward(batch.inputs().len(), started.elapsed());
+            }
+            Ok(outs)
+        };
+        match run() {
+            Ok(outs) => {
+                for s in batch.seqs() {
+                    self.out_pos[s].clear();
+                }
+                for ((&s, &p), &r) in layout.out_seqs.iter().zip(&layout.out_pos).zip(&layout.out_rank) {
+                    self.out_pos[s].push(p);
+                    self.feature_row[s] = want.features.then_some(r);
+                }
+                self.next_pos = next_pos;
+                self.forwards += 1;
+                Ok(layout.out_seqs.into_iter().zip(outs).collect())
+            }
+            Err(e) => {
+                new_cells.iter().for_each(|&c| self.kv.release(c));
+                Err(e)
+            }
+        }
+    }
+
+    /// Micro step `s` of the current macro step of each `(seq, token)`:
+    /// feeds `token` (t_s) to the micro decoder and returns out_{s+1}'s
+    /// outputs (what `want` asks for), in order. Step 0 first feeds the
+    /// features of the sequence's last base forward.
+    ///
+    /// # Errors
+    /// When `s` is beyond the micro cache, a sequence or token is unknown or
+    /// repeated, or a computation fails.
+    pub fn micro_step(&mut self, s: usize, inputs: &[(SeqId, u32)], want: MicroWants) -> Result<Vec<StepOut>> {
+        let hp = &self.model.hp;
+        if s + 1 >= hp.max_steps {
+            return Err(Error::Invalid(format!("micro step {s} is beyond max_steps {}", hp.max_steps)));
+        }
+        let n_seq = self.n_seq();
+        if inputs.iter().enumerate().any(|(j, &(q, _))| q >= n_seq || inputs[..j].iter().any(|&(p, _)| p == q)) {
+            return Err(Error::Invalid(format!("micro step: sequences must be distinct and below {n_seq}")));
+        }
+        self.check_tokens(inputs.iter().map(|(_, t)| t))?;
+        if let Some(&(seq, _)) = inputs.iter().find(|&&(q, _)| self.feature_row[q].is_none()).filter(|_| s == 0) {
+            return Err(Error::Invalid(format!(
+                "micro step 0 of sequence {seq}: its last base forward stored no features (one token per step)"
+            )));
+        }
+        let per_seq = base::feature_rows_per_seq(hp);
+        let slots: Vec<usize> =
+            inputs.iter().map(|&(q, _)| q * per_seq + self.feature_row[q].unwrap_or_default()).collect();
+        let layout =
+            MicroLayout::new(hp, s, inputs, &slots, self.features.ne()[1] as usize, self.micro.n_cells(), want);
+        if s == 0 {
+            inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));
+        }
+        for r in &layout.rows {
+            self.micro.occupy(r.cell, r.seq, r.pos);
+        }
+        let (model, cache, features, flash, backends) =
+            (self.model, &self.micro, &self.features, self.flash, &self.backends);
+        let (sg, warm) = self
+            .micro_graphs
+            .get(layout.shape.clone(), |s| micro::build(model, cache, features, s, flash, backends))?;
+        let started = Instant::now();
+        sg.inputs.set(cache, &layout)?;
+        sg.sched.compute(&sg.graph)?;
+        let outs = sg.outputs.read(want.logits)?;
+        if warm {
+            self.costs.record_micro(inputs.len(), started.elapsed());
+        }
+        Ok(outs)
+    }
+}
