@@ -67,14 +67,14 @@ def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int,
         logp = F.log_softmax(model.logits(last).float(), -1)
         ent = -(logp.exp() * logp).nansum(-1)  # a token of probability 0 adds 0, not 0 * -inf
         tv, ti = logp.topk(TOP, -1)
-        ent_c, tv_c, ti_c, choice_c = ent.tolist(), tv.tolist(), ti.tolist(), ti[:, 0].tolist()
+        ent_c, tv_c, ti_c = ent.tolist(), tv.tolist(), ti.tolist()
         for b in range(B):
             if done[b]:
                 continue
             if forced is not None:
                 tok = forced[b][i]
             else:
-                tok = end if i == max_tokens else choice_c[b]
+                tok = end if i == max_tokens else ti_c[b][0]  # the most likely token
             answers[b].append(tok)
             entropy[b].append(ent_c[b])
             top[b].append([[t, v] for t, v in zip(ti_c[b], tv_c[b])])
