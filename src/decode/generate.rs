@@ -233,6 +233,11 @@ impl<'a> SeqGen<'a> {
         self.refeed.len() + self.pending.n_inputs() + self.prompt.len() - self.fed + self.draft.tokens.len()
     }
 
+    /// The tokens of its prompt (those it was given to feed) fed so far.
+    pub fn prompt_tokens_fed(&self) -> usize {
+        self.fed
+    }
+
     /// Whether its whole prompt has been fed (its entries are all written),
     /// and whatever it had to feed again after a preemption.
     pub fn prompt_fed(&self) -> bool {

@@ -31,6 +31,19 @@ pub enum ConstraintSpec {
 }
 
 impl ConstraintSpec {
+    /// A `grammar` as llama.cpp users and ours write it: GBNF (some line
+    /// `name ::= ...`, see [`super::gbnf`]) rewritten into Lark, else Lark.
+    ///
+    /// # Errors
+    /// GBNF that does not parse, saying where.
+    pub fn of_grammar(text: &str) -> std::result::Result<ConstraintSpec, String> {
+        if super::gbnf::is_gbnf(text) {
+            super::gbnf::to_lark(text).map(ConstraintSpec::Lark).map_err(|e| format!("GBNF: {e}"))
+        } else {
+            Ok(ConstraintSpec::Lark(text.to_string()))
+        }
+    }
+
     /// What the user gave, for error messages: `json_schema`, `regex`, ...
     pub fn kind(&self) -> &'static str {
         match self {

@@ -14,6 +14,7 @@
 //!   ask for beside each token.
 
 pub mod constraint;
+pub mod gbnf;
 pub mod speculative;
 
 use rand::{Rng, SeedableRng};

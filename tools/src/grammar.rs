@@ -19,8 +19,8 @@ pub enum MicroChoice {
 /// The constraint flags of the tools that generate.
 #[derive(clap::Args, Debug, Clone)]
 pub struct GrammarArgs {
-    /// Constrain the output by a grammar in llguidance's Lark-like syntax
-    /// (`start: ...`; GBNF is not accepted).
+    /// Constrain the output by a grammar: GBNF as llama.cpp takes it
+    /// (`root ::= ...`) or llguidance's Lark-like syntax (`start: ...`).
     #[arg(long, conflicts_with_all = ["grammar_file", "json_schema", "json_schema_file"])]
     pub grammar: Option<String>,
     /// Read --grammar from a file.
@@ -57,11 +57,12 @@ impl GrammarArgs {
     /// Naming the flag: an unreadable file, a schema that is not JSON, or a
     /// schema or grammar that does not compile.
     pub fn constraint(&self, tok: &Tokenizer, eog: &[u32]) -> Result<Constraint> {
+        let grammar = |text: &str, flag: &str| ConstraintSpec::of_grammar(text).map_err(|e| anyhow::anyhow!("{flag}: {e}"));
         let read =
             |p: &PathBuf, flag: &str| std::fs::read_to_string(p).with_context(|| format!("{flag} {}", p.display()));
         let (spec, flag) = match (&self.grammar, &self.grammar_file, &self.json_schema, &self.json_schema_file) {
-            (Some(g), ..) => (ConstraintSpec::Lark(g.clone()), "--grammar"),
-            (_, Some(f), ..) => (ConstraintSpec::Lark(read(f, "--grammar-file")?), "--grammar-file"),
+            (Some(g), ..) => (grammar(g, "--grammar")?, "--grammar"),
+            (_, Some(f), ..) => (grammar(&read(f, "--grammar-file")?, "--grammar-file")?, "--grammar-file"),
             (_, _, Some(s), _) => (schema(s, "--json-schema")?, "--json-schema"),
             (_, _, _, Some(f)) => {
                 (schema(&read(f, "--json-schema-file")?, "--json-schema-file")?, "--json-schema-file")

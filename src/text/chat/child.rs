@@ -50,6 +50,7 @@ pub(super) struct Request {
     pub(super) messages: Vec<Message>,
     pub(super) tools: Vec<serde_json::Value>,
     pub(super) add_generation_prompt: bool,
+    pub(super) kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Renders `request` in a child process of `isolation`.
@@ -95,10 +96,11 @@ pub fn serve_if_child() -> Option<i32> {
         .map_err(|e| Error::Template(e.to_string()))
         .and_then(|_| serde_json::from_slice::<Request>(&input).map_err(|e| Error::Template(e.to_string())))
         .and_then(|r| {
-            ChatTemplate::new(&r.source, &r.bos, &r.eos)?.render_with_tools(
+            ChatTemplate::new(&r.source, &r.bos, &r.eos)?.render_with_kwargs(
                 &r.messages,
                 &r.tools,
                 r.add_generation_prompt,
+                &r.kwargs,
             )
         });
     Some(match rendered {

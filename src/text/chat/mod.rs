@@ -113,6 +113,12 @@ fn strftime_now(fmt: String) -> std::result::Result<String, minijinja::Error> {
     Ok(out)
 }
 
+/// The local date now in C's `strftime` format (`%d %b %Y`), for the
+/// variables llama.cpp gives templates (`date_string`); empty for a bad format.
+pub fn local_date(fmt: &str) -> String {
+    strftime_now(fmt.to_string()).unwrap_or_default()
+}
+
 /// `source` with transformers' `{% generation %}` / `{% endgeneration %}`
 /// tags (they mark the assistant's tokens for training masks and render
 /// their body unchanged) as `{% if true %}` / `{% endif %}`, keeping each
@@ -222,6 +228,22 @@ impl ChatTemplate {
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_kwargs(messages, tools, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Renders as [`ChatTemplate::render_with_tools`] with more variables
+    /// (`kwargs`, transformers' `apply_chat_template(**kwargs)`:
+    /// `enable_thinking`, ...), which never replace the ones it sets.
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`].
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         if let Some(isolation) = &self.isolation {
             let request = child::Request {
                 source: self.source.clone(),
@@ -230,6 +252,7 @@ impl ChatTemplate {
                 messages: messages.to_vec(),
                 tools: tools.to_vec(),
                 add_generation_prompt,
+                kwargs: kwargs.clone(),
             };
             return child::render(isolation, &request);
         }
@@ -247,6 +270,7 @@ impl ChatTemplate {
             [] => ctx,
             _ => context! { tools => minijinja::Value::from(minijinja::value::Serde(tools)), ..ctx },
         };
+        let ctx = context! { ..ctx, ..minijinja::Value::from(minijinja::value::Serde(kwargs)) };
         t.render_captured_to(ctx, &mut out).map_err(|e| Error::Template(with_causes(&e)))?;
         String::from_utf8(out.0).map_err(|_| Error::Template("the rendered text is not UTF-8".into()))
     }
