@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests, in one command (the README's, and what .ci/run runs): installs
 # what they need (install-deps.sh: does nothing when all is there), runs
-# every crate's tests in the release build, then the GPU tests
+# every crate's tests in the release build, llama-server's own test suite
+# against hamburger-server (scripts/llama-suite.sh, some 5 minutes), then the GPU tests
 # (gpu-tests.sh: the `vulkan` build beside the CPU build and about a minute
 # of tests on Mesa's lavapipe, some 8 minutes on 2 cores; the whole run took
 # 26 minutes in a clean clone), and ends with one line totalling every test
@@ -15,6 +16,8 @@ trap 'rm -f "$log"' EXIT
 # Every crate's tests run even after a failure; the totals print either way.
 status=0
 cargo test --release --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
+# llama-server's own test suite against hamburger-server (docs/server.md).
+bash scripts/llama-suite.sh 2>&1 | tee -a "$log" || status=$?
 bash scripts/gpu-tests.sh 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -13,6 +13,7 @@ pub const COMMON: &[&str] = &[
     "model",
     "max_tokens",
     "max_completion_tokens",
+    "n_predict",
     "temperature",
     "top_p",
     "top_k",
@@ -32,6 +33,9 @@ pub const COMMON: &[&str] = &[
     "confidence",
     "max_steps",
     "ignore_eos",
+    "verbose",
+    "timings_per_token",
+    "return_progress",
     "cache_prompt",
     "response_format",
     "grammar",
@@ -46,7 +50,10 @@ pub const COMMON: &[&str] = &[
 /// metadata and service tiers have no meaning for one local model without
 /// storage, and `parallel_tool_calls` only allows several calls (an answer
 /// here makes one, see [`crate::tools`]).
-pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls", "service_tier"];
+///
+/// `id_slot` (llama-server's) asks for a slot by number, for its prompt
+/// cache: here every slot adopts cached prefixes from the one pool.
+pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls", "service_tier", "id_slot"];
 
 /// A field refused unless it holds its neutral value (what a client sends when
 /// it does not use the feature).
@@ -73,6 +80,10 @@ fn null_or_empty(v: &Value) -> bool {
     }
 }
 
+fn null_or_false(v: &Value) -> bool {
+    v.is_null() || v == false
+}
+
 fn null_or_none(v: &Value) -> bool {
     v.is_null() || v == "none"
 }
@@ -92,6 +103,11 @@ pub(crate) const REFUSED: &[Refused] = &[
     Refused { name: "function_call", neutral: null_or_none, why: FUNCTIONS },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
+    Refused {
+        name: "post_sampling_probs",
+        neutral: null_or_false,
+        why: "probabilities are the model's, before sampling (use n_probs alone)",
+    },
 ];
 
 /// Checks every top-level field of `body` against the endpoint's own fields

@@ -29,6 +29,11 @@ pub struct ModelInfo {
     /// KV cells of the pool every request draws from: one per prompt token
     /// and one per macro step of the answer (shared prompt prefixes once).
     pub n_ctx: usize,
+    /// The cells one request's context may take: the whole pool, or
+    /// llama-server's slot context (`-c` / `-np` without `--kv-unified`).
+    pub n_ctx_seq: usize,
+    /// What a request that sets nothing gets.
+    pub defaults: RequestDefaults,
     /// The engine's slots (sequences decoded together, `-np`): also the most
     /// choices one prompt's `n` may ask for.
     pub n_slots: usize,
@@ -48,6 +53,24 @@ pub struct ModelInfo {
     pub eog: Vec<u32>,
     /// The end-of-generation and special tokens: never part of a response's text.
     pub hidden: HashSet<u32>,
+}
+
+/// The server's settings for what a request leaves out (llama-server's
+/// sampling flags, `--seed`, and the slot context).
+#[derive(Debug, Clone, Default)]
+pub struct RequestDefaults {
+    /// Sampling (`--temp`, `--top-k`, ...; the seed is `seed`).
+    pub sampler: SamplerParams,
+    /// The seed of requests that set none (`None`: a random one each, llama-server's -1).
+    pub seed: Option<u64>,
+    /// The most cells one request's context may take (`None`: the whole
+    /// pool, llama-server's `--kv-unified`).
+    pub n_ctx_seq: Option<usize>,
+    /// Answer every request's prompt in `__verbose` (llama-server's `--verbose`).
+    pub verbose: bool,
+    /// Variables every chat template render gets (`enable_thinking`, from
+    /// `--reasoning`), which a request's `chat_template_kwargs` override.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A request's generation settings.
@@ -78,6 +101,11 @@ pub struct JobParams {
     /// Send the text of every macro step as it comes; otherwise only the
     /// whole text at the end (no wake-up of the HTTP side per step).
     pub stream: bool,
+    /// Send the statistics so far with every text (`timings_per_token`).
+    pub timings_per_token: bool,
+    /// Report the prompt's progress: once before it is read, then after
+    /// each forward that reads some of it (`return_progress`, streamed only).
+    pub return_progress: bool,
     /// The structured-output constraint (`response_format`, `grammar`, `json_schema`, `tools`).
     pub constraint: Option<Constraint>,
 }
@@ -110,6 +138,19 @@ pub enum FinishReason {
     Length,
 }
 
+/// How a generation ended.
+#[derive(Debug, Clone)]
+pub struct End {
+    /// Why.
+    pub reason: FinishReason,
+    /// The stop string that ended it, if one did.
+    pub stop_word: Option<String>,
+    /// Whether its context filled the cells a request may take (llama-server's `truncated`).
+    pub truncated: bool,
+    /// The answer's token ids (those of its text; a stop string's cut tokens not among them).
+    pub ids: Vec<u32>,
+}
+
 /// What the engine thread tells a request.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -127,11 +168,26 @@ pub enum Event {
         /// The log-probabilities of those tokens, when the request asked
         /// (a stop string's cut tokens never among them).
         logprobs: Vec<TokenLogprob>,
+        /// Those tokens' ids.
+        ids: Vec<u32>,
+        /// The statistics so far, when the request asked (`timings_per_token`).
+        timings: Option<Timings>,
+    },
+    /// How much of the prompt has been read (`return_progress`).
+    Progress {
+        /// The prompt's tokens.
+        total: usize,
+        /// Those whose KV entries were reused.
+        cache: usize,
+        /// Those reused or read so far.
+        processed: usize,
+        /// The statistics so far.
+        timings: Timings,
     },
     /// The end, with the statistics.
     Done {
-        /// Why it ended.
-        reason: FinishReason,
+        /// Why it ended, and the answer's tokens.
+        end: End,
         /// The statistics.
         timings: Timings,
         /// The log-probabilities of the counted tokens that no `Text` carried

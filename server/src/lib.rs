@@ -13,12 +13,13 @@
 //!    the core's tool-call format, grammar and parser), [`speculative`] (a
 //!    request's decoding mode, `speculative.type`: macro steps or
 //!    self-verified, and its drafts, `speculative.n_max` ...);
-//! 4. planning: [`plan`] (a request's settings checked into jobs, `n`
-//!    choices per prompt fanned out);
+//! 4. planning: [`prompt`] (a chat rendered to its prompt text), [`plan`]
+//!    (a request's settings checked into jobs, `n` choices per prompt fanned out);
 //! 5. the engine loop: [`scheduler`] (continuous batching over one engine;
 //!    it knows jobs, not HTTP or tool formats);
 //! 6. response assembly: `choices` (a request's choices' events),
 //!    [`response`] (OpenAI's objects and chunks, usage, timings),
+//!    [`native`] (llama-server's native `/completion`: its fields and objects),
 //!    [`logprobs`] (per-token log-probabilities in chat's and completions' shapes);
 //! 7. HTTP on top: [`http`] (axum routes, Server-Sent Events, llama-server's
 //!    operations routes, the chat page) and [`serve`].
@@ -37,17 +38,18 @@ pub mod structured;
 pub mod tools;
 
 pub mod plan;
+pub mod prompt;
 
 pub mod scheduler;
 
 mod choices;
 pub mod logprobs;
+pub mod native;
 pub mod response;
 
 pub mod http;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use http::AppState;
@@ -61,8 +63,16 @@ pub struct HttpOptions {
     /// Longest a generation may take, waiting included, before it answers
     /// what it has with `finish_reason: "length"`.
     pub timeout: Duration,
-    /// Allow cross-origin requests from any origin (CORS).
-    pub cors: bool,
+    /// Which origins' browsers may call the API (CORS).
+    pub cors: http::Cors,
+    /// Serve `/slots` (llama-server's `--slots`, its default; `--no-slots`: 501).
+    pub slots_endpoint: bool,
+    /// Serve `/metrics` (llama-server's `--metrics`; otherwise 501).
+    pub metrics_endpoint: bool,
+    /// The model's names (`--alias a,b`; `/v1/models`), sorted: the first is its id.
+    pub aliases: Vec<String>,
+    /// Its tags (`--tags`; `/v1/models`).
+    pub tags: Vec<String>,
     /// Serve the chat page at `/` (llama-server's web UI; `--no-webui` turns it off).
     pub webui: bool,
     /// The model file's path, as `/props` shows it.
@@ -71,15 +81,15 @@ pub struct HttpOptions {
     pub total_slots: usize,
 }
 
-/// Serves `scheduler` on `listener` until `shutdown` resolves or the engine
-/// thread stops; then stops accepting, lets in-flight requests finish, and
-/// stops the engine thread.
+/// Serves `scheduler` on `listeners` (one per address, llama-server's
+/// `--host a,b`) until `shutdown` resolves or the engine thread stops; then
+/// stops accepting, lets in-flight requests finish, and stops the engine thread.
 ///
 /// # Errors
-/// When the listener fails, or the engine thread stopped (died) before
+/// When a listener fails, or the engine thread stopped (died) before
 /// `shutdown` resolved.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listeners: Vec<tokio::net::TcpListener>,
     scheduler: Scheduler,
     http: HttpOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -93,6 +103,10 @@ pub async fn serve(
         api_key: http.api_key,
         timeout: http.timeout,
         cors: http.cors,
+        slots_endpoint: http.slots_endpoint,
+        metrics_endpoint: http.metrics_endpoint,
+        aliases: http.aliases,
+        tags: http.tags,
         webui: http.webui,
         model_path: http.model_path,
         total_slots: http.total_slots,
@@ -101,7 +115,8 @@ pub async fn serve(
     };
     let mut alive = scheduler.alive.clone();
     let (died_tx, died_rx) = tokio::sync::oneshot::channel();
-    let stop = async move {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
         tokio::select! {
             () = shutdown => {}
             _ = alive.wait_for(|alive| !alive) => {
@@ -109,9 +124,18 @@ pub async fn serve(
                 let _ = died_tx.send(());
             }
         }
-    };
-    let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, app).with_graceful_shutdown(stop).await;
+        let _ = stop_tx.send(true);
+    });
+    let app = http::router(state);
+    let servers: Vec<_> =
+        listeners.into_iter().map(|l| tokio::spawn(http::listen(l, app.clone(), stop_rx.clone()))).collect();
+    // The router holds the queue's sender: the engine thread ends once every copy is gone.
+    drop(app);
+    let mut served = Ok(());
+    for s in servers {
+        let result = s.await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        served = served.and(result);
+    }
     let joined = tokio::task::spawn_blocking(move || scheduler.shutdown()).await;
     served?;
     match (died_rx.await, joined) {

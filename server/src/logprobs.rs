@@ -8,21 +8,26 @@ use hamburger::tokenizer::Tokenizer;
 use hamburger::TokenLogprob;
 use serde_json::{json, Map, Value};
 
-/// Chat's `logprobs` object.
+/// Chat's `logprobs` object: the native entries ([`native`]) as `content`
+/// (llama-server's chat entries carry the token `id` too).
 pub fn chat(lps: &[TokenLogprob], tok: &Tokenizer) -> Value {
+    json!({ "content": native(lps, tok) })
+}
+
+/// llama-server's native `completion_probabilities`: chat's entries, each
+/// with its token `id`, its alternatives' too.
+pub fn native(lps: &[TokenLogprob], tok: &Tokenizer) -> Value {
     let entry = |t: u32, logprob: f32| {
         let text = tok.decode(&[t]);
-        json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+        json!({"id": t, "token": text, "logprob": logprob, "bytes": text.as_bytes()})
     };
-    let content: Vec<Value> = lps
-        .iter()
+    lps.iter()
         .map(|lp| {
             let mut e = entry(lp.token, lp.logprob);
             e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
             e
         })
-        .collect();
-    json!({ "content": content })
+        .collect()
 }
 
 /// The legacy completions' `logprobs` object; `text_offset` counts bytes

@@ -56,6 +56,16 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
     if messages.is_empty() {
         return Err(ApiError::field("messages", "'messages' must hold at least one message"));
     }
+    // A final assistant message is the start of the answer (a prefill); two
+    // in a row at the end leave no turn to continue (llama-server refuses them too).
+    if let [.., a, b] = messages {
+        if a.role == "assistant" && b.role == "assistant" {
+            return Err(ApiError::field(
+                &format!("messages[{}]", messages.len() - 1),
+                "the conversation ends with two assistant messages: merge them, or end with one (a prefill)",
+            ));
+        }
+    }
     messages
         .iter()
         .enumerate()
@@ -85,7 +95,8 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
                         )),
                     })
                     .collect::<Result<Vec<_>, _>>()?
-                    .concat(),
+                    // As llama-server joins a message's text parts.
+                    .join("\n\n"),
             };
             // OpenAI's newer name of the system role, which templates do not know.
             let role = if m.role == "developer" { "system" } else { m.role.as_str() };

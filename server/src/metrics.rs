@@ -6,6 +6,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The server's counters and gauges, shared by the HTTP side and the engine thread.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// When the server started (Unix seconds; `Process-Start-Time-Unix`).
+    pub started_unix: AtomicU64,
+    /// Microseconds finished answers spent on their prompts.
+    pub prompt_us: AtomicU64,
+    /// Microseconds finished answers spent generating.
+    pub generation_us: AtomicU64,
+    /// The longest context (prompt and answer tokens) of a finished answer.
+    pub context_tokens_max: AtomicU64,
+    /// Base forwards of macro steps, each times the sequences it served.
+    pub busy_slot_forwards: AtomicU64,
     /// Requests accepted into the queue, each choice of one (`n`, a list of prompts) counted.
     pub requests: AtomicU64,
     /// Requests answered 503 because the queue was full.
@@ -58,6 +68,17 @@ pub fn set(c: &AtomicU64, n: u64) {
 }
 
 impl Metrics {
+    /// Counters at zero, started now.
+    pub fn new() -> Metrics {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Metrics { started_unix: AtomicU64::new(now), ..Metrics::default() }
+    }
+
+    /// When the server started, in Unix seconds.
+    pub fn started_unix(&self) -> u64 {
+        self.started_unix.load(Ordering::Relaxed)
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -129,11 +150,42 @@ impl Metrics {
 
     /// The metrics llama-server's dashboards read, where ours mean the same
     /// (not `kv_cache_tokens`: a cell here holds a macro step of several tokens).
-    fn llama_server_rows(&self) -> [(&'static str, &'static str, &'static str, String); 9] {
+    fn llama_server_rows(&self) -> [(&'static str, &'static str, &'static str, String); 16] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let (used, total) = (get(&self.kv_cells_used), get(&self.kv_cells_total));
         let usage = if total == 0 { 0.0 } else { used as f64 / total as f64 };
+        let (prompt_s, gen_s) = (get(&self.prompt_us) as f64 / 1e6, get(&self.generation_us) as f64 / 1e6);
+        let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let forwards = get(&self.base_forwards);
+        let busy = if forwards == 0 { 0.0 } else { get(&self.busy_slot_forwards) as f64 / forwards as f64 };
         [
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Number of prompt tokens whose KV entries were reused (not processed).",
+                get(&self.prompt_tokens_cached).to_string(),
+            ),
+            ("prompt_seconds_total", "counter", "Prompt process time.", format!("{prompt_s:.6}")),
+            ("tokens_predicted_seconds_total", "counter", "Predict process time.", format!("{gen_s:.6}")),
+            (
+                "n_tokens_max",
+                "counter",
+                "Largest observed n_tokens (prompt and answer of one request).",
+                get(&self.context_tokens_max).to_string(),
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s.",
+                format!("{:.4}", rate(get(&self.prompt_tokens), prompt_s)),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s.",
+                format!("{:.4}", rate(get(&self.generated_tokens), gen_s)),
+            ),
+            ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per base forward.", format!("{busy:.4}")),
             (
                 "prompt_tokens_total",
                 "counter",

@@ -10,10 +10,11 @@ use std::time::Instant;
 
 use hamburger::constraint::{Constraint, Grammars};
 use hamburger::{Param, ParamError, SamplerParams, StepParams, StepRule, MAX_TOP_LOGPROBS};
+use serde_json::Value;
 use tokio::sync::mpsc::Receiver;
 
 use crate::error::ApiError;
-use crate::job::{event_channel, Event, Job, JobParams, ModelInfo};
+use crate::job::{event_channel, Event, Job, JobParams, ModelInfo, RequestDefaults};
 use crate::protocol::{Common, Logprobs, OneOrMany};
 use crate::speculative::{self, SpecFields};
 use crate::tools::ToolRequest;
@@ -77,10 +78,10 @@ pub fn n_choices(common: &Common, n_slots: usize) -> Result<usize, ApiError> {
 }
 
 /// The sampling seed of a prompt's choice `j`: `seed + j` when the request
-/// gives a seed (so the choices differ and the request reproduces), else a
-/// random one each.
-pub fn seed_of_choice(common: &Common, j: usize) -> u64 {
-    common.seed.map_or_else(crate::ids::random_u64, |s| s.wrapping_add(j as u64))
+/// or the server gives a seed (so the choices differ and the request
+/// reproduces), else a random one each.
+pub fn seed_of_choice(common: &Common, defaults: &RequestDefaults, j: usize) -> u64 {
+    common.seed.or(defaults.seed).map_or_else(crate::ids::random_u64, |s| s.wrapping_add(j as u64))
 }
 
 /// The job settings for a prompt of `n_prompt` tokens (its first choice's
@@ -94,7 +95,7 @@ pub fn seed_of_choice(common: &Common, j: usize) -> u64 {
 pub fn job_params(common: &Common, info: &ModelInfo, n_prompt: usize, echo: bool) -> Result<JobParams, ApiError> {
     let n_predict = max_tokens(common, info, n_prompt, echo)?;
     let sampler = sampler(common, info)?;
-    let logit_bias = logit_bias(common, info.n_vocab)?;
+    let logit_bias = logit_bias(common, info)?;
     let logprobs = logprobs(common)?;
     let prompt_logprobs = if echo { logprobs } else { None };
     if prompt_logprobs.is_some() && common.stream() {
@@ -113,6 +114,8 @@ pub fn job_params(common: &Common, info: &ModelInfo, n_prompt: usize, echo: bool
         stop: stop_strings(common)?,
         ignore_eos: common.ignore_eos.unwrap_or(false),
         stream: common.stream(),
+        timings_per_token: common.timings_per_token.unwrap_or(false),
+        return_progress: common.return_progress.unwrap_or(false) && common.stream(),
         // Scoring the prompt needs every one of its rows' logits: none is reused.
         cache_prompt: common.cache_prompt.unwrap_or(true) && prompt_logprobs.is_none(),
         constraint: None,
@@ -130,17 +133,11 @@ fn max_tokens(common: &Common, info: &ModelInfo, n_prompt: usize, echo: bool) ->
     if n_prompt == 0 {
         return Err(ApiError::field("prompt", "the prompt is empty"));
     }
-    if n_prompt >= info.n_ctx {
-        return Err(ApiError::field(
-            "prompt",
-            format!(
-                "the prompt ({n_prompt} tokens) does not fit the KV pool of {} cells (-c): it needs {} cells and one more to answer",
-                info.n_ctx, n_prompt
-            ),
-        ));
+    if n_prompt >= info.n_ctx_seq {
+        return Err(ApiError::exceeds_context(n_prompt, info.n_ctx_seq));
     }
-    let fits = ((info.n_ctx - n_prompt + 1) * info.max_steps) as u64;
-    let n = match common.max_completion_tokens.or(common.max_tokens) {
+    let fits = ((info.n_ctx_seq - n_prompt + 1) * info.max_steps) as u64;
+    let n = match common.max_tokens()? {
         Some(0) if !echo => {
             return Err(ApiError::field("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')"))
         }
@@ -152,7 +149,7 @@ fn max_tokens(common: &Common, info: &ModelInfo, n_prompt: usize, echo: bool) ->
 
 /// The sampler's settings (its seed: choice 0's).
 fn sampler(common: &Common, info: &ModelInfo) -> Result<SamplerParams, ApiError> {
-    let d = SamplerParams::default();
+    let d = &info.defaults.sampler;
     let top_k = match common.top_k {
         Some(k) if k > info.n_vocab as u64 => {
             return Err(ApiError::field("top_k", format!("'top_k' must be at most {}", info.n_vocab)))
@@ -175,7 +172,7 @@ fn sampler(common: &Common, info: &ModelInfo) -> Result<SamplerParams, ApiError>
         repeat_penalty: as_f32(common.repeat_penalty).unwrap_or(d.repeat_penalty),
         repeat_last_n,
         top_k,
-        seed: seed_of_choice(common, 0),
+        seed: seed_of_choice(common, &info.defaults, 0),
     };
     sampler.validate().map_err(|e| refused(&e))?;
     Ok(sampler)
@@ -227,27 +224,53 @@ fn logprobs(common: &Common) -> Result<Option<usize>, ApiError> {
     Ok(Some(n as usize))
 }
 
-/// `logit_bias` as the sampler takes it.
+/// `logit_bias` as the sampler takes it: OpenAI's object (`{"id": bias}`)
+/// or llama-server's list of `[token, bias]` pairs, where a key that is not
+/// a token id is text (each of its tokens biased) and a bias of `false`
+/// bans the token.
 ///
 /// # Errors
-/// A 400 naming `logit_bias` for a key that is not a token id below
-/// `n_vocab`, or a bias outside -100..=100.
-fn logit_bias(common: &Common, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
-    let Some(map) = &common.logit_bias else { return Ok(Vec::new()) };
-    map.iter()
-        .map(|(k, &b)| {
-            let token = k.parse::<u32>().ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
-                ApiError::field("logit_bias", format!("'logit_bias' key '{k}' is not a token id below {n_vocab}"))
-            })?;
-            if !(-100.0..=100.0).contains(&b) {
-                return Err(ApiError::field(
-                    "logit_bias",
-                    format!("'logit_bias' of '{k}' is {b}: expected -100 to 100"),
-                ));
+/// A 400 naming `logit_bias`: another shape, a token id outside the
+/// vocabulary, a bias outside -100..=100.
+fn logit_bias(common: &Common, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |why: String| ApiError::field("logit_bias", why);
+    let pairs: Vec<(Value, &Value)> = match &common.logit_bias {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map.iter().map(|(k, b)| (Value::String(k.clone()), b)).collect(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                Some([k, b]) => Ok((k.clone(), b)),
+                _ => Err(bad("'logit_bias' lists [token, bias] pairs".into())),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad("'logit_bias' must be an object of token ids or a list of [token, bias] pairs".into())),
+    };
+    let mut out = Vec::new();
+    for (key, bias) in pairs {
+        let bias = match bias {
+            Value::Bool(false) => f32::NEG_INFINITY,
+            b => match b.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => b as f32,
+                _ => return Err(bad(format!("'logit_bias' of {key} is {b}: expected -100 to 100, or false"))),
+            },
+        };
+        let ids = match &key {
+            Value::Number(n) => vec![n.as_u64().and_then(|t| u32::try_from(t).ok()).unwrap_or(u32::MAX)],
+            Value::String(s) => match s.parse::<u32>() {
+                Ok(id) => vec![id],
+                Err(_) => info.tokenizer.encode(s, false).map_err(|e| bad(e.to_string()))?,
+            },
+            _ => return Err(bad(format!("'logit_bias' key {key} is neither a token id nor text"))),
+        };
+        for id in ids {
+            if id as usize >= info.n_vocab {
+                return Err(bad(format!("'logit_bias' key {key} is not a token id below {}", info.n_vocab)));
             }
-            Ok((token, b as f32))
-        })
-        .collect()
+            out.push((id, bias));
+        }
+    }
+    Ok(out)
 }
 
 /// The constraint every answer of the request obeys: its tools' call, else
@@ -277,6 +300,7 @@ fn fan_out(
     prompts: Vec<(Vec<u32>, JobParams)>,
     n: usize,
     common: &Common,
+    defaults: &RequestDefaults,
     deadline: Instant,
     queue: usize,
 ) -> Result<(Vec<Job>, Vec<Receiver<Event>>), ApiError> {
@@ -295,7 +319,7 @@ fn fan_out(
         .map(|(prompt, mut params, j)| {
             let (tx, rx) = event_channel();
             events.push(rx);
-            params.sampler.seed = seed_of_choice(common, j);
+            params.sampler.seed = seed_of_choice(common, defaults, j);
             Job { prompt, params, events: tx, deadline }
         })
         .collect();
@@ -366,6 +390,6 @@ pub fn plan(
         jobs.push((ids, params));
     }
     let logprobs = jobs.first().is_some_and(|(_, p)| p.logprobs.is_some());
-    let (jobs, events) = fan_out(jobs, n, common, deadline, queue)?;
+    let (jobs, events) = fan_out(jobs, n, common, &info.defaults, deadline, queue)?;
     Ok(Planned { jobs, events, n, echoes, logprobs })
 }

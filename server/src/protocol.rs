@@ -81,6 +81,8 @@ pub struct Common {
     pub model: Option<String>,
     /// Tokens to generate at most.
     pub max_tokens: Option<u64>,
+    /// llama-server's name of `max_tokens` (-1: until the context is full).
+    pub n_predict: Option<i64>,
     /// Alias of `max_tokens` (chat).
     pub max_completion_tokens: Option<u64>,
     /// Sampling temperature (0: greedy).
@@ -105,8 +107,10 @@ pub struct Common {
     pub logprobs: Option<Logprobs>,
     /// Alternatives beside each token's log-probability (chat).
     pub top_logprobs: Option<u64>,
-    /// Added to the logits of token ids (OpenAI's: ids as strings, biases -100..=100).
-    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Added to the logits of tokens: OpenAI's object of ids (as strings)
+    /// to biases, or llama-server's `[[token, bias], ...]`, where a token
+    /// may be text (each of its tokens biased) and a bias `false` (never).
+    pub logit_bias: Option<Value>,
     /// Stop strings.
     pub stop: Option<OneOrMany>,
     /// Server-sent events, one chunk per macro step.
@@ -115,6 +119,12 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     /// Choices per prompt (each its own job; at most the server's `-np`).
     pub n: Option<u64>,
+    /// llama-server's: answer the rendered prompt in `__verbose` (not streamed).
+    pub verbose: Option<bool>,
+    /// llama-server's: each streamed chunk carries the `timings` so far.
+    pub timings_per_token: Option<bool>,
+    /// llama-server's: a stream reports the prompt's progress (`prompt_progress` chunks).
+    pub return_progress: Option<bool>,
     /// HAMburger: stop a macro step when `1 - p_stop < confidence`.
     pub confidence: Option<f64>,
     /// HAMburger: most tokens per macro step (0: the model's).
@@ -144,6 +154,22 @@ pub struct Common {
 }
 
 impl Common {
+    /// Tokens to generate at most, by whichever name the request gave
+    /// (`max_completion_tokens`, `max_tokens`, llama-server's `n_predict`);
+    /// `None`: the server's default.
+    ///
+    /// # Errors
+    /// A 400 naming `n_predict` below -1.
+    pub fn max_tokens(&self) -> Result<Option<u64>, ApiError> {
+        let n_predict = match self.n_predict {
+            None | Some(-1) => None,
+            Some(n) => Some(u64::try_from(n).map_err(|_| {
+                ApiError::field("n_predict", "'n_predict' must be -1 (until the context is full) or at least 0")
+            })?),
+        };
+        Ok(self.max_completion_tokens.or(self.max_tokens).or(n_predict))
+    }
+
     /// Whether the answer is streamed.
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
@@ -178,8 +204,12 @@ pub struct StreamOptions {
 pub enum ResponseFormat {
     /// Any text (no constraint).
     Text,
-    /// Any JSON object.
-    JsonObject,
+    /// Any JSON object, or JSON following `schema` (llama-server's extension).
+    JsonObject {
+        /// The schema (none: any JSON object).
+        #[serde(default)]
+        schema: Option<Value>,
+    },
     /// JSON following a schema.
     JsonSchema {
         /// The schema and its name.
@@ -283,10 +313,18 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Tool>>,
     /// `none`, `auto`, `required` or a named function.
     pub tool_choice: Option<ToolChoice>,
+    /// Open the assistant's turn after the messages (default true; false
+    /// with a final assistant message: continue it).
+    pub add_generation_prompt: Option<bool>,
+    /// vLLM's: continue the final assistant message (a prefill).
+    pub continue_final_message: Option<bool>,
+    /// More variables for the chat template (`enable_thinking`, ...).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
 }
 
 impl Request for ChatRequest {
-    const FIELDS: &'static [&'static str] = &["messages", "tools", "tool_choice"];
+    const FIELDS: &'static [&'static str] =
+        &["messages", "tools", "tool_choice", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"];
 }
 
 /// A completion prompt: text or token ids.
@@ -360,6 +398,9 @@ pub struct TokenizeRequest {
     /// Whether to add BOS as the model wants.
     #[serde(default)]
     pub add_special: bool,
+    /// Answer each token with its text (`{"id", "piece"}`).
+    #[serde(default)]
+    pub with_pieces: bool,
 }
 
 /// `POST /detokenize`.

@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 
 use crate::choices::Choices;
 use crate::error::ApiError;
-use crate::job::{Event, FinishReason, ModelInfo};
+use crate::job::{End, Event, FinishReason, ModelInfo};
+use crate::native;
 use crate::plan::Echo;
 use crate::tools::ToolRequest;
 
@@ -29,9 +30,20 @@ pub fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
-/// The `usage` object of `prompt` and `completion` tokens.
-pub fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// The `usage` object of `prompt` and `completion` tokens, `cached` of the
+/// prompt tokens reused (`prompt_tokens_details.cached_tokens`).
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// `system_fingerprint`: the build, as llama-server's `b<build>-<commit>` starts.
+pub fn system_fingerprint() -> String {
+    format!("b{}-hamburger", env!("CARGO_PKG_VERSION"))
 }
 
 /// The `timings` object: llama-server's fields (`prompt_n` the prompt tokens
@@ -41,14 +53,20 @@ pub fn usage(prompt: usize, completion: usize) -> Value {
 /// that checked drafts and the drafted tokens accepted per such forward.
 pub fn timings(t: &Timings) -> Value {
     let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let per_token = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    // As llama-server counts: the first generated token comes out of the
+    // prompt's forward, so the generation's rate is over the tokens after it.
+    let decoded = t.gen_tokens.saturating_sub(1);
     json!({
         "cache_n": t.cached_tokens,
         "prompt_n": t.prompt_tokens,
         "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": per_token(t.prompt_ms, t.prompt_tokens),
         "prompt_per_second": per_second(t.prompt_tokens, t.prompt_ms),
         "predicted_n": t.gen_tokens,
         "predicted_ms": t.gen_ms,
-        "predicted_per_second": per_second(t.gen_tokens, t.gen_ms),
+        "predicted_per_token_ms": per_token(t.gen_ms, decoded),
+        "predicted_per_second": if decoded == 0 { 0.0 } else { per_second(decoded, t.gen_ms) },
         "macro_steps": t.macro_steps,
         "tokens_per_step": t.tokens_per_step(),
         "kv_entries": t.kv_entries,
@@ -71,6 +89,8 @@ pub enum Kind {
     Chat,
     /// `text_completion`.
     Completion,
+    /// llama-server's native `/completion` object ([`native`]).
+    Native,
 }
 
 impl Kind {
@@ -78,7 +98,7 @@ impl Kind {
         match (self, chunk) {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
+            (Kind::Completion | Kind::Native, _) => "text_completion",
         }
     }
 
@@ -92,7 +112,7 @@ impl Kind {
                 let delta = text.map_or(json!({}), |t| json!({"content": t}));
                 json!({"index": index, "delta": delta, "finish_reason": finish})
             }
-            (Kind::Completion, _) => {
+            (Kind::Completion | Kind::Native, _) => {
                 json!({"index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
             }
         }
@@ -110,17 +130,20 @@ struct Totals {
     /// `usage.prompt_tokens`: each prompt counted once, however many choices
     /// it has (as OpenAI counts).
     prompt_tokens: usize,
+    /// Of those, the tokens whose KV entries were reused.
+    cached_tokens: usize,
 }
 
 impl Totals {
     fn new(n: usize) -> Totals {
-        Totals { n, timings: Timings::default(), prompt_tokens: 0 }
+        Totals { n, timings: Timings::default(), prompt_tokens: 0, cached_tokens: 0 }
     }
 
     /// Adds the statistics of choice `index`.
     fn add(&mut self, index: usize, t: &Timings) {
         if index.is_multiple_of(self.n) {
             self.prompt_tokens += t.cached_tokens + t.prompt_tokens;
+            self.cached_tokens += t.cached_tokens;
         }
         let sum = &mut self.timings;
         sum.prompt_tokens += t.prompt_tokens;
@@ -143,13 +166,25 @@ impl Totals {
 
     /// The `usage` object: the prompts once each, the completion tokens of every choice.
     fn usage(&self) -> Value {
-        usage(self.prompt_tokens, self.timings.gen_tokens)
+        usage(self.prompt_tokens, self.timings.gen_tokens, self.cached_tokens)
     }
 
     /// The `timings` object of the choices together.
     fn timings(&self) -> Value {
         timings(&self.timings)
     }
+}
+
+/// What a native answer ([`Kind::Native`]) needs besides the events.
+pub(crate) struct NativeOptions {
+    /// `generation_settings` ([`native::generation_settings`]).
+    pub(crate) settings: Value,
+    /// Whether the answer lists the generated ids (`return_tokens`).
+    pub(crate) return_tokens: bool,
+    /// The fields to answer (`response_fields`; none: all).
+    pub(crate) fields: Option<Vec<String>>,
+    /// Each prompt's ids.
+    pub(crate) prompts: Vec<Vec<u32>>,
 }
 
 /// A generation answered as `kind`: its id and model name for every chunk.
@@ -165,6 +200,10 @@ pub(crate) struct Answer {
     logprobs: bool,
     /// The tools of a chat request that uses them: a call answers as `tool_calls`.
     tools: Option<ToolRequest>,
+    /// A native answer's settings (`Some` exactly for [`Kind::Native`]).
+    native: Option<NativeOptions>,
+    /// The prompt as the model reads it, answered in `__verbose` (llama-server's `verbose`).
+    verbose: Option<String>,
     id: String,
     model: String,
     created: u64,
@@ -185,11 +224,41 @@ impl Answer {
     ) -> Answer {
         let prefix = match kind {
             Kind::Chat => "chatcmpl",
-            Kind::Completion => "cmpl",
+            Kind::Completion | Kind::Native => "cmpl",
         };
         let model = info.name.clone();
         let id = format!("{prefix}-{}", crate::ids::unique());
-        Answer { kind, echoes, n, info, logprobs, tools, id, model, created: now() }
+        Answer { kind, echoes, n, info, logprobs, tools, native: None, verbose: None, id, model, created: now() }
+    }
+
+    /// The same answer with `prompt` in `__verbose` (not streamed).
+    pub(crate) fn verbose(self, prompt: String) -> Answer {
+        Answer { verbose: Some(prompt), ..self }
+    }
+
+    /// The same answer in llama-server's native shape.
+    pub(crate) fn native(self, options: NativeOptions) -> Answer {
+        Answer { kind: Kind::Native, native: Some(options), ..self }
+    }
+
+    /// The native object ending choice `i` (its whole `text` unless streamed).
+    fn native_end(&self, i: usize, text: &str, end: &End, t: &Timings, lps: &[TokenLogprob]) -> Value {
+        let Some(o) = &self.native else { return Value::Null };
+        let f = native::Finished {
+            text,
+            end,
+            prompt: o.prompts.get(i / self.n).map_or(&[], Vec::as_slice),
+            timings: timings(t),
+            cached: t.cached_tokens,
+            evaluated: t.prompt_tokens,
+        };
+        let mut v = native::finished(&f, &self.info, &o.settings, o.return_tokens);
+        v["index"] = json!(i);
+        v["id"] = json!(self.id);
+        if self.logprobs && !lps.is_empty() {
+            v["completion_probabilities"] = crate::logprobs::native(lps, &self.info.tokenizer);
+        }
+        native::only_fields(v, o.fields.as_deref())
     }
 
     fn object(&self, choice: Value, chunk: bool) -> Value {
@@ -197,13 +266,22 @@ impl Answer {
     }
 
     fn with_choices(&self, choices: Value, chunk: bool) -> Value {
-        json!({"id": self.id, "object": self.kind.object(chunk), "created": self.created, "model": self.model, "choices": choices})
+        json!({
+            "id": self.id,
+            "object": self.kind.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": system_fingerprint(),
+            "choices": choices,
+        })
     }
 
-    /// The chunk that ends a stream with `stream_options.include_usage`: no choice, the usage.
+    /// The chunk that ends a stream with `stream_options.include_usage`: no
+    /// choice, the usage and (as llama-server) the timings.
     fn usage_chunk(&self, totals: &Totals) -> Value {
         let mut v = self.with_choices(json!([]), true);
         v["usage"] = totals.usage();
+        v["timings"] = totals.timings();
         v
     }
 
@@ -224,6 +302,7 @@ impl Answer {
         choice["logprobs"] = match self.kind {
             Kind::Chat => crate::logprobs::chat(lps, tok),
             Kind::Completion => crate::logprobs::completion(first, lps, tok, *offset),
+            Kind::Native => crate::logprobs::native(lps, tok),
         };
         let tokens = first.iter().chain(lps.iter().map(|lp| &lp.token));
         *offset += tokens.map(|&t| tok.decode(&[t]).len()).sum::<usize>();
@@ -248,8 +327,8 @@ impl Answer {
         let n = choices.len();
         let mut texts: Vec<String> =
             (0..n).map(|i| self.echo_of(i).map_or_else(String::new, |e| e.text.clone())).collect();
-        let (mut lps, mut reasons) = (vec![Vec::new(); n], vec![FinishReason::Stop; n]);
-        let mut prompt_lps = vec![Vec::new(); n];
+        let (mut lps, mut ends) = (vec![Vec::new(); n], vec![None; n]);
+        let (mut prompt_lps, mut each) = (vec![Vec::new(); n], vec![Timings::default(); n]);
         let mut totals = Totals::new(choices.per_prompt());
         while !choices.all_done() {
             match choices.next().await? {
@@ -257,18 +336,26 @@ impl Answer {
                     texts[i].push_str(&text);
                     lps[i].extend(logprobs);
                 }
-                (i, Event::Done { reason, timings, logprobs, prompt_logprobs }) => {
+                (i, Event::Done { end, timings, logprobs, prompt_logprobs }) => {
                     lps[i].extend(logprobs);
                     prompt_lps[i] = prompt_logprobs;
-                    reasons[i] = reason;
+                    ends[i] = Some(end);
                     totals.add(i, &timings);
+                    each[i] = timings;
                 }
+                (_, Event::Progress { .. }) => {}
                 (_, Event::Failed(_)) => unreachable!("Choices::next turns failures into errors"),
             }
         }
+        let ends: Vec<End> = ends.into_iter().map(|e| e.expect("every choice is done")).collect();
+        if matches!(self.kind, Kind::Native) {
+            let mut list: Vec<Value> =
+                (0..n).map(|i| self.native_end(i, &texts[i], &ends[i], &each[i], &lps[i])).collect();
+            return Ok(if n == 1 { list.remove(0) } else { Value::Array(list) });
+        }
         let list: Vec<Value> = (0..n)
             .map(|i| {
-                let mut c = self.kind.choice(i, Some(&texts[i]), Some(finish_reason(reasons[i])), false);
+                let mut c = self.kind.choice(i, Some(&texts[i]), Some(finish_reason(ends[i].reason)), false);
                 if let Some(calls) = self.tools.as_ref().and_then(|t| t.calls(&texts[i])) {
                     c["message"] = json!({"role": "assistant", "content": null, "tool_calls": calls});
                     c["finish_reason"] = json!("tool_calls");
@@ -281,6 +368,9 @@ impl Answer {
         let mut v = self.with_choices(Value::Array(list), false);
         v["usage"] = totals.usage();
         v["timings"] = totals.timings();
+        if let Some(prompt) = &self.verbose {
+            v["__verbose"] = json!({"prompt": prompt});
+        }
         Ok(v)
     }
 
@@ -302,7 +392,7 @@ impl Answer {
             if matches!(a.kind, Kind::Chat) {
                 for i in 0..choices.len() {
                     let role =
-                        json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
+                        json!({"index": i, "delta": {"role": "assistant", "content": null}, "finish_reason": null});
                     if send(a.object(role, true)).await.is_err() {
                         return;
                     }
@@ -316,6 +406,7 @@ impl Answer {
                 }
             }
             let mut offsets = vec![0; choices.len()];
+            let mut predicted = vec![0; choices.len()];
             let mut totals = Totals::new(choices.per_prompt());
             loop {
                 let event = tokio::select! {
@@ -323,20 +414,52 @@ impl Answer {
                     () = tx.closed() => return,
                 };
                 let (v, last, usage) = match event {
-                    Ok((i, Event::Text { text, tokens, steps, logprobs })) => {
+                    Ok((i, Event::Text { text, tokens, logprobs, ids, timings: so_far, .. }))
+                        if matches!(a.kind, Kind::Native) =>
+                    {
+                        predicted[i] += tokens;
+                        let evaluated = a.native.as_ref().and_then(|o| o.prompts.get(i / a.n)).map_or(0, Vec::len);
+                        let mut v = native::partial(&text, &ids, predicted[i], evaluated);
+                        v["index"] = json!(i);
+                        if let Some(t) = so_far {
+                            v["timings"] = timings(&t);
+                        }
+                        if a.logprobs {
+                            v["completion_probabilities"] = crate::logprobs::native(&logprobs, &a.info.tokenizer);
+                        }
+                        (v, false, None)
+                    }
+                    Ok((i, Event::Done { end, timings, logprobs, .. })) if matches!(a.kind, Kind::Native) => {
+                        totals.add(i, &timings);
+                        (a.native_end(i, "", &end, &timings, &logprobs), choices.all_done(), None)
+                    }
+                    Ok((i, Event::Text { text, tokens, steps, logprobs, timings: so_far, .. })) => {
                         let mut c = a.kind.choice(i, Some(&text), None, true);
                         a.set_logprobs(&mut c, None, &logprobs, &mut offsets[i]);
                         let mut v = a.object(c, true);
                         v["hamburger"] = json!({"tokens": tokens, "macro_steps": steps});
+                        if let Some(t) = so_far {
+                            v["timings"] = timings(&t);
+                        }
                         (v, false, None)
                     }
-                    Ok((i, Event::Done { reason, timings, logprobs, .. })) => {
+                    Ok((i, Event::Done { end, timings, logprobs, .. })) => {
                         totals.add(i, &timings);
-                        let mut c = a.kind.choice(i, None, Some(finish_reason(reason)), true);
+                        let mut c = a.kind.choice(i, None, Some(finish_reason(end.reason)), true);
                         a.set_logprobs(&mut c, None, &logprobs, &mut offsets[i]);
                         let last = choices.all_done();
                         let usage = (last && include_usage).then(|| a.usage_chunk(&totals));
                         (a.finished(c, last.then_some(&totals)), last, usage)
+                    }
+                    Ok((i, Event::Progress { total, cache, processed, timings: so_far })) => {
+                        let mut v = match a.kind {
+                            Kind::Native => json!({"index": i, "content": "", "tokens": [], "stop": false}),
+                            Kind::Chat | Kind::Completion => a.with_choices(json!([]), true),
+                        };
+                        v["prompt_progress"] =
+                            json!({"total": total, "cache": cache, "processed": processed, "time_ms": so_far.prompt_ms});
+                        v["timings"] = timings(&so_far);
+                        (v, false, None)
                     }
                     Ok((_, Event::Failed(_))) => unreachable!("Choices::next turns failures into errors"),
                     Err(e) => (e.body(), true, None),
@@ -347,7 +470,10 @@ impl Answer {
                     }
                 }
                 if last {
-                    let _ = tx.send("[DONE]".to_string()).await;
+                    // llama-server's native stream ends with its last object.
+                    if !matches!(a.kind, Kind::Native) {
+                        let _ = tx.send("[DONE]".to_string()).await;
+                    }
                     return;
                 }
             }

@@ -1,12 +1,12 @@
 //! Structured output of a request: OpenAI's `response_format`
-//! (`json_object`, `json_schema`), llama-server's `grammar` (in llguidance's
-//! Lark-like syntax; GBNF is not accepted) and `json_schema`, compiled into
+//! (`json_object`, `json_schema`), llama-server's `grammar` (GBNF, as
+//! llama.cpp takes it, or llguidance's Lark-like syntax) and `json_schema`, compiled into
 //! the [`Constraint`] its sequence obeys.
 
 use hamburger::constraint::{Constraint, ConstraintSpec, Grammars, MicroPolicy};
 
 use crate::error::ApiError;
-use crate::protocol::{Common, ResponseFormat};
+use crate::protocol::{Common, JsonSchemaFormat, ResponseFormat};
 
 /// The constraint `common` asks for and the field that asks, or None.
 ///
@@ -16,21 +16,22 @@ use crate::protocol::{Common, ResponseFormat};
 pub fn spec(common: &Common) -> Result<Option<(ConstraintSpec, &'static str)>, ApiError> {
     let format = match &common.response_format {
         None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(ConstraintSpec::JsonObject),
-        Some(ResponseFormat::JsonSchema { json_schema }) => match &json_schema.schema {
+        Some(ResponseFormat::JsonObject { schema }) | Some(ResponseFormat::JsonSchema { json_schema: JsonSchemaFormat { schema, .. } }) => match schema {
             Some(s) if s.is_object() => Some(ConstraintSpec::JsonSchema(s.clone())),
             None => Some(ConstraintSpec::JsonObject),
             Some(_) => {
-                return Err(ApiError::field(
-                    "response_format",
-                    "'response_format.json_schema.schema' must be an object",
-                ))
+                return Err(ApiError::field("response_format", "'response_format''s schema must be an object"))
             }
         },
     };
     let given = [
         format.map(|s| (s, "response_format")),
-        common.grammar.as_ref().map(|g| (ConstraintSpec::Lark(g.clone()), "grammar")),
+        common
+            .grammar
+            .as_deref()
+            .map(|g| ConstraintSpec::of_grammar(g).map_err(|e| ApiError::field("grammar", format!("invalid 'grammar': {e}"))))
+            .transpose()?
+            .map(|spec| (spec, "grammar")),
         common.json_schema.as_ref().map(|s| (ConstraintSpec::JsonSchema(s.clone()), "json_schema")),
     ];
     let mut given = given.into_iter().flatten();

@@ -159,6 +159,55 @@ impl FlashAttn {
     }
 }
 
+/// The KV cache and attention flags, as llama.cpp's tools take them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KvArgs {
+    /// Flash attention: on, off or auto (on); also 1 and 0. Also -fa.
+    #[arg(long = "flash-attn", short = 'F', value_enum, default_value_t = FlashAttn::Auto)]
+    pub flash_attn: FlashAttn,
+    /// KV cache type of K: f16, f32 or q8_0 (q8_0 needs flash attention).
+    /// Also -ctk and --cache-type.
+    #[arg(long = "cache-type-k", visible_alias = "cache-type", default_value = "f16", value_parser = ["f16", "f32", "q8_0"])]
+    pub cache_type_k: String,
+    /// KV cache type of V: K's (one type for both here). Also -ctv.
+    #[arg(long = "cache-type-v", value_parser = ["f16", "f32", "q8_0"])]
+    pub cache_type_v: Option<String>,
+    /// llama.cpp's physical batch (also -ub): the smaller of -b and -ub is
+    /// the prompt tokens per base forward.
+    #[arg(long = "ubatch-size")]
+    pub ubatch_size: Option<usize>,
+}
+
+impl Default for KvArgs {
+    fn default() -> KvArgs {
+        KvArgs { flash_attn: FlashAttn::Auto, cache_type_k: "f16".into(), cache_type_v: None, ubatch_size: None }
+    }
+}
+
+impl KvArgs {
+    /// The KV cache type and whether attention is fused.
+    ///
+    /// # Errors
+    /// -ctv unlike -ctk, or a quantized cache without flash attention.
+    pub fn kv(&self) -> anyhow::Result<(ggml::Type, bool)> {
+        if let Some(v) = self.cache_type_v.as_ref().filter(|v| **v != self.cache_type_k) {
+            anyhow::bail!("-ctv {v}: K and V are cached in one type here; give -ctk {v} too, or drop -ctv");
+        }
+        let kv = ggml::Type::from_name(&self.cache_type_k).expect("clap checked the name");
+        let fa = self.flash_attn.enabled();
+        if kv.is_quantized() && !fa {
+            anyhow::bail!("-ctk {} needs flash attention (-fa on)", self.cache_type_k);
+        }
+        Ok((kv, fa))
+    }
+
+    /// Prompt tokens per base forward: -b, or -ub when smaller (llama.cpp's
+    /// physical batch, which never exceeds its logical one).
+    pub fn n_batch(&self, batch_size: usize) -> usize {
+        self.ubatch_size.map_or(batch_size, |ub| ub.min(batch_size))
+    }
+}
+
 /// llama.cpp flags that have no meaning here: accepted by the parser so that
 /// the error says why in one line instead of "unexpected argument".
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -194,7 +243,7 @@ impl RefusedArgs {
 /// take it: a built-in name or Jinja source, or a file of Jinja source.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ChatTemplateArgs {
-    /// Chat template instead of the model's: a built-in name (chatml) or
+    /// Chat template instead of the model's: a built-in name (chatml, llama3, command-r) or
     /// Jinja source (templates always render as Jinja; --jinja is implied).
     #[arg(long, conflicts_with = "chat_template_file")]
     pub chat_template: Option<String>,
@@ -205,6 +254,16 @@ pub struct ChatTemplateArgs {
     #[arg(long)]
     pub jinja: bool,
 }
+
+/// llama.cpp's built-in templates that `--chat-template NAME` names (as
+/// Jinja): ChatML, Llama 3's and Command R's turns.
+pub const BUILT_IN_TEMPLATES: [(&str, &str); 3] = [("chatml", CHATML), ("llama3", LLAMA3), ("command-r", COMMAND_R)];
+
+/// Llama 3's turns (`--chat-template llama3`), each message's text trimmed, as llama.cpp writes them.
+const LLAMA3: &str = "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+/// Command R's turns (`--chat-template command-r`), as llama.cpp writes them.
+const COMMAND_R: &str = "{% for message in messages %}{% set token = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>'}.get(message['role'], '<|CHATBOT_TOKEN|>') %}{{ '<|START_OF_TURN_TOKEN|>' + token + message['content'] | trim + '<|END_OF_TURN_TOKEN|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}";
 
 /// ChatML, the template `--chat-template chatml` names.
 pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -220,12 +279,15 @@ impl ChatTemplateArgs {
                 .map_err(|e| anyhow::anyhow!("--chat-template-file {}: {e}", path.display()))?;
             return Ok(Some(text));
         }
-        match self.chat_template.as_deref() {
-            None => Ok(None),
-            Some("chatml") => Ok(Some(CHATML.to_string())),
-            Some(t) if t.contains("{%") || t.contains("{{") => Ok(Some(t.to_string())),
-            Some(t) => anyhow::bail!("--chat-template {t}: not a built-in template (chatml) nor Jinja source"),
+        let Some(t) = self.chat_template.as_deref() else { return Ok(None) };
+        if let Some((_, source)) = BUILT_IN_TEMPLATES.iter().find(|(name, _)| *name == t) {
+            return Ok(Some(source.to_string()));
         }
+        if t.contains("{%") || t.contains("{{") {
+            return Ok(Some(t.to_string()));
+        }
+        let names: Vec<&str> = BUILT_IN_TEMPLATES.iter().map(|(name, _)| *name).collect();
+        anyhow::bail!("--chat-template {t}: not a built-in template ({}) nor Jinja source", names.join(", "))
     }
 }
 
@@ -274,7 +336,7 @@ impl PlacementArgs {
 }
 
 /// Rewrites llama.cpp's multi-letter short flags (`-cnv`, `-no-cnv`, `-st`,
-/// `-sys`, `-sysf`, `-ub`, `-fa`, `-ctk`/`-ctv`, `-ngl`, `-ts`, `-np`, `-jf`)
+/// `-sys`, `-sysf`, `-ub`, `-fa`, `-ctk`/`-ctv`, `-cb`/`-nocb`, `-kvu`, `-ngl`, `-ts`, `-np`, `-jf`)
 /// into the long ones our tools define.
 pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     args.into_iter()
@@ -286,7 +348,11 @@ pub fn llama_style_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
             "-sysf" => "--system-prompt-file".into(),
             "-ub" => "--ubatch-size".into(),
             "-fa" => "--flash-attn".into(),
-            "-ctk" | "-ctv" => "--cache-type".into(),
+            "-ctk" => "--cache-type-k".into(),
+            "-ctv" => "--cache-type-v".into(),
+            "-cb" => "--cont-batching".into(),
+            "-nocb" => "--no-cont-batching".into(),
+            "-kvu" => "--kv-unified".into(),
             "-ngl" => "--n-gpu-layers".into(),
             "-ts" => "--tensor-split".into(),
             "-np" => "--parallel".into(),

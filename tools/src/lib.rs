@@ -7,6 +7,8 @@
 //! * [`decoder`]: what `hamburger-cli` decodes with: one model's macro
 //!   steps, or a target verifying a draft model's tokens (`-md`);
 //! * [`devices`]: the device listing of `--list-devices`;
+//! * [`server_flags`]: llama-server's launch flags, honoured, accepted or
+//!   refused in one line, for `hamburger-server`;
 //! * [`grammar`]: the structured-output flags (`--grammar`, `--json-schema`);
 //! * [`bench`]: llama-bench-style measurements of our engine against libllama;
 //! * [`draft_eval`]: `hamburger-eval draft`, a HAMburger drafting for a
@@ -31,5 +33,6 @@ pub mod eval;
 pub mod grammar;
 pub mod logits;
 pub mod plot;
+pub mod server_flags;
 pub mod sweep;
 pub mod sweep_table;

@@ -163,7 +163,8 @@ def free_port() -> int:
 def start_server(bin_dir: Path, gguf: Path, slots: int, threads: int) -> tuple[subprocess.Popen, str]:
     """Starts hamburger-server on loopback and waits for /health."""
     port = free_port()
-    cmd = [str(bin_dir / "hamburger-server"), "-m", str(gguf), "-np", str(slots), "-c", str(1024 * slots),
+    # -kvu: every answer may grow into the whole pool, as before llama-server's slot contexts.
+    cmd = [str(bin_dir / "hamburger-server"), "-m", str(gguf), "-np", str(slots), "-c", str(1024 * slots), "-kvu",
            "--port", str(port), "--confidence", "1.01", "-t", str(threads), "--timeout", str(ANSWER_TIMEOUT_S)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

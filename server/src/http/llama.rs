@@ -1,7 +1,7 @@
-//! llama-server's own operations routes, for its clients and dashboards:
+//! llama-server's own routes, for its clients and dashboards: the native
+//! completion (`/completion`, `/completions`; see [`crate::native`]),
 //! `/props` (the server's settings), `/apply-template` (a chat rendered to
-//! its prompt), `/slots` (what each slot is doing), and an answer that names
-//! what to use instead of `/completion` (llama-server's native completion).
+//! its prompt) and `/slots` (what each slot is doing).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -10,9 +10,15 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use axum::response::{IntoResponse, Response};
+
 use super::state::{blocking, body, AppState};
+use super::{generate, Native};
 use crate::error::{status, ApiError};
-use crate::protocol::{self, ChatRequest};
+use crate::native::{self, NativeRequest};
+use crate::plan::Prompted;
+use crate::protocol::{self, ChatRequest, Logprobs};
+use crate::response::Kind;
 use crate::scheduler::slot_board::SlotState;
 
 /// The routes of this module, merged into the server's router.
@@ -32,10 +38,11 @@ async fn props(State(s): State<AppState>) -> Json<Value> {
     let n_predict = info.n_predict.map_or(-1, |n| n as i64);
     Json(json!({
         "default_generation_settings": {
-            "n_ctx": info.n_ctx,
+            "n_ctx": info.n_ctx_seq,
             "params": {
                 "n_predict": n_predict,
-                "temperature": hamburger::SamplerParams::default().temp.to_string().parse::<f64>().unwrap_or_default(),
+                "seed": info.defaults.seed.map_or(-1, |s| s as i64),
+                "temperature": info.defaults.sampler.temp.to_string().parse::<f64>().unwrap_or_default(),
                 // As the flag was written (0.8, not f32's 0.800000011920929).
                 "confidence": info.step.confidence.to_string().parse::<f64>().unwrap_or_default(),
                 "max_steps": if info.step.max_steps == 0 { info.max_steps } else { info.step.max_steps },
@@ -50,33 +57,39 @@ async fn props(State(s): State<AppState>) -> Json<Value> {
     }))
 }
 
-/// llama-server's `/apply-template`: `messages` rendered with the model's
-/// chat template (the assistant's turn opened), as `{"prompt": text}`.
+/// llama-server's `/apply-template`: the chat rendered with the model's
+/// chat template as a chat completion would render it, its tools as sent,
+/// as `{"prompt": text}`.
 async fn apply_template(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let req: ChatRequest = protocol::parse(&body(b)?)?;
-    let messages = crate::messages::chat_messages(&req.messages)?;
+    let tools: Vec<Value> = req.tools.iter().flatten().filter_map(|t| serde_json::to_value(t).ok()).collect();
     let info = s.info.clone();
-    let prompt = blocking(move || {
-        let template =
-            info.chat_template.as_ref().ok_or_else(|| ApiError::field("messages", "the model has no chat template"))?;
-        template.render(&messages, true).map_err(|e| ApiError::field("messages", e.to_string()))
-    })
-    .await?;
+    let prompt = blocking(move || crate::prompt::render(&info, &req, &tools)).await?;
     Ok(Json(json!({"prompt": prompt})))
 }
 
-/// llama-server's native completion is not served: a 404 naming the
-/// OpenAI route that does the same.
-async fn native_completion() -> ApiError {
-    ApiError::new(
-        status::NOT_FOUND,
-        "llama-server's native /completion is not served: use /v1/completions (prompt, max_tokens, stream, ...)",
-    )
+/// llama-server's native completion: its prompts ([`NativeRequest::prompts`])
+/// tokenized, `n_probs` read as `logprobs`, answered in its shape.
+async fn native_completion(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let (req, mut common) = protocol::parse_request::<NativeRequest>(&body(b)?)?;
+    if let Some(n) = req.n_probs.filter(|&n| n > 0) {
+        common.logprobs = Some(Logprobs::Count(n));
+    }
+    let (pieces, info) = (req.prompts()?, s.info.clone());
+    let prompts = blocking(move || {
+        pieces.into_iter().map(|p| Ok(Prompted { ids: native::tokenize(&info, p)?, echo: None })).collect()
+    })
+    .await?;
+    let native = Native { return_tokens: req.return_tokens.unwrap_or(false), fields: req.response_fields };
+    generate(&s, Kind::Native, prompts, common, None, Some(native)).await
 }
 
 /// llama-server's `/slots`: each slot's state as the engine thread last
 /// published it (the running request's task, prompt and generated tokens so
-/// far, and its settings).
-async fn slots(State(s): State<AppState>) -> Json<Vec<SlotState>> {
-    Json(s.slots.snapshot())
+/// far, and its settings); 501 with `--no-slots`.
+async fn slots(State(s): State<AppState>) -> Response {
+    if !s.slots_endpoint {
+        return ApiError::new(status::NOT_IMPLEMENTED, "the slots endpoint is off (--no-slots)").into_response();
+    }
+    Json::<Vec<SlotState>>(s.slots.snapshot()).into_response()
 }

@@ -5,9 +5,11 @@
 //! Server-Sent Events, comments keeping an idle stream alive).
 //!
 //! * `state`: what the handlers share;
-//! * `llama`: llama-server's operations routes (`/props`, `/slots`, ...);
+//! * `cors`: cross-origin requests, as llama-server answers them;
+//! * `llama`: llama-server's own routes (`/completion`, `/props`, `/slots`, ...);
 //! * `webui`: the chat page at `/`.
 
+mod cors;
 mod llama;
 mod state;
 mod webui;
@@ -27,8 +29,8 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
-use tower_http::cors::CorsLayer;
 
+pub use cors::Cors;
 pub use state::AppState;
 use state::{blocking, body};
 
@@ -36,7 +38,7 @@ use crate::choices::Choices;
 use crate::error::{status, ApiError};
 use crate::plan::{self, Prompted};
 use crate::protocol::{self, ChatRequest, Common, CompletionRequest, DetokenizeRequest, OnePrompt, TokenizeRequest};
-use crate::response::{Answer, Kind};
+use crate::response::{Answer, Kind, NativeOptions};
 use crate::scheduler::SubmitError;
 use crate::tools::ToolRequest;
 
@@ -49,26 +51,27 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// The server's routes over `state`.
 pub fn router(state: AppState) -> Router {
-    let (cors, webui) = (state.cors, state.webui);
-    let router = Router::new()
+    let webui = state.webui;
+    Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/chat/completions/input_tokens", post(chat_input_tokens))
+        .route("/v1/chat/completions/input_tokens", post(chat_input_tokens))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .merge(llama::routes())
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
         .route("/health", get(health))
+        .route("/v1/health", get(health))
         .merge(if webui { webui::routes() } else { Router::new() })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .fallback(|| async { ApiError::new(status::NOT_FOUND, "no such endpoint") })
-        .with_state(state);
-    if cors {
-        router.layer(CorsLayer::permissive())
-    } else {
-        router
-    }
+        .layer(middleware::from_fn_with_state(state.clone(), cors::layer))
+        .with_state(state)
 }
 
 /// "ok" while the engine thread runs; 503 once it has stopped.
@@ -82,18 +85,33 @@ async fn health(State(s): State<AppState>) -> Response {
 
 async fn check_key(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = &s.api_key else { return next.run(req).await };
-    let sent = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    if sent.and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|sent| same_key(sent.as_bytes(), key.as_bytes())) {
+    let headers = req.headers();
+    let text = |name: &header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    // `Authorization: Bearer KEY`, or Anthropic's `X-Api-Key: KEY` (llama-server takes both).
+    let sent = text(&header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer ")).or_else(|| text(&X_API_KEY));
+    let valid = sent.is_some_and(|sent| same_key(sent.as_bytes(), key.as_bytes()));
+    if valid {
         next.run(req).await
     } else {
         ApiError::new(status::UNAUTHORIZED, "invalid or missing API key").into_response()
     }
 }
 
+/// Anthropic's API key header.
+const X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
+
 /// Compares keys without an early exit, so the answer's timing says nothing
 /// of how much of a guessed key was right.
 fn same_key(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// What a native answer asks besides the OpenAI fields.
+struct Native {
+    /// `return_tokens`.
+    return_tokens: bool,
+    /// `response_fields`.
+    fields: Option<Vec<String>>,
 }
 
 /// Plans `prompts` (`n` choices each) into jobs, queues them and answers
@@ -106,9 +124,19 @@ async fn generate(
     prompts: Vec<Prompted>,
     common: Common,
     tools: Option<ToolRequest>,
+    native: Option<Native>,
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + s.timeout;
+    let ids: Vec<Vec<u32>> = if native.is_some() { prompts.iter().map(|p| p.ids.clone()).collect() } else { Vec::new() };
+    let verbose = common.verbose.unwrap_or(s.info.defaults.verbose) && !common.stream();
+    let verbose_ids = prompts.first().filter(|_| verbose).map(|p| p.ids.clone()).unwrap_or_default();
     let mut planned = plan::plan(&s.info, prompts, &common, deadline, s.submitter.limit())?;
+    let native = native.map(|o| NativeOptions {
+        settings: planned.jobs.first().map_or(Value::Null, |j| crate::native::generation_settings(&j.params, &s.info)),
+        return_tokens: o.return_tokens,
+        fields: o.fields,
+        prompts: ids,
+    });
     let (info, t, c) = (s.info.clone(), tools.clone(), common.clone());
     let constraint = blocking(move || plan::constraint(&c, t.as_ref(), info.grammars.as_ref())).await?;
     planned.constrain(constraint.as_ref());
@@ -117,7 +145,13 @@ async fn generate(
         SubmitError::Closed => ApiError::new(status::UNAVAILABLE, "the server is shutting down"),
     })?;
     let choices = Choices::new(planned.events, planned.n);
-    let answer = Answer::new(kind, planned.echoes, planned.n, s.info.clone(), planned.logprobs, tools);
+    let mut answer = Answer::new(kind, planned.echoes, planned.n, s.info.clone(), planned.logprobs, tools);
+    if let Some(options) = native {
+        answer = answer.native(options);
+    }
+    if verbose {
+        answer = answer.verbose(s.info.tokenizer.decode(&verbose_ids));
+    }
     if common.stream() {
         let events = ReceiverStream::new(answer.stream(choices, common.include_usage()))
             .map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
@@ -129,22 +163,28 @@ async fn generate(
 
 async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (req, common) = protocol::parse_request::<ChatRequest>(&body(b)?)?;
-    let messages = crate::messages::chat_messages(&req.messages)?;
     let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
-    let template_tools = tools.as_ref().map(|t| t.for_template().to_vec()).unwrap_or_default();
-    let info = s.info.clone();
-    let prompt = blocking(move || {
-        let template = info
-            .chat_template
-            .as_ref()
-            .ok_or_else(|| ApiError::field("messages", "the model has no chat template: use /v1/completions"))?;
-        let text = template
-            .render_with_tools(&messages, &template_tools, true)
-            .map_err(|e| ApiError::field("messages", e.to_string()))?;
+    let prompt = chat_prompt(&s, &req, tools.as_ref()).await?;
+    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], common, tools, None).await
+}
+
+/// The token ids of a chat's prompt ([`crate::prompt::render`]), its tools given to the template.
+async fn chat_prompt(s: &AppState, req: &ChatRequest, tools: Option<&ToolRequest>) -> Result<Vec<u32>, ApiError> {
+    let template_tools = tools.map(|t| t.for_template().to_vec()).unwrap_or_default();
+    let (info, req) = (s.info.clone(), req.clone());
+    blocking(move || {
+        let text = crate::prompt::render(&info, &req, &template_tools)?;
         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
     })
-    .await?;
-    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], common, tools).await
+    .await
+}
+
+/// llama-server's count of a chat's prompt tokens, `{"input_tokens": n}`.
+async fn chat_input_tokens(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let (req, common) = protocol::parse_request::<ChatRequest>(&body(b)?)?;
+    let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
+    let prompt = chat_prompt(&s, &req, tools.as_ref()).await?;
+    Ok(Json(json!({"input_tokens": prompt.len()})))
 }
 
 async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -170,18 +210,22 @@ async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>
             .collect()
     })
     .await?;
-    generate(&s, Kind::Completion, prompts, common, None).await
+    generate(&s, Kind::Completion, prompts, common, None, None).await
 }
 
+/// The one model: its name (the first alias in sorted order, as
+/// llama-server picks it), every alias and tag, its sizes.
 async fn models(State(s): State<AppState>) -> Json<Value> {
     Json(json!({
         "object": "list",
         "data": [{
             "id": s.info.name,
+            "aliases": s.aliases,
+            "tags": s.tags,
             "object": "model",
             "created": 0,
             "owned_by": "hamburger",
-            "meta": {"n_ctx": s.info.n_ctx, "n_vocab": s.info.n_vocab, "max_steps": s.info.max_steps},
+            "meta": {"n_ctx": s.info.n_ctx, "n_ctx_seq": s.info.n_ctx_seq, "n_vocab": s.info.n_vocab, "max_steps": s.info.max_steps},
         }],
     }))
 }
@@ -190,7 +234,15 @@ async fn tokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -
     let req: TokenizeRequest = protocol::parse(&body(b)?)?;
     let info = s.info.clone();
     let tokens = blocking(move || {
-        info.tokenizer.encode(&req.content, req.add_special).map_err(|e| ApiError::field("content", e.to_string()))
+        let ids = info
+            .tokenizer
+            .encode(&req.content, req.add_special)
+            .map_err(|e| ApiError::field("content", e.to_string()))?;
+        if !req.with_pieces {
+            return Ok(json!(ids));
+        }
+        // Each token with its own decoding (a piece of a multi-byte character is U+FFFD).
+        Ok(ids.iter().map(|&id| json!({"id": id, "piece": info.tokenizer.decode(&[id])})).collect())
     })
     .await?;
     Ok(Json(json!({"tokens": tokens})))
@@ -204,6 +256,58 @@ async fn detokenize(State(s): State<AppState>, b: Result<Bytes, BytesRejection>)
     Ok(Json(json!({"content": content})))
 }
 
+/// The counters in Prometheus' text format (501 unless the server was
+/// started with `--metrics`, as llama-server), with llama-server's
+/// `Process-Start-Time-Unix` header.
 async fn metrics(State(s): State<AppState>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+    if !s.metrics_endpoint {
+        return ApiError::new(status::NOT_IMPLEMENTED, "the metrics endpoint is off: start the server with --metrics")
+            .into_response();
+    }
+    let started = s.metrics.started_unix().to_string();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4".to_string()), (PROCESS_START.clone(), started)], s.metrics.render())
+        .into_response()
+}
+
+/// llama-server's header of when the process started (Unix seconds).
+static PROCESS_START: header::HeaderName = header::HeaderName::from_static("process-start-time-unix");
+
+/// Serves `app` on `listener` until `stop` turns true, then lets the open
+/// connections finish. Header names go out in title case
+/// (`Access-Control-Allow-Origin`), as llama-server sends them: clients that
+/// read headers into a plain map look them up that way.
+///
+/// # Errors
+/// Never after start: a failed accept or connection is logged and skipped.
+pub async fn listen(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::TokioIo;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    log::warn!("accepting a connection failed: {e}");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .title_case_headers(true)
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                log::debug!("connection ended: {e}");
+            }
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
 }

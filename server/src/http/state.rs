@@ -36,8 +36,16 @@ pub struct AppState {
     /// Longest a generation may take, waiting for a slot included; then it
     /// answers what it has with `finish_reason: "length"`.
     pub timeout: Duration,
-    /// Whether browsers of any origin may call the API (CORS).
-    pub cors: bool,
+    /// Which origins' browsers may call the API (CORS).
+    pub cors: super::Cors,
+    /// Whether `/slots` is served (llama-server's `--slots`, the default).
+    pub slots_endpoint: bool,
+    /// Whether `/metrics` is served (llama-server's `--metrics`).
+    pub metrics_endpoint: bool,
+    /// The model's names (`--alias a,b`), sorted: the first is its id.
+    pub aliases: Vec<String>,
+    /// Its tags (`--tags`).
+    pub tags: Vec<String>,
     /// The model file's path (`/props`).
     pub model_path: String,
     /// The slots (`/props`).

@@ -137,7 +137,10 @@ impl<'t> EngineLoop<'t, '_> {
                 self.pool.release(&mut self.engine, seq, Some((r.prompt(), r.read_fresh())));
                 self.finishing.push((r, Instant::now()));
             }
-            Ok(r) => self.running.push(r),
+            Ok(mut r) => {
+                r.report_progress();
+                self.running.push(r);
+            }
             Err(why) => {
                 log::error!("task {task}: {why}");
                 let _ = events.try_send(Event::Failed(why));

@@ -25,6 +25,8 @@ pub(super) struct AnswerText<'t> {
     searched: usize,
     /// The tokens up to the one that completed a stop string, once one did.
     stopped_at: Option<usize>,
+    /// The stop string that ended the answer, once one did.
+    stop_word: Option<String>,
 }
 
 impl<'t> AnswerText<'t> {
@@ -39,6 +41,7 @@ impl<'t> AnswerText<'t> {
             ends: Vec::new(),
             searched: 0,
             stopped_at: None,
+            stop_word: None,
         }
     }
 
@@ -55,6 +58,11 @@ impl<'t> AnswerText<'t> {
     /// The tokens up to the one that completed a stop string, once one did.
     pub(super) fn stopped_at(&self) -> Option<usize> {
         self.stopped_at
+    }
+
+    /// The stop string that ended the answer, once one did.
+    pub(super) fn stop_word(&self) -> Option<&str> {
+        self.stop_word.as_deref()
     }
 
     /// Appends the text of `ids` (those in `hidden` leave none); with `last`,
@@ -93,9 +101,11 @@ impl<'t> AnswerText<'t> {
             from -= 1;
         }
         let tail = &self.text[from..];
-        let found = self.stop.iter().filter_map(|s| tail.find(s.as_str()).map(|at| (from + at, s.len()))).min();
+        let found =
+            self.stop.iter().enumerate().filter_map(|(i, s)| tail.find(s.as_str()).map(|at| (from + at, s.len(), i))).min();
         self.searched = self.text.len();
-        let Some((at, len)) = found else { return false };
+        let Some((at, len, which)) = found else { return false };
+        self.stop_word = Some(self.stop[which].clone());
         self.text.truncate(at);
         // The first token whose text completes the stop string ends the answer.
         self.stopped_at = Some(self.ends.iter().position(|&end| end >= at + len).map_or(self.ends.len(), |i| i + 1));

@@ -94,7 +94,7 @@ pub(super) fn run(
             lp.publish_prompts();
             lp.deliver();
         }
-        board.publish(lp.running.iter().map(|r| r.slot_state(info.n_ctx)));
+        board.publish(lp.running.iter().map(|r| r.slot_state(info.n_ctx_seq)));
     }
 }
 
@@ -117,6 +117,8 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         name: cfg.alias.clone().unwrap_or(if model.name.is_empty() { stem } else { model.name.clone() }),
         n_predict: cfg.n_predict,
         n_ctx: cfg.engine.n_ctx,
+        n_ctx_seq: cfg.defaults.n_ctx_seq.map_or(cfg.engine.n_ctx, |n| n.min(cfg.engine.n_ctx)),
+        defaults: cfg.defaults.clone(),
         n_slots: cfg.engine.n_seq,
         n_vocab: model.hp.n_vocab,
         grammars: Grammars::new(&tokenizer, &model.vocab.eog)
@@ -218,7 +220,9 @@ impl<'t> EngineLoop<'t, '_> {
         let result =
             guarded(|| generate::macro_step(engine, decode, running).map_err(|e| e.to_string())).and_then(|r| r);
         log::trace!("macro step over {} sequences: {:.1} ms", self.running.len(), t.elapsed().as_secs_f64() * 1e3);
-        metrics::add(&self.m.base_forwards, (self.engine.n_forwards() - forwards) as u64);
+        let n_forwards = (self.engine.n_forwards() - forwards) as u64;
+        metrics::add(&self.m.base_forwards, n_forwards);
+        metrics::add(&self.m.busy_slot_forwards, n_forwards * self.running.len() as u64);
         metrics::add(&self.m.macro_steps, steps_of(&self.running) - steps_before);
         if let Err(e) = result {
             log::error!("macro step failed: {e}");

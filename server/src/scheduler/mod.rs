@@ -70,6 +70,8 @@ pub struct SchedulerConfig {
     /// Tokens a request that sets no `max_tokens` may generate (llama-server's
     /// `--n-predict`); `None`: until its context fills the pool.
     pub n_predict: Option<usize>,
+    /// What a request that sets nothing gets (sampling, seed, its context).
+    pub defaults: crate::job::RequestDefaults,
 }
 
 /// Why the engine thread did not start.
@@ -173,10 +175,11 @@ impl Scheduler {
         let (jobs, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let (alive_tx, alive) = watch::channel(true);
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new());
         let m = metrics.clone();
         let limit = cfg.queue as u64;
-        let slots = Arc::new(SlotBoard::new(cfg.engine.n_seq, cfg.engine.n_ctx));
+        let n_ctx_seq = cfg.defaults.n_ctx_seq.map_or(cfg.engine.n_ctx, |n| n.min(cfg.engine.n_ctx));
+        let slots = Arc::new(SlotBoard::new(cfg.engine.n_seq, n_ctx_seq));
         let board = slots.clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use hamburger::generate::{Pending, SeqGen};
 use hamburger::kv_cache::SeqId;
-use hamburger::{Engine, Sampler, TokenLogprob};
+use hamburger::{Engine, Sampler, Timings, TokenLogprob};
 use tokio::sync::mpsc::Sender;
 
 use super::answer_text::AnswerText;
@@ -52,6 +52,9 @@ pub(super) struct Request<'t> {
     events: Sender<Event>,
     n_predict: usize,
     stream: bool,
+    timings_per_token: bool,
+    /// The prompt tokens last reported read (`return_progress`), if it asks.
+    progress: Option<usize>,
     ignore_eos: bool,
     deadline: Instant,
     /// Its text, cut at a stop string.
@@ -75,8 +78,8 @@ pub(super) struct Request<'t> {
 impl<'t> Request<'t> {
     /// Admits `job` as task number `task` into sequence `seq`, whose cells
     /// hold the entries of the prompt's first `reused.tokens` tokens, then
-    /// those `scored` fed, and nothing else. Its context may grow to the
-    /// whole pool, `info.n_ctx` cells (one per macro step, so k tokens a
+    /// those `scored` fed, and nothing else. Its context may grow to
+    /// `info.n_ctx_seq` cells (the whole pool, or llama-server's slot context) (one per macro step, so k tokens a
     /// step answer k times longer in them); its text is decoded with the
     /// model's tokenizer.
     pub(super) fn admit(
@@ -94,7 +97,7 @@ impl<'t> Request<'t> {
         let mut gen = SeqGen::new(seq, rest, p.n_predict, sampler)
             .continuing(Pending::default(), before.to_vec())
             .with_rule(p.rule);
-        gen = gen.with_cell_limit(info.n_ctx);
+        gen = gen.with_cell_limit(info.n_ctx_seq);
         if p.ignore_eos {
             gen = gen.ignoring_eog();
         }
@@ -114,6 +117,8 @@ impl<'t> Request<'t> {
             text: AnswerText::new(&info.tokenizer, p.stop),
             n_predict: p.n_predict,
             stream: p.stream,
+            timings_per_token: p.timings_per_token,
+            progress: p.return_progress.then_some(usize::MAX),
             ignore_eos: p.ignore_eos,
             deadline: job.deadline,
             decoded_ids: 0,
@@ -283,6 +288,7 @@ impl<'t> Request<'t> {
     pub(super) fn send_text(&mut self, info: &ModelInfo, engine: &Engine) {
         #[cfg(test)]
         super::fault::panic_if_injected(&self.prompt);
+        self.report_progress();
         let done = self.gen.is_done();
         if !self.stream && !self.text.has_stop_strings() && !done {
             return;
@@ -293,6 +299,26 @@ impl<'t> Request<'t> {
         }
         self.decoded_ids = self.gen.generation().output_ids.len();
         self.flush();
+    }
+
+    /// Tells a request that asks (`return_progress`) how much of its prompt
+    /// has been read, when that changed: reused and read tokens, with the
+    /// statistics so far. Skipped while its channel has no room to spare.
+    pub(super) fn report_progress(&mut self) {
+        let Some(last) = self.progress else { return };
+        let cache = self.reused.tokens + self.scored.as_ref().map_or(0, |s| s.logprobs.len());
+        let processed = cache + self.gen.prompt_tokens_fed();
+        if processed == last || self.events.capacity() < 3 {
+            return;
+        }
+        self.progress = Some(processed);
+        let timings = Timings {
+            cached_tokens: cache,
+            prompt_tokens: processed - cache,
+            ..self.gen.generation().timings.clone()
+        };
+        let total = self.prompt.len();
+        let _ = self.events.try_send(Event::Progress { total, cache, processed, timings });
     }
 
     /// Sends the text not yet sent, when the request streams or has ended
@@ -312,7 +338,14 @@ impl<'t> Request<'t> {
         let (new_tokens, new_steps) = (tokens - self.sent_tokens, steps - self.sent_steps);
         let text = self.text.text()[self.sent..end].to_string();
         let logprobs = self.logprobs(self.sent_tokens, tokens);
-        let _ = self.events.try_send(Event::Text { text, tokens: new_tokens, steps: new_steps, logprobs });
+        let ids = self.gen.generation().output_ids[self.sent_tokens..tokens].to_vec();
+        let timings = self.timings_per_token.then(|| Timings {
+            gen_tokens: tokens,
+            cached_tokens: self.reused.tokens,
+            prompt_tokens: self.prompt.len() - self.reused.tokens,
+            ..self.gen.generation().timings.clone()
+        });
+        let _ = self.events.try_send(Event::Text { text, tokens: new_tokens, steps: new_steps, logprobs, ids, timings });
         (self.sent, self.sent_tokens, self.sent_steps) = (end, tokens, steps);
         true
     }
@@ -335,6 +368,9 @@ impl<'t> Request<'t> {
         timings.prompt_tokens = self.prompt.len() - self.reused.tokens;
         timings.prompt_ms += self.scored.as_ref().map_or(0.0, |s| s.ms);
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
+        metrics::add(&m.prompt_us, (timings.prompt_ms * 1e3) as u64);
+        metrics::add(&m.generation_us, (timings.gen_ms * 1e3) as u64);
+        m.context_tokens_max.fetch_max((self.prompt.len() + timings.gen_tokens) as u64, std::sync::atomic::Ordering::Relaxed);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
         metrics::add(&m.draft_tokens, timings.drafted as u64);
         metrics::add(&m.draft_accepted, timings.draft_accepted as u64);
@@ -353,7 +389,11 @@ impl<'t> Request<'t> {
         let logprobs = self.logprobs(self.sent_tokens, timings.gen_tokens);
         let prompt_logprobs = self.scored.as_ref().map(|s| s.logprobs.clone()).unwrap_or_default();
         // The end always has its place: text goes out only while two are free.
-        let _ = self.events.try_send(Event::Done { reason, timings, logprobs, prompt_logprobs });
+        let ids = generation.output_ids[..timings.gen_tokens].to_vec();
+        let stop_word = self.text.stop_word().map(str::to_string);
+        let truncated = generation.context_full && reason == FinishReason::Length;
+        let end = crate::job::End { reason, stop_word, truncated, ids };
+        let _ = self.events.try_send(Event::Done { end, timings, logprobs, prompt_logprobs });
     }
 
     /// The log-probabilities of the generated tokens `from..to` (none when

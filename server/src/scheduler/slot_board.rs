@@ -78,7 +78,8 @@ pub struct SlotState {
     pub n_decoded: usize,
     /// The macro steps it has run so far.
     pub n_macro_steps: usize,
-    /// Its settings (`None` when idle).
+    /// Its settings (left out when idle, as llama-server shows an idle slot).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub params: Option<SlotParams>,
 }
 

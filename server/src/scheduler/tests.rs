@@ -33,6 +33,7 @@ fn scheduler() -> Scheduler {
         template_isolation: None,
         alias: None,
         n_predict: None,
+        defaults: Default::default(),
     };
     Scheduler::start(cfg).unwrap()
 }
@@ -51,6 +52,8 @@ fn job(s: &Scheduler, prompt: &[u32], n: usize, stream: bool) -> (Job, Receiver<
         ignore_eos: true,
         cache_prompt: false,
         stream,
+        timings_per_token: false,
+        return_progress: false,
         constraint: None,
     };
     let (events, rx) = event_channel();
@@ -121,8 +124,8 @@ fn a_reader_that_stops_reading_gets_its_text_paced_into_a_bounded_channel() {
     assert!(slow_rx.len() <= EVENTS_PER_JOB, "{} events wait", slow_rx.len());
     // Read at last: the text held back came in fewer events, whole.
     let events = all_events(&mut slow_rx);
-    let Some(Event::Done { reason, timings, .. }) = events.last() else { panic!("no end: {events:?}") };
-    assert_eq!((*reason, timings.gen_tokens), (FinishReason::Length, n));
+    let Some(Event::Done { end, timings, .. }) = events.last() else { panic!("no end: {events:?}") };
+    assert_eq!((end.reason, timings.gen_tokens, end.ids.len()), (FinishReason::Length, n, n));
     let texts = events.iter().filter(|e| matches!(e, Event::Text { .. })).count();
     assert!(texts < n, "{texts} text events for {n} macro steps: the text was held back and paced");
     let steps: usize = events.iter().map(|e| if let Event::Text { steps, .. } = e { *steps } else { 0 }).sum();

@@ -65,6 +65,7 @@ impl TestServer {
             template_isolation: None,
             alias: None,
             n_predict: None,
+            defaults: Default::default(),
         };
         let scheduler = Scheduler::start(cfg).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -81,12 +82,16 @@ impl TestServer {
                 let http = server::HttpOptions {
                     api_key: key,
                     timeout: Duration::from_secs(600),
-                    cors: false,
+                    cors: server::http::Cors::Any,
+                    slots_endpoint: true,
+                    metrics_endpoint: true,
+                    aliases: Vec::new(),
+                    tags: Vec::new(),
                     webui: true,
                     model_path: String::new(),
                     total_slots: 1,
                 };
-                server::serve(listener, scheduler, http, shutdown).await.unwrap();
+                server::serve(vec![listener], scheduler, http, shutdown).await.unwrap();
             });
         });
         let addr = addr_rx.recv().unwrap();

@@ -10,7 +10,6 @@ use hamburger::chat::{Chat, ChatTemplate};
 use hamburger::draft_model::{DraftSession, DraftSessionParams, DraftStats};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{EngineParams, Generation, Model, Session, SessionParams, StepParams};
-use tools::cli::FlashAttn;
 use tools::cli_output::{json_report, report, visible, StepPrinter};
 use tools::decoder::Decoder;
 
@@ -49,10 +48,6 @@ struct Args {
     /// Prompt tokens per base forward.
     #[arg(short = 'b', long = "batch-size", default_value_t = EngineParams::default().n_batch)]
     batch_size: usize,
-    /// llama.cpp's physical batch (also -ub): prompt tokens per base forward
-    /// as -b is here; the smaller of the two is used.
-    #[arg(long = "ubatch-size")]
-    ubatch_size: Option<usize>,
     /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
     #[arg(short = 't', long, value_parser = tools::cli::thread_count)]
     threads: Option<usize>,
@@ -104,12 +99,8 @@ struct Args {
     /// Do not echo the prompt before the generation.
     #[arg(long)]
     no_display_prompt: bool,
-    /// Flash attention: on, off or auto (on); also 1 and 0.
-    #[arg(long = "flash-attn", short = 'F', value_enum, default_value_t = FlashAttn::Auto)]
-    flash_attn: FlashAttn,
-    /// KV cache type: f16, f32 or q8_0 (q8_0 needs flash attention).
-    #[arg(long = "cache-type", default_value = "f16", value_parser = ["f16", "f32", "q8_0"])]
-    cache_type: String,
+    #[command(flatten)]
+    kv: tools::cli::KvArgs,
 }
 
 fn main() -> ExitCode {
@@ -117,11 +108,7 @@ fn main() -> ExitCode {
 }
 
 fn session_params(args: &Args, model: &Model) -> Result<SessionParams> {
-    let kv_type = ggml::Type::from_name(&args.cache_type).expect("clap checked the name");
-    let flash_attn = args.flash_attn.enabled();
-    if kv_type.is_quantized() && !flash_attn {
-        bail!("--cache-type {} needs flash attention", args.cache_type);
-    }
+    let (kv_type, flash_attn) = args.kv.kv()?;
     let n_ctx = if args.ctx_size == 0 { model.hp.n_ctx_train } else { args.ctx_size };
     let d = EngineParams::default();
     let engine = EngineParams {
@@ -202,10 +189,9 @@ impl Args {
         self.chat || self.single_turn
     }
 
-    /// Prompt tokens per base forward: -b, or -ub when smaller (llama.cpp's
-    /// physical batch, which never exceeds its logical one).
+    /// Prompt tokens per base forward: -b, or -ub when smaller.
     fn n_batch(&self) -> usize {
-        self.ubatch_size.map_or(self.batch_size, |ub| ub.min(self.batch_size))
+        self.kv.n_batch(self.batch_size)
     }
 
     /// The text of -p or -f, if either was given.

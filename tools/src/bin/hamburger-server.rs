@@ -18,7 +18,7 @@ struct Args {
     /// The HAMburger GGUF.
     #[arg(short = 'm', long)]
     model: PathBuf,
-    /// Address to listen on (loopback unless told otherwise).
+    /// Addresses to listen on, comma-separated (loopback unless told otherwise).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on.
@@ -32,16 +32,14 @@ struct Args {
     /// its context fills the KV pool (llama-server's -n).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
     n_predict: i64,
-    /// The model's name in `/v1/models` and in every answer (default: the GGUF's).
+    /// The model's names in `/v1/models`, comma-separated; the first in
+    /// sorted order is its id in every answer (default: the GGUF's name).
     #[arg(short = 'a', long)]
     alias: Option<String>,
     /// The chat template instead of the model's (`--chat-template`,
     /// `--chat-template-file`; `--jinja` accepted: templates always render as Jinja).
     #[command(flatten)]
     template: tools::cli::ChatTemplateArgs,
-    /// Accepted for llama-server's launch scripts: `/metrics` is always served.
-    #[arg(long)]
-    metrics: bool,
     /// KV cells of the one pool every request draws from (one per prompt
     /// token and one per macro step; shared prompt prefixes once).
     #[arg(short = 'c', long = "ctx-size", default_value_t = EngineParams::default().n_ctx)]
@@ -74,14 +72,17 @@ struct Args {
     /// stops and answers what it has with `finish_reason: "length"`.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
-    /// Allow cross-origin requests from any origin (CORS headers, preflights
-    /// answered), so browser front-ends on other origins can call the API.
+    /// Accepted for older launch scripts: browsers of any origin may call
+    /// the API unless --cors-origins says otherwise.
     #[arg(long)]
     cors: bool,
-    /// Do not serve the chat page at `/` (llama-server's flag); the API is
-    /// served either way.
-    #[arg(long)]
+    /// Do not serve the chat page at `/` (llama-server's flag; also
+    /// --no-ui); the API is served either way.
+    #[arg(long, visible_alias = "no-ui")]
     no_webui: bool,
+    /// llama-server's flags: sampling defaults, --seed, --slots, --metrics, ...
+    #[command(flatten)]
+    llama: tools::server_flags::LlamaServerArgs,
 }
 
 async fn shutdown_signal() {
@@ -107,6 +108,15 @@ async fn shutdown_signal() {
 const AUTO_PARALLEL: usize = 4;
 
 fn run(mut args: Args) -> Result<()> {
+    args.llama.refused.check()?;
+    if args.cors {
+        log::info!("--cors: browsers of any origin may call the API (the default; --cors-origins narrows it)");
+    }
+    let (sampler, seed) = args.llama.sampler()?;
+    let (kv_type, flash_attn) = args.llama.kv.kv()?;
+    // llama-server's slots: with -np auto the pool is unified; with an
+    // explicit -np each request's context is -c / -np cells unless --kv-unified.
+    let n_ctx_seq = (args.parallel > 0 && !args.llama.kv_unified).then(|| args.ctx_size / args.parallel as usize);
     let parallel = match args.parallel {
         -1 => AUTO_PARALLEL,
         0 => anyhow::bail!("-np 0: expected at least 1 slot, or -1 for auto ({AUTO_PARALLEL})"),
@@ -123,10 +133,17 @@ fn run(mut args: Args) -> Result<()> {
     let engine = EngineParams {
         n_ctx: args.ctx_size,
         n_seq: parallel,
-        n_batch: args.batch_size,
+        n_batch: args.llama.kv.n_batch(args.batch_size),
         n_threads: args.threads,
+        kv_type,
+        flash_attn,
         ..Default::default()
     };
+    // `--alias b,a`: every name is the model's; its id is the first in sorted order.
+    let mut aliases: Vec<String> =
+        args.alias.iter().flat_map(|a| a.split(',')).map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
+    aliases.sort();
+    aliases.dedup();
     let model_path = args.model.clone();
     // A file that cannot be read leaves the library's default: the engine
     // thread's opening of the model reports why.
@@ -139,8 +156,15 @@ fn run(mut args: Args) -> Result<()> {
         queue: args.queue,
         chat_template: args.template.source()?,
         template_isolation: Some(tools::cli::template_isolation()?),
-        alias: args.alias,
+        alias: aliases.first().cloned(),
         n_predict: usize::try_from(args.n_predict).ok(),
+        defaults: server::job::RequestDefaults {
+            sampler,
+            seed,
+            n_ctx_seq,
+            verbose: args.llama.verbose,
+            template_kwargs: args.llama.template_kwargs(),
+        },
     };
     let confidence = cfg.step.confidence;
     let mode = if cfg.step.draft.is_some() { "self-verified (draft-mtp)" } else { "macro steps" };
@@ -155,23 +179,36 @@ fn run(mut args: Args) -> Result<()> {
     );
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async {
-        let addr = format!("{}:{}", args.host, args.port);
-        let listener =
-            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        let local: SocketAddr = listener.local_addr()?;
-        log::info!("listening on http://{local} ({parallel} slots)");
-        if !args.no_webui {
-            log::info!("chat page: http://{local}/ (--no-webui turns it off)");
+        // `--host a,b`: one listener per address (llama-server's), IPv6 ones bare or in brackets.
+        let mut listeners = Vec::new();
+        for host in args.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+            let addr = format!("{host}:{}", args.port);
+            let listener =
+                tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("--host: cannot listen on {addr}"))?;
+            let local: SocketAddr = listener.local_addr()?;
+            log::info!("listening on http://{local} ({parallel} slots)");
+            if !args.no_webui {
+                log::info!("chat page: http://{local}/ (--no-webui turns it off)");
+            }
+            listeners.push(listener);
+        }
+        if listeners.is_empty() {
+            anyhow::bail!("--host '{}': no address to listen on", args.host);
         }
         let http = server::HttpOptions {
             api_key: args.api_key,
             timeout: Duration::from_secs(args.timeout),
-            cors: args.cors,
+            cors: args.llama.cors_origins.as_deref().map_or(server::http::Cors::Any, server::http::Cors::of_list),
+            slots_endpoint: !args.llama.no_slots,
+            metrics_endpoint: args.llama.metrics,
+            aliases,
+            tags: args.llama.tags,
             webui: !args.no_webui,
             model_path: model_path.display().to_string(),
             total_slots: parallel,
         };
-        server::serve(listener, scheduler, http, shutdown_signal()).await.context("serving")
+        server::serve(listeners, scheduler, http, shutdown_signal()).await.context("serving")
     })
 }
 

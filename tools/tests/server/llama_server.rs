@@ -13,7 +13,7 @@ use super::served::{client, eventually, read_until, Served};
 /// `-a` names the model, `--jinja` and `--metrics` are accepted.
 #[test]
 fn llama_server_flags_keep_their_meaning() {
-    let s = Served::tiny(&["-np", "1", "-c", "512", "-n", "5", "-a", "my-model", "--jinja", "--metrics"]);
+    let s = Served::tiny(&["-np", "1", "-c", "512", "-n", "5", "-a", "my-model", "--jinja"]);
     let models = client().get(s.url("/v1/models")).send().unwrap().json::<Value>().unwrap();
     assert_eq!(models["data"][0]["id"], "my-model", "{models}");
     let (_, v) = s.complete(&json!({"prompt": [1, 2, 3], "ignore_eos": true}));
@@ -26,15 +26,15 @@ fn llama_server_flags_keep_their_meaning() {
 
 /// llama-server's operations routes: `/props` tells the settings, slots,
 /// model path and template; `/apply-template` renders a chat; `/completion`
-/// answers with what to use instead; the metrics are also under
+/// answers in llama-server's native shape; the metrics are also under
 /// llama-server's names, counting what ours count.
 #[test]
 fn llama_server_props_apply_template_and_metrics() {
     let s = Served::smollm2(&["-np", "2", "-c", "1024", "-n", "7"]);
     let props: Value = client().get(s.url("/props")).send().unwrap().json().unwrap();
     assert_eq!(props["total_slots"], 2, "{props}");
-    // The slots share one pool: each may use all of it (llama-server's unified cache).
-    assert_eq!(props["default_generation_settings"]["n_ctx"], 1024, "{props}");
+    // The slots share one pool; an explicit -np gives each request llama-server's slot context, -c / -np.
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 512, "{props}");
     assert_eq!(props["default_generation_settings"]["params"]["n_predict"], 7, "{props}");
     assert_eq!(props["default_generation_settings"]["params"]["confidence"], 0.3, "{props}");
     assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"), "{props}");
@@ -44,8 +44,6 @@ fn llama_server_props_apply_template_and_metrics() {
     assert!(v["prompt"].as_str().unwrap().ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), "{v}");
     let (status, v) = s.post("/apply-template", &json!({"messages": []}));
     assert_eq!(status, 400, "{v}");
-    let (status, v) = s.post("/completion", &json!({"prompt": "Hi", "n_predict": 4}));
-    assert!(status == 404 && v["error"]["message"].as_str().unwrap().contains("/v1/completions"), "{v}");
     let (_, answer) = s.complete(&json!({"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0}));
     let llama = |name: &str| -> f64 {
         let text = reqwest::blocking::get(s.url("/metrics")).unwrap().text().unwrap();
@@ -60,6 +58,13 @@ fn llama_server_props_apply_template_and_metrics() {
     assert_eq!(llama("requests_deferred"), 0.0);
     assert!(llama("n_decode_total") >= 1.0);
     assert!((0.0..=1.0).contains(&llama("kv_cache_usage_ratio")));
+    // The native completion answers in llama-server's shape, HAMburger's fields added to `timings`.
+    let (status, v) = s.post("/completion", &json!({"prompt": "Hi", "n_predict": 4, "return_tokens": true}));
+    assert_eq!(status, 200, "{v}");
+    assert!(v["content"].is_string() && v["stop"] == true && v["stop_type"] == "limit", "{v}");
+    assert_eq!((v["tokens_predicted"].as_u64(), v["tokens"].as_array().map(Vec::len)), (Some(4), Some(4)), "{v}");
+    assert_eq!(v["generation_settings"]["n_predict"], 4, "{v}");
+    assert!(v["timings"]["macro_steps"].as_u64().unwrap() >= 1 && v["timings"]["predicted_n"] == 4, "{v}");
 }
 
 /// llama-server's `/slots`: a slot shows its request (task, prompt and
@@ -71,7 +76,7 @@ fn slots_show_the_running_request_and_are_idle_after() {
     let slots = || client().get(s.url("/slots")).send().unwrap().json::<Value>().unwrap();
     let idle = slots();
     assert_eq!(idle.as_array().unwrap().len(), 2, "{idle}");
-    assert!(idle.as_array().unwrap().iter().all(|s| s["is_processing"] == false && s["n_ctx"] == 2048), "{idle}");
+    assert!(idle.as_array().unwrap().iter().all(|s| s["is_processing"] == false && s["n_ctx"] == 1024), "{idle}");
     let body = json!({"prompt": [1, 2, 3, 4], "max_tokens": 300, "stream": true, "ignore_eos": true, "temperature": 0, "confidence": 0.7});
     let mut reader = BufReader::new(s.open_stream(&body));
     read_until(&mut reader, "data: ");

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""llama-server's own test suite (llama.cpp's `tools/server/tests/unit/`)
+against a server binary, with a local GGUF instead of the suite's hub models.
+
+The suite comes from the PyPI source distribution of llama-cpp-python
+(`LLAMA_CPP_PYTHON`), which vendors llama.cpp; it is unpacked once into
+~/.cache/hamburger, and its Python requirements go into .venv-llama-suite.
+Every server the suite starts is started through this script's `wrap` mode
+(the suite's `LLAMA_SERVER_BIN_PATH`), which drops the hub flags
+(`--hf-repo`, `--hf-file`, `--offline`, `--model-url`) and passes
+`--model GGUF` instead. The suite's session fixture that downloads every
+preset's model is turned off in the working copy: nothing leaves loopback.
+
+    llama_server_suite.py run --server BIN --model GGUF [--junit FILE] [--check]
+
+runs SUITE_FILES; with `--check` it then compares the outcome with
+`server/tests/llama-suite/expected-pass.txt` (the tests llama-server passes
+on the same model, recorded with `--record` against llama-server) less
+`refused.txt` (what hamburger-server refuses by design) and `not-yet.txt`
+(what it still lacks), each test there with its reason, prints one
+cargo-style `test result:` line and exits non-zero when an expected test
+did not pass.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTS = ROOT / "server" / "tests" / "llama-suite"
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hamburger"
+SUITE = CACHE / ("llama-server-tests-" + LLAMA_CPP_PYTHON.split("==")[1])
+VENV = ROOT / ".venv-llama-suite"
+# The suite's files that test what a text-generation server does; the others
+# test embeddings, reranking, LoRA, multimodal input, the router, MCP and
+# built-in tools, sleeping and slot files (see refused.txt for why).
+SUITE_FILES = [
+    "test_basic.py",
+    "test_chat_completion.py",
+    "test_completion.py",
+    "test_ctx_shift.py",
+    "test_ignore_eos.py",
+    "test_metrics.py",
+    "test_security.py",
+    "test_stream.py",
+    "test_template.py",
+    "test_tokenize.py",
+]
+HUB_FLAGS = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "-hf": 1, "-hff": 1}
+
+
+def fail(msg: str) -> "None":
+    print(f"llama_server_suite.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def unpack_suite() -> Path:
+    """The suite and the chat templates it reads, unpacked once from the sdist."""
+    if (SUITE / "tools/server/tests/utils.py").exists():
+        return SUITE
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as dl:
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", dl]
+        if subprocess.run(pip + [LLAMA_CPP_PYTHON]).returncode != 0:
+            fail(f"pip could not download {LLAMA_CPP_PYTHON} (the suite's source)")
+        sdist = next(Path(dl).glob("*.tar.gz"), None) or fail(f"pip saved no .tar.gz for {LLAMA_CPP_PYTHON}")
+        out = Path(dl) / "suite"
+        with tarfile.open(sdist) as tar:
+            for m in tar.getmembers():
+                parts = m.name.split("/vendor/llama.cpp/", 1)
+                if len(parts) == 2 and parts[1].startswith(("tools/server/tests/", "models/templates/")):
+                    if not (m.isfile() or m.isdir()):
+                        continue
+                    m.name = parts[1]
+                    tar.extract(m, out, filter="data")
+        if not (out / "tools/server/tests/utils.py").exists():
+            fail(f"{sdist.name} has no vendor/llama.cpp/tools/server/tests/utils.py")
+        # The session fixture downloads every preset's hub model: off.
+        conftest = out / "tools/server/tests/conftest.py"
+        text = conftest.read_text()
+        if "ServerPreset.load_all()" not in text:
+            fail(f"{conftest}: the suite no longer calls ServerPreset.load_all(); update this script")
+        conftest.write_text(text.replace("ServerPreset.load_all()", "pass  # models are local (llama_server_suite.py)"))
+        if SUITE.exists():
+            shutil.rmtree(SUITE)
+        shutil.move(str(out), SUITE)
+    return SUITE
+
+
+def venv_python() -> Path:
+    """.venv-llama-suite with the suite's requirements.txt."""
+    py = VENV / "bin" / "python"
+    if subprocess.run([py, "-c", "import pytest, openai, requests, wget, prometheus_client, filelock"],
+                      capture_output=True).returncode if py.exists() else 1:
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        req = SUITE / "tools/server/tests/requirements.txt"
+        if subprocess.run([py, "-m", "pip", "install", "--quiet", "-r", req]).returncode != 0:
+            fail(f"pip could not install {req} into {VENV}")
+    return py
+
+
+def wrap(argv: list[str]) -> None:
+    """Runs $SUITE_SERVER with the suite's arguments, the hub flags replaced by --model $SUITE_MODEL."""
+    server, model = os.environ["SUITE_SERVER"], os.environ["SUITE_MODEL"]
+    args, i = [], 0
+    while i < len(argv):
+        if argv[i] in HUB_FLAGS:
+            i += 1 + HUB_FLAGS[argv[i]]
+            continue
+        args.append(argv[i])
+        i += 1
+    if "--model" not in args and "-m" not in args:
+        args += ["--model", model]
+    os.execv(server, [server] + args)
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """test id (file::name[params]) -> passed / failed / skipped."""
+    result = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("classname", "").split(".")[-1] + ".py::" + case.get("name", "")
+        if case.find("failure") is not None or case.find("error") is not None:
+            result[name] = "failed"
+        elif case.find("skipped") is not None:
+            result[name] = "skipped"
+        else:
+            result[name] = "passed"
+    return result
+
+
+def read_list(path: Path) -> dict[str, str]:
+    """Test ids of a list file, each with the rest of its line (the reason)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            test, _, why = line.partition("  ")
+            out[test.strip()] = why.strip()
+    return out
+
+
+def run(a: argparse.Namespace) -> int:
+    suite = unpack_suite()
+    py = venv_python()
+    tests = suite / "tools/server/tests"
+    junit = Path(a.junit).resolve() if a.junit else Path(tempfile.mkdtemp()) / "suite.xml"
+    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(Path(__file__).resolve()),
+           "SUITE_SERVER": str(Path(a.server).resolve()), "SUITE_MODEL": str(Path(a.model).resolve()),
+           "HF_HUB_OFFLINE": "1", "PORT": str(a.port)}
+    files = [f"unit/{f}" for f in (a.files or SUITE_FILES)]
+    cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files, *a.pytest]
+    subprocess.run(cmd, cwd=tests, env=env, stdout=None if a.verbose else subprocess.DEVNULL)
+    if not junit.exists():
+        fail("pytest wrote no report")
+    got = outcomes(junit)
+    passed = sorted(t for t, o in got.items() if o == "passed")
+    print(f"{len(passed)} of {len(got)} tests passed")
+    if a.record:
+        Path(a.record).write_text("".join(t + "\n" for t in passed))
+        print(f"wrote {a.record}")
+    if not a.check:
+        return 0
+    expected = read_list(LISTS / "expected-pass.txt")
+    excused = {**read_list(LISTS / "refused.txt"), **read_list(LISTS / "not-yet.txt")}
+    missing = [t for t in expected if t not in excused and got.get(t) != "passed"]
+    for t in missing:
+        print(f"expected to pass (llama-server does): {t}: {got.get(t, 'not run')}")
+    for t in excused:
+        if got.get(t) == "passed":
+            print(f"now passes, drop it from refused.txt / not-yet.txt: {t}")
+    n_ok = len([t for t in expected if t not in excused]) - len(missing)
+    print(f"test result: {'ok' if not missing else 'FAILED'}. {n_ok} passed; {len(missing)} failed (llama-server's suite)")
+    return 1 if missing else 0
+
+
+def main() -> None:
+    if os.environ.get("SUITE_SERVER") and (len(sys.argv) < 2 or sys.argv[1] != "run"):
+        wrap(sys.argv[1:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the suite against --server")
+    r.add_argument("--server", required=True, help="the server binary (hamburger-server or llama-server)")
+    r.add_argument("--model", required=True, help="the GGUF every server of the suite loads")
+    r.add_argument("--junit", help="where pytest's JUnit XML report goes")
+    r.add_argument("--port", type=int, default=8080, help="port of the suite's servers")
+    r.add_argument("--files", nargs="*", help="suite files to run (default: SUITE_FILES)")
+    r.add_argument("--record", help="write the passing tests' ids here (for expected-pass.txt)")
+    r.add_argument("--check", action="store_true", help="compare with expected-pass.txt less refused.txt")
+    r.add_argument("--verbose", action="store_true", help="show pytest's output")
+    r.add_argument("pytest", nargs="*", help="after --: pytest's own arguments")
+    a = p.parse_args()
+    for path, what in ((a.server, "--server"), (a.model, "--model")):
+        if not Path(path).is_file():
+            fail(f"{what} {path}: no such file")
+    sys.exit(run(a))
+
+
+if __name__ == "__main__":
+    main()
