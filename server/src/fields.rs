@@ -36,6 +36,7 @@ pub const COMMON: &[&str] = &[
     "verbose",
     "timings_per_token",
     "return_progress",
+    "post_sampling_probs",
     "cache_prompt",
     "response_format",
     "grammar",
@@ -53,7 +54,10 @@ pub const COMMON: &[&str] = &[
 ///
 /// `id_slot` (llama-server's) asks for a slot by number, for its prompt
 /// cache: here every slot adopts cached prefixes from the one pool.
-pub const NO_OP: &[&str] = &["user", "metadata", "store", "parallel_tool_calls", "service_tier", "id_slot"];
+/// `backend_sampling` (llama-server's) samples on the GPU backend: here
+/// sampling always runs on the CPU, from the same distribution.
+pub const NO_OP: &[&str] =
+    &["user", "metadata", "store", "parallel_tool_calls", "service_tier", "id_slot", "backend_sampling"];
 
 /// A field refused unless it holds its neutral value (what a client sends when
 /// it does not use the feature).
@@ -80,10 +84,6 @@ fn null_or_empty(v: &Value) -> bool {
     }
 }
 
-fn null_or_false(v: &Value) -> bool {
-    v.is_null() || v == false
-}
-
 fn null_or_none(v: &Value) -> bool {
     v.is_null() || v == "none"
 }
@@ -103,11 +103,6 @@ pub(crate) const REFUSED: &[Refused] = &[
     Refused { name: "function_call", neutral: null_or_none, why: FUNCTIONS },
     Refused { name: "best_of", neutral: null_or_one, why: "only one candidate is generated" },
     Refused { name: "suffix", neutral: null_or_empty, why: "insertion (a suffix) is not supported" },
-    Refused {
-        name: "post_sampling_probs",
-        neutral: null_or_false,
-        why: "probabilities are the model's, before sampling (use n_probs alone)",
-    },
 ];
 
 /// Checks every top-level field of `body` against the endpoint's own fields

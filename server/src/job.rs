@@ -84,6 +84,9 @@ pub struct JobParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// Return each token's log-probability with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Those log-probabilities under the distribution each token was drawn
+    /// from, after the sampler's truncation (`post_sampling_probs`).
+    pub post_sampling: bool,
     /// Score the prompt's tokens too, with this many alternatives (`echo`
     /// with `logprobs`): the base's log-probability of each prompt token
     /// after the first, from the logits of every prompt row

@@ -11,20 +11,24 @@ use serde_json::{json, Map, Value};
 /// Chat's `logprobs` object: the native entries ([`native`]) as `content`
 /// (llama-server's chat entries carry the token `id` too).
 pub fn chat(lps: &[TokenLogprob], tok: &Tokenizer) -> Value {
-    json!({ "content": native(lps, tok) })
+    json!({ "content": native(lps, tok, false) })
 }
 
 /// llama-server's native `completion_probabilities`: chat's entries, each
-/// with its token `id`, its alternatives' too.
-pub fn native(lps: &[TokenLogprob], tok: &Tokenizer) -> Value {
+/// with its token `id`, its alternatives' too; `post_sampling` (the
+/// log-probabilities are the sampler's): as probabilities, `prob` and
+/// `top_probs`, as llama-server answers `post_sampling_probs`.
+pub fn native(lps: &[TokenLogprob], tok: &Tokenizer, post_sampling: bool) -> Value {
+    let (value, top_key) = if post_sampling { ("prob", "top_probs") } else { ("logprob", "top_logprobs") };
     let entry = |t: u32, logprob: f32| {
         let text = tok.decode(&[t]);
-        json!({"id": t, "token": text, "logprob": logprob, "bytes": text.as_bytes()})
+        let v = if post_sampling { logprob.exp() } else { logprob };
+        json!({"id": t, "token": text, value: v, "bytes": text.as_bytes()})
     };
     lps.iter()
         .map(|lp| {
             let mut e = entry(lp.token, lp.logprob);
-            e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+            e[top_key] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
             e
         })
         .collect()

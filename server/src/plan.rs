@@ -109,6 +109,7 @@ pub fn job_params(common: &Common, info: &ModelInfo, n_prompt: usize, echo: bool
         sampler,
         logit_bias,
         logprobs,
+        post_sampling: common.post_sampling_probs.unwrap_or(false),
         prompt_logprobs,
         rule: rule(common, info)?,
         stop: stop_strings(common)?,

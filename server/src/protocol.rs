@@ -125,6 +125,9 @@ pub struct Common {
     pub timings_per_token: Option<bool>,
     /// llama-server's: a stream reports the prompt's progress (`prompt_progress` chunks).
     pub return_progress: Option<bool>,
+    /// llama-server's: log-probabilities under the distribution each token
+    /// was drawn from (after the sampler's truncation), answered as `prob`.
+    pub post_sampling_probs: Option<bool>,
     /// HAMburger: stop a macro step when `1 - p_stop < confidence`.
     pub confidence: Option<f64>,
     /// HAMburger: most tokens per macro step (0: the model's).

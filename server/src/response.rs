@@ -185,6 +185,8 @@ pub(crate) struct NativeOptions {
     pub(crate) fields: Option<Vec<String>>,
     /// Each prompt's ids.
     pub(crate) prompts: Vec<Vec<u32>>,
+    /// Whether the log-probabilities are the sampler's (`post_sampling_probs`).
+    pub(crate) post_sampling: bool,
 }
 
 /// A generation answered as `kind`: its id and model name for every chunk.
@@ -256,7 +258,7 @@ impl Answer {
         v["index"] = json!(i);
         v["id"] = json!(self.id);
         if self.logprobs && !lps.is_empty() {
-            v["completion_probabilities"] = crate::logprobs::native(lps, &self.info.tokenizer);
+            v["completion_probabilities"] = crate::logprobs::native(lps, &self.info.tokenizer, o.post_sampling);
         }
         native::only_fields(v, o.fields.as_deref())
     }
@@ -302,7 +304,7 @@ impl Answer {
         choice["logprobs"] = match self.kind {
             Kind::Chat => crate::logprobs::chat(lps, tok),
             Kind::Completion => crate::logprobs::completion(first, lps, tok, *offset),
-            Kind::Native => crate::logprobs::native(lps, tok),
+            Kind::Native => crate::logprobs::native(lps, tok, self.native.as_ref().is_some_and(|o| o.post_sampling)),
         };
         let tokens = first.iter().chain(lps.iter().map(|lp| &lp.token));
         *offset += tokens.map(|&t| tok.decode(&[t]).len()).sum::<usize>();
@@ -425,7 +427,8 @@ impl Answer {
                             v["timings"] = timings(&t);
                         }
                         if a.logprobs {
-                            v["completion_probabilities"] = crate::logprobs::native(&logprobs, &a.info.tokenizer);
+                            let post = a.native.as_ref().is_some_and(|o| o.post_sampling);
+                            v["completion_probabilities"] = crate::logprobs::native(&logprobs, &a.info.tokenizer, post);
                         }
                         (v, false, None)
                     }

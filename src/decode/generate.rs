@@ -120,6 +120,9 @@ pub struct SeqGen<'a> {
     /// Alternatives to report beside each token's log-probability; `None`:
     /// no log-probabilities (and no logits read for them).
     logprobs: Option<usize>,
+    /// Log-probabilities under the sampler's distribution (after
+    /// truncation), not the model's.
+    sampled_logprobs: bool,
     on_step: Option<OnStep<'a>>,
     /// Whether every prompt token fed so far was read in a forward of the
     /// row-count class a fresh read of the context gives it.
@@ -150,6 +153,7 @@ impl<'a> SeqGen<'a> {
             max_cells: None,
             history: prompt.to_vec(),
             logprobs: None,
+            sampled_logprobs: false,
             on_step: None,
             prompt_alike: true,
             gen: Generation::default(),
@@ -181,6 +185,14 @@ impl<'a> SeqGen<'a> {
     /// macro step's first token, the micro decoder's for the others.
     pub fn with_logprobs(self, top: usize) -> SeqGen<'a> {
         SeqGen { logprobs: Some(top), ..self }
+    }
+
+    /// Records the log-probabilities ([`SeqGen::with_logprobs`]) under the
+    /// distribution each token was drawn from, after the sampler's biases,
+    /// penalties, truncation and temperature
+    /// ([`crate::sampling::TokenLogprob::of_distribution`]).
+    pub fn with_sampled_logprobs(self) -> SeqGen<'a> {
+        SeqGen { sampled_logprobs: true, ..self }
     }
 
     /// Constrains every token of the output (base and micro tokens) by `c`.

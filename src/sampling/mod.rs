@@ -250,6 +250,17 @@ impl TokenLogprob {
         best.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
         TokenLogprob { token, logprob: logprob(token), top: best.into_iter().map(|t| (t, logprob(t))).collect() }
     }
+
+    /// The log-probability of `token` under `dist`, the distribution a
+    /// sampler drew it from ([`Sampler::distribution`]: after biases,
+    /// penalties, truncation and temperature, most likely first), with its
+    /// first `top` tokens (at most [`MAX_TOP_LOGPROBS`]; fewer when fewer
+    /// are left): llama-server's `post_sampling_probs`.
+    pub fn of_distribution(dist: &[(u32, f32)], token: u32, top: usize) -> TokenLogprob {
+        let p = dist.iter().find(|c| c.0 == token).map_or(0.0, |c| c.1);
+        let top = dist.iter().take(top.min(MAX_TOP_LOGPROBS)).map(|&(t, p)| (t, p.ln())).collect();
+        TokenLogprob { token, logprob: p.ln(), top }
+    }
 }
 
 fn softmax(cand: &[(u32, f32)], temp: f32) -> Vec<f32> {
@@ -329,6 +340,10 @@ mod tests {
         let (mut a, mut b) = (Sampler::new(p), Sampler::new(p));
         assert!((0..50).all(|_| a.sample(&logits, &[]) == b.draw(&d)), "the same draws from the same seed");
         assert_eq!(Sampler::new(SamplerParams::greedy()).distribution(&logits, &[]), [(1, 1.0)]);
+        // Post-sampling log-probabilities: the kept tokens only, most likely first.
+        let lp = TokenLogprob::of_distribution(&d, 3, 10);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3, 2]);
+        assert!((lp.logprob.exp() - d[1].1).abs() < 1e-6 && lp.top.iter().all(|t| t.1 <= 0.0));
     }
 
     #[test]

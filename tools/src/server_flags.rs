@@ -59,6 +59,10 @@ pub struct LlamaServerArgs {
     /// no tokens are kept across one.
     #[arg(long, allow_negative_numbers = true)]
     pub keep: Option<i64>,
+    /// Accepted: sampling runs on the CPU after each forward, from the same
+    /// distribution llama-server's backend sampling draws from.
+    #[arg(long = "backend_sampling", visible_alias = "backend-sampling")]
+    pub backend_sampling: bool,
     /// Accepted: idle slots' prompts stay in the pool until it needs their cells.
     #[arg(long)]
     pub no_cache_idle_slots: bool,

@@ -136,6 +136,7 @@ async fn generate(
         return_tokens: o.return_tokens,
         fields: o.fields,
         prompts: ids,
+        post_sampling: common.post_sampling_probs.unwrap_or(false),
     });
     let (info, t, c) = (s.info.clone(), tools.clone(), common.clone());
     let constraint = blocking(move || plan::constraint(&c, t.as_ref(), info.grammars.as_ref())).await?;

@@ -103,6 +103,9 @@ impl<'t> Request<'t> {
         }
         if let Some(top) = p.logprobs {
             gen = gen.with_logprobs(top);
+            if p.post_sampling {
+                gen = gen.with_sampled_logprobs();
+            }
         }
         if let Some(c) = &p.constraint {
             gen = gen.constrained(c.start());

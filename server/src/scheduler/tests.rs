@@ -46,6 +46,7 @@ fn job(s: &Scheduler, prompt: &[u32], n: usize, stream: bool) -> (Job, Receiver<
         sampler: SamplerParams::greedy(),
         logit_bias: Vec::new(),
         logprobs: None,
+        post_sampling: false,
         prompt_logprobs: None,
         rule,
         stop: Vec::new(),

@@ -19,11 +19,22 @@ impl SeqGen<'_> {
     pub(super) fn pick(&mut self, out: &StepOut, step: &mut MacroStep) -> Option<u32> {
         let first = step.tokens.is_empty();
         let end_step = !first && self.constraint.as_ref().is_some_and(|c| c.policy() == MicroPolicy::EndStep);
-        let (token, _) = self.draw(out, !end_step)?;
-        if let (Some(top), Some(l)) = (self.logprobs, &out.logits) {
-            step.logprobs.push(TokenLogprob::new(l, token, top));
+        let (token, dist) = self.draw(out, !end_step)?;
+        if let Some(lp) = self.token_logprob(out, &dist, token) {
+            step.logprobs.push(lp);
         }
         Some(token)
+    }
+
+    /// The log-probability of `token` to record, when asked: under the
+    /// model's logits in `out`, or under `dist`, the distribution it was
+    /// drawn from ([`SeqGen::with_sampled_logprobs`]).
+    pub(super) fn token_logprob(&self, out: &StepOut, dist: &[(u32, f32)], token: u32) -> Option<TokenLogprob> {
+        let top = self.logprobs?;
+        if self.sampled_logprobs {
+            return Some(TokenLogprob::of_distribution(dist, token, top));
+        }
+        out.logits.as_deref().map(|l| TokenLogprob::new(l, token, top))
     }
 
     /// The distribution of the next token given `out` (the constraint's mask

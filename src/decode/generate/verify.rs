@@ -14,7 +14,6 @@ use crate::decode::step::MacroStep;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::graph::StepOut;
-use crate::sampling::TokenLogprob;
 
 /// Checks `sg`'s drafts against `rows`, its output rows of the forward just
 /// run (the last verified token's, then each drafted token's): emits the
@@ -51,8 +50,8 @@ pub(super) fn check(
             c.commit(token);
         }
         sg.history.push(token);
-        if let (Some(top), Some(l)) = (sg.logprobs, &out.logits) {
-            step.logprobs.push(TokenLogprob::new(l, token, top));
+        if let Some(lp) = sg.token_logprob(&out, &p, token) {
+            step.logprobs.push(lp);
         }
         step.tokens.push(token);
         step.p_stop.push(out.p_stop);
