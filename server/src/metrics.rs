@@ -185,7 +185,12 @@ impl Metrics {
                 "Average generation throughput in tokens/s.",
                 format!("{:.4}", rate(get(&self.generated_tokens), gen_s)),
             ),
-            ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per base forward.", format!("{busy:.4}")),
+            (
+                "n_busy_slots_per_decode",
+                "gauge",
+                "Average number of busy slots per base forward.",
+                format!("{busy:.4}"),
+            ),
             (
                 "prompt_tokens_total",
                 "counter",

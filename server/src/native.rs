@@ -45,7 +45,9 @@ impl NativeRequest {
     pub fn prompts(&self) -> Result<Vec<Vec<Piece>>, ApiError> {
         match &self.prompt {
             Value::Array(items) if items.is_empty() => Err(ApiError::field("prompt", "'prompt' lists no prompt")),
-            Value::Array(items) if items.iter().any(Value::is_number) && items.iter().all(|v| v.is_number() || v.is_string()) => {
+            Value::Array(items)
+                if items.iter().any(Value::is_number) && items.iter().all(|v| v.is_number() || v.is_string()) =>
+            {
                 items.iter().map(piece).collect::<Result<_, _>>().map(|p| vec![p])
             }
             Value::Array(items) => items.iter().map(one_prompt).collect(),
@@ -149,10 +151,8 @@ pub struct Finished<'a> {
     pub prompt: &'a [u32],
     /// Its statistics (`timings`).
     pub timings: Value,
-    /// Prompt tokens whose KV entries were reused, and those processed.
+    /// Prompt tokens whose KV entries were reused.
     pub cached: usize,
-    /// Prompt tokens processed.
-    pub evaluated: usize,
 }
 
 /// The object that ends a choice: all of it (not streamed: `text` is the

@@ -245,7 +245,9 @@ fn logit_bias(common: &Common, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiE
                 _ => Err(bad("'logit_bias' lists [token, bias] pairs".into())),
             })
             .collect::<Result<_, _>>()?,
-        Some(_) => return Err(bad("'logit_bias' must be an object of token ids or a list of [token, bias] pairs".into())),
+        Some(_) => {
+            return Err(bad("'logit_bias' must be an object of token ids or a list of [token, bias] pairs".into()))
+        }
     };
     let mut out = Vec::new();
     for (key, bias) in pairs {

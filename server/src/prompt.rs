@@ -44,7 +44,8 @@ pub fn render(info: &ModelInfo, req: &ChatRequest, tools: &[Value]) -> Result<St
     let add_generation_prompt = prefill.is_some() || req.add_generation_prompt.unwrap_or(true);
     let mut kwargs: Map<String, Value> = info.defaults.template_kwargs.clone();
     // llama.cpp's `functions`: the tools as indented JSON text (FireFunction's templates print it).
-    let functions = if tools.is_empty() { String::new() } else { serde_json::to_string_pretty(tools).unwrap_or_default() };
+    let functions =
+        if tools.is_empty() { String::new() } else { serde_json::to_string_pretty(tools).unwrap_or_default() };
     kwargs.insert("functions".into(), Value::String(functions));
     // llama.cpp's dates: Llama 3.x's `date_string`, FireFunction's `datetime`.
     kwargs.insert("date_string".into(), Value::String(hamburger::chat::local_date("%d %b %Y")));

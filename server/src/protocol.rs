@@ -326,8 +326,14 @@ pub struct ChatRequest {
 }
 
 impl Request for ChatRequest {
-    const FIELDS: &'static [&'static str] =
-        &["messages", "tools", "tool_choice", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"];
+    const FIELDS: &'static [&'static str] = &[
+        "messages",
+        "tools",
+        "tool_choice",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+    ];
 }
 
 /// A completion prompt: text or token ids.

@@ -252,7 +252,6 @@ impl Answer {
             prompt: o.prompts.get(i / self.n).map_or(&[], Vec::as_slice),
             timings: timings(t),
             cached: t.cached_tokens,
-            evaluated: t.prompt_tokens,
         };
         let mut v = native::finished(&f, &self.info, &o.settings, o.return_tokens);
         v["index"] = json!(i);
@@ -459,8 +458,7 @@ impl Answer {
                             Kind::Native => json!({"index": i, "content": "", "tokens": [], "stop": false}),
                             Kind::Chat | Kind::Completion => a.with_choices(json!([]), true),
                         };
-                        v["prompt_progress"] =
-                            json!({"total": total, "cache": cache, "processed": processed, "time_ms": so_far.prompt_ms});
+                        v["prompt_progress"] = json!({"total": total, "cache": cache, "processed": processed, "time_ms": so_far.prompt_ms});
                         v["timings"] = timings(&so_far);
                         (v, false, None)
                     }

@@ -16,12 +16,11 @@ use crate::protocol::{Common, JsonSchemaFormat, ResponseFormat};
 pub fn spec(common: &Common) -> Result<Option<(ConstraintSpec, &'static str)>, ApiError> {
     let format = match &common.response_format {
         None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject { schema }) | Some(ResponseFormat::JsonSchema { json_schema: JsonSchemaFormat { schema, .. } }) => match schema {
+        Some(ResponseFormat::JsonObject { schema })
+        | Some(ResponseFormat::JsonSchema { json_schema: JsonSchemaFormat { schema, .. } }) => match schema {
             Some(s) if s.is_object() => Some(ConstraintSpec::JsonSchema(s.clone())),
             None => Some(ConstraintSpec::JsonObject),
-            Some(_) => {
-                return Err(ApiError::field("response_format", "'response_format''s schema must be an object"))
-            }
+            Some(_) => return Err(ApiError::field("response_format", "'response_format''s schema must be an object")),
         },
     };
     let given = [
@@ -29,7 +28,9 @@ pub fn spec(common: &Common) -> Result<Option<(ConstraintSpec, &'static str)>, A
         common
             .grammar
             .as_deref()
-            .map(|g| ConstraintSpec::of_grammar(g).map_err(|e| ApiError::field("grammar", format!("invalid 'grammar': {e}"))))
+            .map(|g| {
+                ConstraintSpec::of_grammar(g).map_err(|e| ApiError::field("grammar", format!("invalid 'grammar': {e}")))
+            })
             .transpose()?
             .map(|spec| (spec, "grammar")),
         common.json_schema.as_ref().map(|s| (ConstraintSpec::JsonSchema(s.clone()), "json_schema")),

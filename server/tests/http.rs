@@ -165,7 +165,13 @@ fn bad_requests_get_openai_shaped_errors() {
     assert_error(&s, chat, r#"{"messages": []}"#, 400, "messages");
     assert_error(&s, "/v1/completions", r#"{"prompt": [1, 99999999]}"#, 400, "prompt");
     let long = format!(r#"{{"prompt": "{}"}}"#, "word ".repeat(600));
-    assert_error(&s, "/v1/completions", &long, 400, "exceeds the available context size: the prompt is 601 tokens and a request's context holds 512 KV cells");
+    assert_error(
+        &s,
+        "/v1/completions",
+        &long,
+        400,
+        "exceeds the available context size: the prompt is 601 tokens and a request's context holds 512 KV cells",
+    );
     let huge = format!(r#"{{"prompt": "{}"}}"#, "x".repeat(server::http::BODY_LIMIT + 1));
     assert_error(&s, "/v1/completions", &huge, 413, "");
     let r = reqwest::blocking::get(format!("{}/v1/nothing", s.url)).unwrap();

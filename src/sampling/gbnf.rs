@@ -77,9 +77,7 @@ pub fn to_lark(text: &str) -> Result<String, String> {
     let mut depth = 0usize;
     while let Some((at, c)) = chars.next() {
         match c {
-            '#' => {
-                while chars.next_if(|&(_, c)| c != '\n').is_some() {}
-            }
+            '#' => while chars.next_if(|&(_, c)| c != '\n').is_some() {},
             '\n' => out.push(if depth == 0 { '\n' } else { ' ' }),
             c if c.is_whitespace() => out.push(' '),
             '"' => {

@@ -57,7 +57,8 @@ impl GrammarArgs {
     /// Naming the flag: an unreadable file, a schema that is not JSON, or a
     /// schema or grammar that does not compile.
     pub fn constraint(&self, tok: &Tokenizer, eog: &[u32]) -> Result<Constraint> {
-        let grammar = |text: &str, flag: &str| ConstraintSpec::of_grammar(text).map_err(|e| anyhow::anyhow!("{flag}: {e}"));
+        let grammar =
+            |text: &str, flag: &str| ConstraintSpec::of_grammar(text).map_err(|e| anyhow::anyhow!("{flag}: {e}"));
         let read =
             |p: &PathBuf, flag: &str| std::fs::read_to_string(p).with_context(|| format!("{flag} {}", p.display()));
         let (spec, flag) = match (&self.grammar, &self.grammar_file, &self.json_schema, &self.json_schema_file) {

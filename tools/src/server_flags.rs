@@ -129,7 +129,9 @@ impl LlamaServerArgs {
         p.validate()?;
         let seed = match self.seed {
             -1 => None,
-            s => Some(u64::try_from(s).map_err(|_| anyhow::anyhow!("--seed {s}: expected -1 (random) or a seed >= 0"))?),
+            s => {
+                Some(u64::try_from(s).map_err(|_| anyhow::anyhow!("--seed {s}: expected -1 (random) or a seed >= 0"))?)
+            }
         };
         Ok((p, seed))
     }

@@ -49,7 +49,8 @@ fn is_loopback(origin: &str) -> bool {
     };
     ["localhost", "127.0.0.1", "[::1]"].iter().any(|host| {
         rest.strip_prefix(host).is_some_and(|port| {
-            port.is_empty() || port.strip_prefix(':').is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            port.is_empty()
+                || port.strip_prefix(':').is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
         })
     })
 }
@@ -89,7 +90,13 @@ mod tests {
     #[test]
     fn localhost_stands_for_the_loopback_hosts_on_any_port() {
         let cors = Cors::of_list("localhost, https://app.example");
-        for origin in ["http://localhost", "http://localhost:8080", "http://127.0.0.1:3000", "http://[::1]", "https://app.example"] {
+        for origin in [
+            "http://localhost",
+            "http://localhost:8080",
+            "http://127.0.0.1:3000",
+            "http://[::1]",
+            "https://app.example",
+        ] {
             assert!(cors.allows(origin), "{origin}");
         }
         for origin in ["http://evil.com", "http://notlocalhost", "http://localhost.evil.com", "http://localhost:"] {

@@ -127,7 +127,8 @@ async fn generate(
     native: Option<Native>,
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + s.timeout;
-    let ids: Vec<Vec<u32>> = if native.is_some() { prompts.iter().map(|p| p.ids.clone()).collect() } else { Vec::new() };
+    let ids: Vec<Vec<u32>> =
+        if native.is_some() { prompts.iter().map(|p| p.ids.clone()).collect() } else { Vec::new() };
     let verbose = common.verbose.unwrap_or(s.info.defaults.verbose) && !common.stream();
     let verbose_ids = prompts.first().filter(|_| verbose).map(|p| p.ids.clone()).unwrap_or_default();
     let mut planned = plan::plan(&s.info, prompts, &common, deadline, s.submitter.limit())?;
@@ -181,7 +182,10 @@ async fn chat_prompt(s: &AppState, req: &ChatRequest, tools: Option<&ToolRequest
 }
 
 /// llama-server's count of a chat's prompt tokens, `{"input_tokens": n}`.
-async fn chat_input_tokens(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+async fn chat_input_tokens(
+    State(s): State<AppState>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
     let (req, common) = protocol::parse_request::<ChatRequest>(&body(b)?)?;
     let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
     let prompt = chat_prompt(&s, &req, tools.as_ref()).await?;
@@ -266,7 +270,10 @@ async fn metrics(State(s): State<AppState>) -> Response {
             .into_response();
     }
     let started = s.metrics.started_unix().to_string();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4".to_string()), (PROCESS_START.clone(), started)], s.metrics.render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4".to_string()), (PROCESS_START.clone(), started)],
+        s.metrics.render(),
+    )
         .into_response()
 }
 

@@ -101,8 +101,12 @@ impl<'t> AnswerText<'t> {
             from -= 1;
         }
         let tail = &self.text[from..];
-        let found =
-            self.stop.iter().enumerate().filter_map(|(i, s)| tail.find(s.as_str()).map(|at| (from + at, s.len(), i))).min();
+        let found = self
+            .stop
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| tail.find(s.as_str()).map(|at| (from + at, s.len(), i)))
+            .min();
         self.searched = self.text.len();
         let Some((at, len, which)) = found else { return false };
         self.stop_word = Some(self.stop[which].clone());

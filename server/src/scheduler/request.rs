@@ -315,11 +315,8 @@ impl<'t> Request<'t> {
             return;
         }
         self.progress = Some(processed);
-        let timings = Timings {
-            cached_tokens: cache,
-            prompt_tokens: processed - cache,
-            ..self.gen.generation().timings.clone()
-        };
+        let timings =
+            Timings { cached_tokens: cache, prompt_tokens: processed - cache, ..self.gen.generation().timings.clone() };
         let total = self.prompt.len();
         let _ = self.events.try_send(Event::Progress { total, cache, processed, timings });
     }
@@ -348,7 +345,8 @@ impl<'t> Request<'t> {
             prompt_tokens: self.prompt.len() - self.reused.tokens,
             ..self.gen.generation().timings.clone()
         });
-        let _ = self.events.try_send(Event::Text { text, tokens: new_tokens, steps: new_steps, logprobs, ids, timings });
+        let _ =
+            self.events.try_send(Event::Text { text, tokens: new_tokens, steps: new_steps, logprobs, ids, timings });
         (self.sent, self.sent_tokens, self.sent_steps) = (end, tokens, steps);
         true
     }
@@ -373,7 +371,8 @@ impl<'t> Request<'t> {
         metrics::add(&m.generated_tokens, timings.gen_tokens as u64);
         metrics::add(&m.prompt_us, (timings.prompt_ms * 1e3) as u64);
         metrics::add(&m.generation_us, (timings.gen_ms * 1e3) as u64);
-        m.context_tokens_max.fetch_max((self.prompt.len() + timings.gen_tokens) as u64, std::sync::atomic::Ordering::Relaxed);
+        m.context_tokens_max
+            .fetch_max((self.prompt.len() + timings.gen_tokens) as u64, std::sync::atomic::Ordering::Relaxed);
         metrics::add(&m.finished_macro_steps, timings.macro_steps as u64);
         metrics::add(&m.draft_tokens, timings.drafted as u64);
         metrics::add(&m.draft_accepted, timings.draft_accepted as u64);

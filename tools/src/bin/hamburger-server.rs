@@ -140,8 +140,14 @@ fn run(mut args: Args) -> Result<()> {
         ..Default::default()
     };
     // `--alias b,a`: every name is the model's; its id is the first in sorted order.
-    let mut aliases: Vec<String> =
-        args.alias.iter().flat_map(|a| a.split(',')).map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
+    let mut aliases: Vec<String> = args
+        .alias
+        .iter()
+        .flat_map(|a| a.split(','))
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect();
     aliases.sort();
     aliases.dedup();
     let model_path = args.model.clone();
@@ -182,10 +188,12 @@ fn run(mut args: Args) -> Result<()> {
         // `--host a,b`: one listener per address (llama-server's), IPv6 ones bare or in brackets.
         let mut listeners = Vec::new();
         for host in args.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+            let host =
+                if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
             let addr = format!("{host}:{}", args.port);
-            let listener =
-                tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("--host: cannot listen on {addr}"))?;
+            let listener = tokio::net::TcpListener::bind(&addr)
+                .await
+                .with_context(|| format!("--host: cannot listen on {addr}"))?;
             let local: SocketAddr = listener.local_addr()?;
             log::info!("listening on http://{local} ({parallel} slots)");
             if !args.no_webui {
