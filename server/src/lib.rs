@@ -112,6 +112,7 @@ pub async fn serve(
         total_slots: http.total_slots,
         slots: scheduler.slots.clone(),
         alive: scheduler.alive.clone(),
+        streams: Default::default(),
     };
     let mut alive = scheduler.alive.clone();
     let (died_tx, died_rx) = tokio::sync::oneshot::channel();

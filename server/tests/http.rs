@@ -193,12 +193,13 @@ fn api_key_is_required_when_set() {
     assert_eq!(reqwest::blocking::get(format!("{}/health", s.url)).unwrap().status().as_u16(), 200);
 }
 
-/// Opens a raw streaming request and reads until the first chunk arrives.
-fn start_stream(url: &str, max_tokens: usize) -> TcpStream {
+/// Opens a raw streaming request (with `headers`, each ending in CRLF) and
+/// reads until the first chunk arrives.
+fn start_stream(url: &str, max_tokens: usize, headers: &str) -> TcpStream {
     let addr = url.trim_start_matches("http://");
     let mut conn = TcpStream::connect(addr).unwrap();
-    let body = json!({"prompt": "Count from one to one thousand:", "max_tokens": max_tokens, "stream": true, "ignore_eos": true}).to_string();
-    write!(conn, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let body = json!({"prompt": "Count from one to one thousand:", "max_tokens": max_tokens, "stream": true, "ignore_eos": true, "temperature": 0}).to_string();
+    write!(conn, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut line = String::new();
     while !line.starts_with("data: ") {
@@ -220,7 +221,7 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 #[test]
 fn a_client_that_leaves_frees_its_slot_and_a_full_queue_answers_503() {
     let s = TestServer::start(1, 1, None);
-    let conn = start_stream(&s.url, 400);
+    let conn = start_stream(&s.url, 400, "");
     assert_eq!(s.metric("requests_processing"), 1.0);
     // The one slot is busy: one request may wait, the next is refused.
     let waiting = {
@@ -312,4 +313,49 @@ fn a_slot_holds_an_answer_as_long_as_its_macro_steps_fit_its_cells() {
     // The prompt's cells, then one per step; the last step's token needs none.
     assert_eq!(k1["usage"]["completion_tokens"].as_u64().unwrap(), 64 - n_prompt + 1, "{k1}");
     assert_eq!(k1["choices"][0]["finish_reason"], "length", "cut by the full slot: {k1}");
+}
+
+#[test]
+fn a_conversations_stream_outlives_its_client_replays_from_any_offset_and_stops_on_delete() {
+    let s = TestServer::start(1, 4, None);
+    let stream = |id: &str| format!("{}/v1/stream?conv_id={id}", s.url);
+    // The client leaves after the first chunk; the generation goes on and is kept.
+    drop(start_stream(&s.url, 24, "X-Conversation-Id: c1\r\n"));
+    let whole = common::client().get(format!("{}&from=0", stream("c1"))).send().unwrap();
+    assert_eq!(whole.headers()["content-type"], "text/event-stream");
+    let whole = whole.text().unwrap();
+    let payloads = sse_payloads(&whole);
+    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"));
+    let text: String = payloads[..payloads.len() - 1]
+        .iter()
+        .map(|p| serde_json::from_str::<Value>(p).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    let (_, solo) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Count from one to one thousand:", "max_tokens": 24, "ignore_eos": true, "temperature": 0}),
+    );
+    assert_eq!(text, solo["choices"][0]["text"].as_str().unwrap(), "the kept stream is the whole answer");
+    // From an offset: the rest of the bytes.
+    let tail = common::client().get(format!("{}&from=10", stream("c1"))).send().unwrap().text().unwrap();
+    assert_eq!(tail, whole[10..]);
+    let found = common::client()
+        .post(format!("{}/v1/streams/lookup", s.url))
+        .json(&json!({"conversation_ids": ["c1", "c2"]}))
+        .send()
+        .unwrap();
+    let found: Value = found.json().unwrap();
+    assert_eq!((found[0]["conversation_id"].as_str(), found[0]["is_done"].as_bool()), (Some("c1"), Some(true)));
+    assert_eq!(found[0]["total_bytes"].as_u64(), Some(whole.len() as u64));
+    assert_eq!(found.as_array().unwrap().len(), 1);
+    for (url, want) in [(format!("{}&from=x", stream("c1")), 400), (format!("{}/v1/stream?from=0", s.url), 400)] {
+        assert_eq!(common::client().get(url).send().unwrap().status().as_u16(), want);
+    }
+    // A stop forgets it.
+    assert_eq!(common::client().delete(stream("c1")).send().unwrap().status().as_u16(), 204);
+    assert_eq!(common::client().get(stream("c1")).send().unwrap().status().as_u16(), 404);
+    // A stop during generation cancels it and frees the slot.
+    drop(start_stream(&s.url, 400, "X-Conversation-Id: c2\r\n"));
+    assert_eq!(s.metric("requests_processing"), 1.0);
+    assert_eq!(common::client().delete(stream("c2")).send().unwrap().status().as_u16(), 204);
+    eventually("the stopped generation cancelled", || s.metric("requests_cancelled_total") == 1.0);
 }

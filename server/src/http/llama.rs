@@ -6,6 +6,7 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -70,7 +71,11 @@ async fn apply_template(State(s): State<AppState>, b: Result<Bytes, BytesRejecti
 
 /// llama-server's native completion: its prompts ([`NativeRequest::prompts`])
 /// tokenized, `n_probs` read as `logprobs`, answered in its shape.
-async fn native_completion(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn native_completion(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let (req, mut common) = protocol::parse_request::<NativeRequest>(&body(b)?)?;
     if let Some(n) = req.n_probs.filter(|&n| n > 0) {
         common.logprobs = Some(Logprobs::Count(n));
@@ -81,7 +86,8 @@ async fn native_completion(State(s): State<AppState>, b: Result<Bytes, BytesReje
     })
     .await?;
     let native = Native { return_tokens: req.return_tokens.unwrap_or(false), fields: req.response_fields };
-    generate(&s, Kind::Native, prompts, common, None, Some(native)).await
+    let conversation = super::resume::conversation_id(&headers);
+    generate(&s, Kind::Native, prompts, common, None, Some(native), conversation).await
 }
 
 /// llama-server's `/slots`: each slot's state as the engine thread last

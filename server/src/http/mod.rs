@@ -7,10 +7,12 @@
 //! * `state`: what the handlers share;
 //! * `cors`: cross-origin requests, as llama-server answers them;
 //! * `llama`: llama-server's own routes (`/completion`, `/props`, `/slots`, ...);
+//! * `resume`: resumable streams (`X-Conversation-Id`, `/v1/stream`);
 //! * `webui`: the chat page at `/`.
 
 mod cors;
 mod llama;
+mod resume;
 mod state;
 mod webui;
 
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -31,6 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 pub use cors::Cors;
+pub use resume::StreamSessions;
 pub use state::AppState;
 use state::{blocking, body};
 
@@ -64,6 +67,7 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .merge(llama::routes())
+        .merge(resume::routes())
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
         .route("/health", get(health))
         .route("/v1/health", get(health))
@@ -117,7 +121,8 @@ struct Native {
 /// Plans `prompts` (`n` choices each) into jobs, queues them and answers
 /// them, streamed or not; each choice's answer starts with its prompt's
 /// `echo`, when given; `tools` constrain the answers to a call when the
-/// request uses them.
+/// request uses them. A stream sent with a conversation id (the
+/// `X-Conversation-Id` header) is kept resumable under it.
 async fn generate(
     s: &AppState,
     kind: Kind,
@@ -125,6 +130,7 @@ async fn generate(
     common: Common,
     tools: Option<ToolRequest>,
     native: Option<Native>,
+    conversation: Option<String>,
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + s.timeout;
     let ids: Vec<Vec<u32>> =
@@ -155,19 +161,27 @@ async fn generate(
         answer = answer.verbose(s.info.tokenizer.decode(&verbose_ids));
     }
     if common.stream() {
-        let events = ReceiverStream::new(answer.stream(choices, common.include_usage()))
-            .map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
+        let events = answer.stream(choices, common.include_usage());
+        if let Some(id) = conversation {
+            return Ok(resume::resumable(&s.streams, &id, events));
+        }
+        let events = ReceiverStream::new(events).map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
         Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response())
     } else {
         Ok(Json(answer.collect(choices).await?).into_response())
     }
 }
 
-async fn chat(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn chat(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let (req, common) = protocol::parse_request::<ChatRequest>(&body(b)?)?;
     let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
     let prompt = chat_prompt(&s, &req, tools.as_ref()).await?;
-    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], common, tools, None).await
+    let conversation = resume::conversation_id(&headers);
+    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], common, tools, None, conversation).await
 }
 
 /// The token ids of a chat's prompt ([`crate::prompt::render`]), its tools given to the template.
@@ -192,7 +206,11 @@ async fn chat_input_tokens(
     Ok(Json(json!({"input_tokens": prompt.len()})))
 }
 
-async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn completions(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let (req, common) = protocol::parse_request::<CompletionRequest>(&body(b)?)?;
     let (echo, prompts, info) = (req.echo(), req.prompt.all()?, s.info.clone());
     let prompts = blocking(move || {
@@ -215,7 +233,7 @@ async fn completions(State(s): State<AppState>, b: Result<Bytes, BytesRejection>
             .collect()
     })
     .await?;
-    generate(&s, Kind::Completion, prompts, common, None, None).await
+    generate(&s, Kind::Completion, prompts, common, None, None, resume::conversation_id(&headers)).await
 }
 
 /// The one model: its name (the first alias in sorted order, as

@@ -56,6 +56,8 @@ pub struct AppState {
     pub alive: watch::Receiver<bool>,
     /// Whether the chat page is served at `/`.
     pub webui: bool,
+    /// The resumable streams, by conversation id.
+    pub streams: Arc<super::StreamSessions>,
 }
 
 impl IntoResponse for ApiError {
