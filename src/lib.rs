@@ -38,6 +38,7 @@ pub use decode::generate::{DecodeConfig, SeqGen};
 pub use decode::session::{Session, SessionParams};
 pub use decode::step::{Generation, MacroStep, StepParams, StepRule, Timings};
 pub use engine::budget::EngineParams;
+pub use engine::counters::EngineCounters;
 pub use engine::Engine;
 pub use error::{Error, Param, ParamError, Result};
 pub use graph::base::Wants;

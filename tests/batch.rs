@@ -143,3 +143,35 @@ fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
     let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: true }).unwrap()[0].1.argmax;
     engine.micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false }).unwrap();
 }
+
+/// Consecutive one-row decode steps run one graph, built once: ggml-cuda
+/// replays a captured CUDA graph only while the graph stays the same. A new
+/// one is built only when the attention window grows past its padding, and
+/// each step reads back its argmax alone (4 bytes).
+#[test]
+fn consecutive_decode_steps_reuse_one_graph_until_the_attention_window_grows() {
+    let model = tiny_f32();
+    let prompt = &golden_prompts(0.3)[0];
+    let mut engine = Engine::new(&model, &EngineParams { n_ctx: 1024, ..Default::default() }).unwrap();
+    let want = Wants { stop_head: false, logits: false, features: false };
+    let mut batch = Batch::new();
+    batch.push_tokens(0, prompt);
+    let mut t = engine.decode(&batch, want).unwrap()[0].1.argmax;
+    let after_prompt = engine.counters();
+    assert_eq!((after_prompt.graph_builds, after_prompt.graph_computes), (1, 1));
+    let mut builds_at = Vec::new();
+    for step in 0..300 - prompt.len() {
+        let before = engine.counters();
+        let mut batch = Batch::new();
+        batch.push_tokens(0, &[t]);
+        t = engine.decode(&batch, want).unwrap()[0].1.argmax;
+        let d = engine.counters() - before;
+        assert_eq!((d.graph_computes, d.host_reads, d.host_read_bytes), (1, 1, 4), "step {step}");
+        if d.graph_builds > 0 {
+            builds_at.push(prompt.len() + step);
+        }
+    }
+    // Cells in use when a step is built: the first decode step, then the
+    // step whose entry is cell 257 (the window of 256 cells is full).
+    assert_eq!(builds_at, [prompt.len(), 256], "the steps that built a graph");
+}

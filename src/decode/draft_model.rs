@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::decode::step::{Generation, MacroStep, StepParams, StepRule};
 use crate::engine::budget::EngineParams;
+use crate::engine::counters::EngineCounters;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::error::{Param, ParamError};
@@ -244,6 +245,12 @@ impl<'t, 'd> DraftSession<'t, 'd> {
     /// logits are read but for `p_min`.
     fn greedy(&self) -> bool {
         self.sampler.is_greedy()
+    }
+
+    /// What the target's engine has done so far, counted (the draft model's
+    /// engine apart).
+    pub fn counters(&self) -> EngineCounters {
+        self.target.counters()
     }
 
     /// Generates up to `n_predict` tokens after `prompt` (which continues

@@ -6,6 +6,7 @@
 use crate::decode::generate::{self, DecodeConfig, Pending, SeqGen};
 use crate::decode::step::{Generation, StepParams};
 use crate::engine::budget::EngineParams;
+use crate::engine::counters::EngineCounters;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::error::{Param, ParamError};
@@ -222,6 +223,11 @@ impl<'m> Session<'m> {
     /// output on its own, from the grammar's start) by `c`; None lifts it.
     pub fn set_constraint(&mut self, c: Option<Constraint>) {
         self.constraint = c;
+    }
+
+    /// What its engine has done so far, counted.
+    pub fn counters(&self) -> EngineCounters {
+        self.engine.counters()
     }
 
     /// Generates up to `n_predict` tokens after `prompt` (which continues the

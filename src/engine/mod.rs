@@ -7,6 +7,7 @@
 //!   allocate, checked before anything is (the memory plan);
 //! * [`forward_cost`]: the measured times of its forwards and micro steps,
 //!   and what a draft costs at those prices;
+//! * [`counters`]: what it did, counted (graphs built and computed, host reads);
 //! * here, [`Engine`] (llama.cpp's `llama_context`): for up to `n_seq`
 //!   sequences of one model, the base KV cache they share, each one's micro
 //!   cache range and feature columns, the graphs built for them, and each
@@ -16,6 +17,7 @@
 //!   [`crate::decode::session::Session`] sit on top.
 
 pub mod budget;
+pub mod counters;
 pub mod forward_cost;
 
 use std::rc::Rc;
@@ -24,6 +26,7 @@ use std::time::Instant;
 use ggml::{Backend, Buffer, Context, Tensor, Type};
 
 use crate::engine::budget::EngineParams;
+use crate::engine::counters::EngineCounters;
 use crate::engine::forward_cost::ForwardCosts;
 use crate::error::{Error, Result};
 use crate::error::{Param, ParamError};
@@ -66,6 +69,7 @@ pub struct Engine<'m> {
     forwards: usize,
     /// The times of its forwards and micro steps (the draft gate's prices).
     costs: ForwardCosts,
+    counters: EngineCounters,
 }
 
 impl<'m> Engine<'m> {
@@ -107,6 +111,7 @@ impl<'m> Engine<'m> {
             rewrite_below: vec![0; p.n_seq],
             forwards: 0,
             costs: ForwardCosts::new(hp),
+            counters: EngineCounters::default(),
         })
     }
 
@@ -146,6 +151,11 @@ impl<'m> Engine<'m> {
     /// What its forwards and micro steps have cost so far ([`ForwardCosts`]).
     pub fn costs(&self) -> &ForwardCosts {
         &self.costs
+    }
+
+    /// What it has done so far, counted ([`EngineCounters`]).
+    pub fn counters(&self) -> EngineCounters {
+        self.counters
     }
 
     /// Base forwards (macro steps of all sequences together) run so far.
@@ -390,15 +400,16 @@ impl<'m> Engine<'m> {
             )));
         }
         let (model, kv, features, flash, backends) = (self.model, &self.kv, &self.features, self.flash, &self.backends);
-        let costs = &mut self.costs;
+        let (costs, counters) = (&mut self.costs, &mut self.counters);
         let mut run = || -> Result<Vec<StepOut>> {
-            let (sg, warm) =
+            let (sg, run) =
                 self.base_graphs.get(layout.shape.clone(), |s| base::build(model, kv, features, s, flash, backends))?;
             let started = Instant::now();
             sg.inputs.set(kv, &layout)?;
             sg.sched.compute(&sg.graph)?;
             let outs = sg.outputs.read(want.logits)?;
-            if warm {
+            counters.computed(run.built, sg.outputs.host_reads(want.logits));
+            if run.warm {
                 costs.record_forward(batch.inputs().len(), started.elapsed());
             }
             Ok(outs)
@@ -459,14 +470,15 @@ impl<'m> Engine<'m> {
         }
         let (model, cache, features, flash, backends) =
             (self.model, &self.micro, &self.features, self.flash, &self.backends);
-        let (sg, warm) = self
+        let (sg, run) = self
             .micro_graphs
             .get(layout.shape.clone(), |s| micro::build(model, cache, features, s, flash, backends))?;
         let started = Instant::now();
         sg.inputs.set(cache, &layout)?;
         sg.sched.compute(&sg.graph)?;
         let outs = sg.outputs.read(want.logits)?;
-        if warm {
+        self.counters.computed(run.built, sg.outputs.host_reads(want.logits));
+        if run.warm {
             self.costs.record_micro(inputs.len(), started.elapsed());
         }
         Ok(outs)

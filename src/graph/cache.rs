@@ -13,6 +13,16 @@ const GRAPHS_KEPT: usize = 16;
 /// graph on its second run with unchanged properties, and replays it after).
 const WARM_UP_RUNS: u32 = 2;
 
+/// What one run of a kept graph is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The graph was built for this run.
+    pub built: bool,
+    /// Its warm-up is over ([`WARM_UP_RUNS`]): this run's time is what the
+    /// graph costs, to be recorded.
+    pub warm: bool,
+}
+
 /// Built graphs by shape, most recently used first, with the runs each has had.
 pub struct GraphCache<K, G> {
     entries: Vec<(K, G, u32)>,
@@ -30,28 +40,29 @@ impl<K: PartialEq, G> GraphCache<K, G> {
         GraphCache { entries: Vec::new() }
     }
 
-    /// The graph of `key`, built by `build` if it is not kept, and whether
-    /// its warm-up is over ([`WARM_UP_RUNS`]): whether this run's time is
-    /// what the graph costs, to be recorded.
+    /// The graph of `key`, built by `build` if it is not kept, with what
+    /// this run of it is ([`Run`]).
     ///
     /// # Errors
     /// What `build` returns.
-    pub fn get(&mut self, key: K, build: impl FnOnce(&K) -> Result<G>) -> Result<(&mut G, bool)> {
-        match self.entries.iter().position(|(k, _, _)| *k == key) {
+    pub fn get(&mut self, key: K, build: impl FnOnce(&K) -> Result<G>) -> Result<(&mut G, Run)> {
+        let built = match self.entries.iter().position(|(k, _, _)| *k == key) {
             Some(i) => {
                 let e = self.entries.remove(i);
                 self.entries.insert(0, e);
+                false
             }
             None => {
                 let g = build(&key)?;
                 self.entries.insert(0, (key, g, 0));
                 self.entries.truncate(GRAPHS_KEPT);
+                true
             }
-        }
+        };
         let (_, graph, runs) = &mut self.entries[0];
         let warm = *runs >= WARM_UP_RUNS;
         *runs = runs.saturating_add(1);
-        Ok((graph, warm))
+        Ok((graph, Run { built, warm }))
     }
 }
 
@@ -64,13 +75,15 @@ mod tests {
         let mut cache: GraphCache<usize, String> = GraphCache::new();
         let mut builds = 0;
         let mut run = |cache: &mut GraphCache<usize, String>, key| {
-            let (g, warm) = cache
+            let before = builds;
+            let (g, run) = cache
                 .get(key, |k| {
                     builds += 1;
                     Ok(format!("graph {k}"))
                 })
                 .unwrap();
-            (g.clone(), warm)
+            assert_eq!(run.built, builds > before);
+            (g.clone(), run.warm)
         };
         let warm: Vec<bool> = (0..4).map(|_| run(&mut cache, 1).1).collect();
         assert_eq!(warm, [false, false, true, true]);

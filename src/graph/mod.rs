@@ -62,6 +62,12 @@ pub struct StepOut {
 }
 
 impl Outputs {
+    /// The reads [`Outputs::read`] makes, and the bytes they copy.
+    pub fn host_reads(&self, want_logits: bool) -> (u64, u64) {
+        let tensors = [Some(&self.argmax), self.p_stop.as_ref(), want_logits.then_some(&self.logits)];
+        tensors.iter().flatten().fold((0, 0), |(n, bytes), t| (n + 1, bytes + t.nbytes() as u64))
+    }
+
     /// Reads every output position's results (the logits only if `want_logits`).
     ///
     /// # Errors

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use hamburger::draft_model::DraftStats;
 use hamburger::tokenizer::{TextStream, Tokenizer};
-use hamburger::{Generation, Model};
+use hamburger::{EngineCounters, Generation, Model};
 
 /// ANSI colours cycled through by macro step.
 const PALETTE: [&str; 4] = ["\x1b[38;5;39m", "\x1b[38;5;208m", "\x1b[38;5;42m", "\x1b[38;5;170m"];
@@ -58,9 +58,17 @@ pub fn visible(model: &Model, tokens: &[u32]) -> Vec<u32> {
 }
 
 /// The `--json` object of one generation: prompt and output ids, each macro
-/// step's tokens, the text, the server's timings object and, with `-md`, the
-/// draft model's counts.
-pub fn json_report(prompt: &[u32], gen: &Generation, drafted: Option<&DraftStats>, text: &str) -> serde_json::Value {
+/// step's tokens, the text, the server's timings object, what the engine did
+/// (`engine`: graphs built and computed and host reads, in all and per
+/// macro step, the prompt's forwards included) and, with `-md`, the draft
+/// model's counts.
+pub fn json_report(
+    prompt: &[u32],
+    gen: &Generation,
+    drafted: Option<&DraftStats>,
+    engine: EngineCounters,
+    text: &str,
+) -> serde_json::Value {
     let mut kept = gen.output_ids.len();
     let steps: Vec<Vec<u32>> = gen
         .macro_steps
@@ -78,6 +86,7 @@ pub fn json_report(prompt: &[u32], gen: &Generation, drafted: Option<&DraftStats
         "text": text,
         // The server's timings object: one schema for both tools.
         "timings": server::response::timings(&gen.timings),
+        "engine": engine_counts(engine, gen.timings.macro_steps),
     });
     if let Some(d) = drafted {
         report["draft"] = serde_json::json!({
@@ -88,6 +97,22 @@ pub fn json_report(prompt: &[u32], gen: &Generation, drafted: Option<&DraftStats
         });
     }
     report
+}
+
+/// `engine`'s counts, in all and per macro step of `steps`.
+fn engine_counts(engine: EngineCounters, steps: usize) -> serde_json::Value {
+    let counts = [
+        ("graph_builds", engine.graph_builds),
+        ("graph_computes", engine.graph_computes),
+        ("host_reads", engine.host_reads),
+        ("host_read_bytes", engine.host_read_bytes),
+    ];
+    let mut v = serde_json::Map::new();
+    for (name, n) in counts {
+        v.insert(name.into(), n.into());
+        v.insert(format!("{name}_per_macro_step"), (n as f64 / steps.max(1) as f64).into());
+    }
+    v.into()
 }
 
 /// The statistics printed to stderr after a generation (with -md, a

@@ -3,7 +3,7 @@
 //! tokens (`-md`): one interface for completion and chat.
 
 use hamburger::draft_model::{DraftSession, DraftStats};
-use hamburger::{Generation, Result, Session};
+use hamburger::{EngineCounters, Generation, Result, Session};
 
 /// The CLI's decoder.
 pub enum Decoder<'t, 'd> {
@@ -27,6 +27,14 @@ impl Decoder<'_, '_> {
         match self {
             Decoder::Macro(s) => s.n_slots(),
             Decoder::Drafted(s) => s.n_slots(),
+        }
+    }
+
+    /// What the (target's) engine has done so far, counted.
+    pub fn counters(&self) -> EngineCounters {
+        match self {
+            Decoder::Macro(s) => s.counters(),
+            Decoder::Drafted(s) => s.counters(),
         }
     }
 

@@ -282,6 +282,7 @@ fn run(mut args: Args) -> Result<()> {
         }
     }
     let mut printer = StepPrinter::new(tokenizer.as_ref(), args.color);
+    let counted = decoder.counters();
     let (gen, drafted) = decoder.generate(&prompt_ids, budget.n_predict, |tokens| {
         let text = printer.text(&model, tokens);
         if !args.json {
@@ -291,7 +292,8 @@ fn run(mut args: Args) -> Result<()> {
     })?;
     if args.json {
         let text = tokenizer.as_ref().map(|t| t.decode(&visible(&model, &gen.output_ids))).unwrap_or_default();
-        writeln!(out, "{}", json_report(&prompt_ids, &gen, drafted.as_ref(), &text))?;
+        let engine = decoder.counters() - counted;
+        writeln!(out, "{}", json_report(&prompt_ids, &gen, drafted.as_ref(), engine, &text))?;
     } else {
         writeln!(out)?;
         eprint!("{}", report(&gen, drafted.as_ref()));
