@@ -24,6 +24,7 @@
 //! 7. HTTP on top: [`http`] (axum routes, Server-Sent Events, llama-server's
 //!    operations routes, the chat page) and [`serve`].
 
+pub mod anthropic;
 pub mod error;
 pub mod fields;
 pub mod ids;

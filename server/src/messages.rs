@@ -6,7 +6,7 @@ use hamburger::chat::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::ApiError;
+use crate::error::{status, ApiError};
 
 /// A message's content: text, or parts of which the text ones count.
 #[derive(Debug, Clone, Deserialize)]
@@ -41,6 +41,8 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// A `tool` message: the function's name.
     pub name: Option<String>,
+    /// An assistant's reasoning (rendered by templates of thinking models).
+    pub reasoning_content: Option<String>,
 }
 
 /// The roles a chat template knows.
@@ -51,7 +53,8 @@ const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 /// # Errors
 /// A 400 for no message, an unknown role, a null content (but beside an
 /// assistant's tool calls), a non-text content part, or tool calls that are
-/// not OpenAI's shape, naming the message's field.
+/// not OpenAI's shape, naming the message's field; a 500 for an image, as
+/// llama-server answers one without a multimodal projector.
 pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::field("messages", "'messages' must hold at least one message"));
@@ -89,6 +92,14 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
                     .iter()
                     .map(|p| match (p.kind.as_str(), &p.text) {
                         ("text", Some(t)) => Ok(t.as_str()),
+                        // llama-server's answer to an image for a text model: a 500, in its words.
+                        ("image_url" | "input_image", _) => Err(ApiError {
+                            param: Some(format!("messages[{i}].content")),
+                            ..ApiError::new(
+                                status::INTERNAL,
+                                "image input is not supported: this server runs text models (no multimodal projector)",
+                            )
+                        }),
                         _ => Err(ApiError::field(
                             &format!("messages[{i}].content"),
                             format!("content parts of type '{}' are not supported (text only)", p.kind),
@@ -105,6 +116,7 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
                 tool_calls,
                 tool_call_id: m.tool_call_id.clone(),
                 name: m.name.clone(),
+                reasoning_content: m.reasoning_content.clone(),
                 ..Message::new(role, &content)
             })
         })

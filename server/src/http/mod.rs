@@ -7,9 +7,11 @@
 //! * `state`: what the handlers share;
 //! * `cors`: cross-origin requests, as llama-server answers them;
 //! * `llama`: llama-server's own routes (`/completion`, `/props`, `/slots`, ...);
+//! * `anthropic`: Anthropic's Messages API (`/v1/messages`);
 //! * `resume`: resumable streams (`X-Conversation-Id`, `/v1/stream`);
 //! * `webui`: the chat page at `/`.
 
+mod anthropic;
 mod cors;
 mod llama;
 mod resume;
@@ -68,6 +70,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .merge(llama::routes())
         .merge(resume::routes())
+        .merge(anthropic::routes())
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
         .route("/health", get(health))
         .route("/v1/health", get(health))
@@ -118,26 +121,29 @@ struct Native {
     fields: Option<Vec<String>>,
 }
 
-/// Plans `prompts` (`n` choices each) into jobs, queues them and answers
-/// them, streamed or not; each choice's answer starts with its prompt's
-/// `echo`, when given; `tools` constrain the answers to a call when the
-/// request uses them. A stream sent with a conversation id (the
-/// `X-Conversation-Id` header) is kept resumable under it.
-async fn generate(
+/// A queued generation: what assembles its answer, and its choices' events.
+struct Queued {
+    answer: Answer,
+    choices: Choices,
+}
+
+/// Plans `prompts` (`n` choices each) into jobs and queues them; each
+/// choice's answer starts with its prompt's `echo`, when given; `tools`
+/// constrain the answers to a call when the request uses them.
+async fn queue(
     s: &AppState,
     kind: Kind,
     prompts: Vec<Prompted>,
-    common: Common,
+    common: &Common,
     tools: Option<ToolRequest>,
     native: Option<Native>,
-    conversation: Option<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Queued, ApiError> {
     let deadline = Instant::now() + s.timeout;
     let ids: Vec<Vec<u32>> =
         if native.is_some() { prompts.iter().map(|p| p.ids.clone()).collect() } else { Vec::new() };
     let verbose = common.verbose.unwrap_or(s.info.defaults.verbose) && !common.stream();
     let verbose_ids = prompts.first().filter(|_| verbose).map(|p| p.ids.clone()).unwrap_or_default();
-    let mut planned = plan::plan(&s.info, prompts, &common, deadline, s.submitter.limit())?;
+    let mut planned = plan::plan(&s.info, prompts, common, deadline, s.submitter.limit())?;
     let native = native.map(|o| NativeOptions {
         settings: planned.jobs.first().map_or(Value::Null, |j| crate::native::generation_settings(&j.params, &s.info)),
         return_tokens: o.return_tokens,
@@ -160,6 +166,22 @@ async fn generate(
     if verbose {
         answer = answer.verbose(s.info.tokenizer.decode(&verbose_ids));
     }
+    Ok(Queued { answer, choices })
+}
+
+/// Queues a generation ([`queue`]) and answers it, streamed or not. A
+/// stream sent with a conversation id (the `X-Conversation-Id` header) is
+/// kept resumable under it.
+async fn generate(
+    s: &AppState,
+    kind: Kind,
+    prompts: Vec<Prompted>,
+    common: Common,
+    tools: Option<ToolRequest>,
+    native: Option<Native>,
+    conversation: Option<String>,
+) -> Result<Response, ApiError> {
+    let Queued { answer, choices } = queue(s, kind, prompts, &common, tools, native).await?;
     if common.stream() {
         let events = answer.stream(choices, common.include_usage());
         if let Some(id) = conversation {

@@ -72,6 +72,10 @@ pub struct Message {
     /// A tool message: the function's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant's reasoning before its answer (templates of thinking
+    /// models render it, as `<think>` blocks for example).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
