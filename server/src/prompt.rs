@@ -6,19 +6,32 @@
 //! message continued (a prefill: the turns before it rendered with the
 //! assistant's turn opened, then its text).
 
+use hamburger::chat::Message;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::job::ModelInfo;
 use crate::protocol::ChatRequest;
 
-/// The prompt text of `req` (its `tools` as the template takes them).
+/// The prompt text of `req` (its `tools` as the template takes them, and
+/// `tool_prompt`, the tools offered in text, added to its system message).
 ///
 /// # Errors
 /// A 400 naming the field: a model without a chat template, bad messages,
 /// `add_generation_prompt` with `continue_final_message`, a template that fails.
-pub fn render(info: &ModelInfo, req: &ChatRequest, tools: &[Value]) -> Result<String, ApiError> {
+pub fn render(
+    info: &ModelInfo,
+    req: &ChatRequest,
+    tools: &[Value],
+    tool_prompt: Option<&str>,
+) -> Result<String, ApiError> {
     let mut messages = crate::messages::chat_messages(&req.messages)?;
+    if let Some(text) = tool_prompt {
+        match messages.first_mut() {
+            Some(m) if m.role == "system" => m.content = format!("{}\n\n{text}", m.content),
+            _ => messages.insert(0, Message::new("system", text)),
+        }
+    }
     let template = info
         .chat_template
         .as_ref()

@@ -408,6 +408,8 @@ impl Answer {
             }
             let mut offsets = vec![0; choices.len()];
             let mut predicted = vec![0; choices.len()];
+            // With tools, each choice's text is held to its end: it may be a call.
+            let mut held = vec![String::new(); choices.len()];
             let mut totals = Totals::new(choices.per_prompt());
             loop {
                 let event = tokio::select! {
@@ -435,6 +437,10 @@ impl Answer {
                         totals.add(i, &timings);
                         (a.native_end(i, "", &end, &timings, &logprobs), choices.all_done(), None)
                     }
+                    Ok((i, Event::Text { text, .. })) if a.tools.is_some() => {
+                        held[i].push_str(&text);
+                        continue;
+                    }
                     Ok((i, Event::Text { text, tokens, steps, logprobs, timings: so_far, .. })) => {
                         let mut c = a.kind.choice(i, Some(&text), None, true);
                         a.set_logprobs(&mut c, None, &logprobs, &mut offsets[i]);
@@ -448,6 +454,21 @@ impl Answer {
                     Ok((i, Event::Done { end, timings, logprobs, .. })) => {
                         totals.add(i, &timings);
                         let mut c = a.kind.choice(i, None, Some(finish_reason(end.reason)), true);
+                        if let Some(tools) = &a.tools {
+                            let text = std::mem::take(&mut held[i]);
+                            let delta = match tools.calls(&text) {
+                                Some(mut calls) => {
+                                    calls[0]["index"] = json!(0);
+                                    c["finish_reason"] = json!("tool_calls");
+                                    json!({"tool_calls": calls})
+                                }
+                                None => json!({"content": text}),
+                            };
+                            let whole = json!({"index": i, "delta": delta, "finish_reason": null});
+                            if send(a.object(whole, true)).await.is_err() {
+                                return;
+                            }
+                        }
                         a.set_logprobs(&mut c, None, &logprobs, &mut offsets[i]);
                         let last = choices.all_done();
                         let usage = (last && include_usage).then(|| a.usage_chunk(&totals));

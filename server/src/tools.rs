@@ -1,11 +1,13 @@
 //! Tool calling on `/v1/chat/completions`, as llama-server (`--jinja`) and
-//! vLLM do it: the request's `tools` go to the chat template (which must
-//! render them), the answer is constrained to a call in the format the
-//! template documents (the core's [`hamburger::chat::CallFormat`]: its
-//! grammar and parser), with the arguments following the called tool's JSON
-//! schema, and a call comes back as `message.tool_calls` with
-//! `finish_reason: "tool_calls"`. One call per answer (`parallel_tool_calls`
-//! asks that a model *may* make several; this server makes one).
+//! vLLM do it: the request's `tools` go to the chat template (or, when it
+//! renders none, into a system message, as llama.cpp's generic tool calling
+//! does), the answer is constrained to a call in the format the template
+//! documents (the core's [`hamburger::chat::CallFormat`]: its grammar and
+//! parser), with the arguments following the called tool's JSON schema, and
+//! a call comes back as `message.tool_calls` with `finish_reason:
+//! "tool_calls"`. One call per answer (`parallel_tool_calls` asks that a
+//! model *may* make several; this server makes one). A streamed answer
+//! comes whole at its end (its text, or its call, in one chunk).
 
 use hamburger::chat::{CallFormat, CallRule, ToolSpec};
 use hamburger::constraint::{Constraint, ConstraintSpec, Grammars};
@@ -24,6 +26,8 @@ pub struct ToolRequest {
     callable: Vec<ToolSpec>,
     rule: CallRule,
     format: CallFormat,
+    /// The system message that offers the tools, when the template renders none.
+    instructions: Option<String>,
 }
 
 /// A 400 about `tools[i]`.
@@ -59,10 +63,9 @@ impl ToolRequest {
     /// is made).
     ///
     /// # Errors
-    /// A 400 naming the field: tools the model's template does not render, a
-    /// tool without a name or with a non-object schema, a `tool_choice` naming
-    /// no given tool (or asking a call of no tools), a streamed request
-    /// (tool calls are not streamed yet), or structured output asked beside.
+    /// A 400 naming the field: a tool without a name or with a non-object
+    /// schema, a `tool_choice` naming no given tool (or asking a call of no
+    /// tools), or structured output asked beside.
     pub fn of_request(
         tools: Option<&[Tool]>,
         tool_choice: Option<&ToolChoice>,
@@ -80,12 +83,6 @@ impl ToolRequest {
                 _ => Err(ApiError::field("tool_choice", "'tool_choice' asks for a call but 'tools' gives none")),
             };
         }
-        let format = format.ok_or_else(|| {
-            ApiError::field(
-                "tools",
-                "'tools' is not supported by this model: its chat template does not render tools (give one that does with --chat-template-file)",
-            )
-        })?;
         let mut callable = specs(tools)?;
         let rule = match choice {
             ToolChoice::Named(named) => {
@@ -102,19 +99,29 @@ impl ToolRequest {
             ToolChoice::Mode(ToolMode::Required) => CallRule::Required,
             ToolChoice::Mode(_) => CallRule::Optional,
         };
-        if common.stream() {
-            return Err(ApiError::field("stream", "tool calls are not streamed yet: ask without 'stream'"));
-        }
         if let Some((_, field)) = crate::structured::spec(common)? {
             return Err(ApiError::field(field, format!("'{field}' cannot be combined with 'tools'")));
         }
-        let tools = tools.iter().map(|t| serde_json::to_value(t).unwrap_or_default()).collect();
-        Ok(Some(ToolRequest { tools, callable, rule, format }))
+        let tools: Vec<Value> = tools.iter().map(|t| serde_json::to_value(t).unwrap_or_default()).collect();
+        let (format, instructions) = match format {
+            Some(f) => (f, None),
+            None => (CallFormat::GENERIC, Some(CallFormat::GENERIC.instructions(&tools))),
+        };
+        Ok(Some(ToolRequest { tools, callable, rule, format, instructions }))
     }
 
-    /// The `tools` entries for the chat template.
+    /// The `tools` entries for the chat template (none when it renders none).
     pub fn for_template(&self) -> &[Value] {
-        &self.tools
+        if self.instructions.is_some() {
+            &[]
+        } else {
+            &self.tools
+        }
+    }
+
+    /// The system message that offers the tools, when the template renders none.
+    pub fn instructions(&self) -> Option<&str> {
+        self.instructions.as_deref()
     }
 
     /// The constraint of the answer, compiled for the model (CPU work: call

@@ -4,7 +4,8 @@
 //! `{"name": ..., "parameters": {...}}`), `tool_choice` "required" or a named
 //! function returns a call whose arguments validate against the tool's
 //! schema; a conversation with an assistant's call and the tool's answer is
-//! rendered; SmolLM2's own ChatML template renders no tools: a 400 naming `tools`.
+//! rendered; SmolLM2's own ChatML template renders no tools: they are offered
+//! in a system message and called the same way, streamed or not.
 
 use common::TestServer;
 use hamburger::StepParams;
@@ -122,7 +123,7 @@ fn required_and_named_tool_calls_follow_the_tools_schemas_at_forced_k4() {
     assert_eq!(status, 200, "{v}");
     assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
 
-    for (mut body, field) in [
+    for (body, field) in [
         (request(ask("hi"), json!({"type": "function", "function": {"name": "book_hotel"}})), "tool_choice"),
         (request(ask("hi"), json!("sometimes")), "tool_choice"),
         (json!({"messages": ask("hi"), "tool_choice": "required"}), "tool_choice"),
@@ -133,11 +134,7 @@ fn required_and_named_tool_calls_follow_the_tools_schemas_at_forced_k4() {
             json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}),
             "messages[0].tool_calls",
         ),
-        (request(ask("hi"), json!("required")), "stream"),
     ] {
-        if field == "stream" {
-            body["stream"] = json!(true);
-        }
         let (status, v) = s.post("/v1/chat/completions", &body);
         assert_eq!((status, v["error"]["param"].as_str()), (400, Some(field)), "{body}: {v}");
     }
@@ -146,13 +143,30 @@ fn required_and_named_tool_calls_follow_the_tools_schemas_at_forced_k4() {
 }
 
 #[test]
-fn a_template_without_tools_refuses_them_naming_tools() {
+fn a_template_without_tools_is_offered_them_in_a_system_message_and_a_stream_ends_with_the_call() {
     let s = TestServer::start(1, 1, None);
-    let (status, v) = s.post("/v1/chat/completions", &request(ask("What is the weather in Paris?"), json!("required")));
-    assert_eq!(status, 400, "{v}");
-    assert_eq!(v["error"]["param"], "tools", "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
-    assert!(message.contains("chat template does not render tools"), "{message}");
+    let body = request(ask("What is the weather in Paris?"), json!("required"));
+    let (status, v) = s.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let (name, args) = the_call(&v);
+    // Streamed: the text is held to the end, then the whole call in one chunk.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = common::client().post(format!("{}/v1/chat/completions", s.url)).json(&streamed).send().unwrap();
+    let chunks: Vec<Value> = r
+        .text()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let calls: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    assert_eq!(calls[0][0]["function"]["name"], name.as_str());
+    assert_eq!(serde_json::from_str::<Value>(calls[0][0]["function"]["arguments"].as_str().unwrap()).unwrap(), args);
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)));
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
     // tool_choice "none" asks for no tool: the request is answered.
     let mut body = request(ask("hi"), json!("none"));
     body["max_tokens"] = json!(8);

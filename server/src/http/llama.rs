@@ -65,7 +65,7 @@ async fn apply_template(State(s): State<AppState>, b: Result<Bytes, BytesRejecti
     let req: ChatRequest = protocol::parse(&body(b)?)?;
     let tools: Vec<Value> = req.tools.iter().flatten().filter_map(|t| serde_json::to_value(t).ok()).collect();
     let info = s.info.clone();
-    let prompt = blocking(move || crate::prompt::render(&info, &req, &tools)).await?;
+    let prompt = blocking(move || crate::prompt::render(&info, &req, &tools, None)).await?;
     Ok(Json(json!({"prompt": prompt})))
 }
 

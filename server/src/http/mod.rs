@@ -209,9 +209,10 @@ async fn chat(
 /// The token ids of a chat's prompt ([`crate::prompt::render`]), its tools given to the template.
 async fn chat_prompt(s: &AppState, req: &ChatRequest, tools: Option<&ToolRequest>) -> Result<Vec<u32>, ApiError> {
     let template_tools = tools.map(|t| t.for_template().to_vec()).unwrap_or_default();
+    let tool_prompt = tools.and_then(ToolRequest::instructions).map(str::to_string);
     let (info, req) = (s.info.clone(), req.clone());
     blocking(move || {
-        let text = crate::prompt::render(&info, &req, &template_tools)?;
+        let text = crate::prompt::render(&info, &req, &template_tools, tool_prompt.as_deref())?;
         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
     })
     .await

@@ -8,7 +8,9 @@
 //! function name, "parameters": {...}}`; Hermes / Qwen ones for
 //! `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`; any other
 //! template that renders tools gets `{"name": ..., "arguments": {...}}`.
-//! One call per answer.
+//! A template that renders no tools gets that last format too, the tools and
+//! how to call them told in a system message ([`CallFormat::instructions`]),
+//! as llama.cpp's generic tool calling does. One call per answer.
 
 use serde_json::{json, Value};
 
@@ -53,6 +55,20 @@ pub enum CallRule {
 }
 
 impl CallFormat {
+    /// The format of a template that renders no tools: a JSON object
+    /// `{"name": ..., "arguments": {...}}`, offered in a system message.
+    pub const GENERIC: CallFormat = CallFormat { open: "", close: "", args_key: "arguments" };
+
+    /// The text of a system message that offers `tools` (OpenAI's `tools`
+    /// entries) and says how to call one in this format.
+    pub fn instructions(&self, tools: &[Value]) -> String {
+        let listed = serde_json::to_string_pretty(tools).unwrap_or_default();
+        format!(
+            "You can call the following tools:\n{listed}\n\nTo call a tool, answer with only {}{{\"name\": <the tool's name>, \"{}\": <its arguments as a JSON object>}}{}; otherwise answer the user as usual.",
+            self.open, self.args_key, self.close
+        )
+    }
+
     /// The format `template` documents, or `None` when it does not render
     /// tools (its text is the same with and without a tool to offer).
     pub fn of_template(template: &ChatTemplate) -> Option<CallFormat> {
@@ -125,6 +141,10 @@ mod tests {
         assert_eq!(llama.parse("{\"name\":\"f\",\"arguments\":{}}"), None, "the other format's key");
         assert_eq!(hermes.parse("<tool_call>\n{\"name\":\"f\""), None, "a call cut short");
         assert_eq!(llama.parse("Plain text."), None);
+        let generic = CallFormat::GENERIC;
+        assert_eq!(generic.parse("{\"name\":\"f\",\"arguments\":{\"x\":1}}").map(|c| c.name), Some("f".into()));
+        let told = generic.instructions(&[json!({"type": "function", "function": {"name": "get_weather"}})]);
+        assert!(told.contains("\"get_weather\"") && told.contains("\"arguments\""), "{told}");
     }
 
     #[test]
