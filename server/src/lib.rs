@@ -80,6 +80,8 @@ pub struct HttpOptions {
     pub model_path: String,
     /// The slots (sequences decoded together), as `/props` shows them.
     pub total_slots: usize,
+    /// Vertex AI's prediction route, when its environment asks for it.
+    pub vertex: Option<http::Vertex>,
 }
 
 /// Serves `scheduler` on `listeners` (one per address, llama-server's
@@ -129,6 +131,10 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     });
     let app = http::router(state);
+    let app = match &http.vertex {
+        Some(v) => http::vertex::wrap(app, v),
+        None => app,
+    };
     let servers: Vec<_> =
         listeners.into_iter().map(|l| tokio::spawn(http::listen(l, app.clone(), stop_rx.clone()))).collect();
     // The router holds the queue's sender: the engine thread ends once every copy is gone.

@@ -359,3 +359,25 @@ fn a_conversations_stream_outlives_its_client_replays_from_any_offset_and_stops_
     assert_eq!(common::client().delete(stream("c2")).send().unwrap().status().as_u16(), 204);
     eventually("the stopped generation cancelled", || s.metric("requests_cancelled_total") == 1.0);
 }
+
+#[test]
+fn vertex_ai_predictions_answer_each_instance_by_the_route_it_names() {
+    let s = TestServer::start(2, 4, None);
+    let chat = chat_body("Say hello", 8);
+    let mut instance = chat.clone();
+    instance["@requestFormat"] = json!("chatCompletions");
+    instance["stream"] = json!(true);
+    let body = json!({"instances": [instance, {"@requestFormat": "tokenize", "content": "hi"}, {"@requestFormat": "nope"}, 3]});
+    let (status, v) = s.post("/predict", &body);
+    assert_eq!(status, 200, "{v}");
+    let p = &v["predictions"];
+    let (_, solo) = s.post("/v1/chat/completions", &chat);
+    assert_eq!(p[0]["choices"][0]["message"]["content"], solo["choices"][0]["message"]["content"], "not streamed");
+    assert!(p[1]["tokens"].as_array().is_some_and(|t| !t.is_empty()), "{v}");
+    assert!(p[2]["error"]["message"].as_str().unwrap().contains("nope"), "{v}");
+    assert!(p[3]["error"]["message"].as_str().unwrap().contains("JSON object"), "{v}");
+    let (status, v) = s.post("/predict", &json!({"instances": "x"}));
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("instances")), "{v}");
+    let health = common::client().get(format!("{}/vertex/health", s.url)).send().unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+}

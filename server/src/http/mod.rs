@@ -9,6 +9,7 @@
 //! * `llama`: llama-server's own routes (`/completion`, `/props`, `/slots`, ...);
 //! * `anthropic`: Anthropic's Messages API (`/v1/messages`);
 //! * `resume`: resumable streams (`X-Conversation-Id`, `/v1/stream`);
+//! * `vertex`: Google Cloud's Vertex AI prediction route (`AIP_MODE`);
 //! * `webui`: the chat page at `/`.
 
 mod anthropic;
@@ -16,6 +17,7 @@ mod cors;
 mod llama;
 mod resume;
 mod state;
+pub mod vertex;
 mod webui;
 
 use std::convert::Infallible;
@@ -38,6 +40,7 @@ pub use cors::Cors;
 pub use resume::StreamSessions;
 pub use state::AppState;
 use state::{blocking, body};
+pub use vertex::Vertex;
 
 use crate::choices::Choices;
 use crate::error::{status, ApiError};

@@ -90,6 +90,12 @@ impl TestServer {
                     webui: true,
                     model_path: String::new(),
                     total_slots: 1,
+                    // Vertex AI's routes, served beside the others.
+                    vertex: Some(server::http::Vertex {
+                        port: 0,
+                        predict: "/predict".into(),
+                        health: Some("/vertex/health".into()),
+                    }),
                 };
                 server::serve(vec![listener], scheduler, http, shutdown).await.unwrap();
             });

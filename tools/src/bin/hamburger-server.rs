@@ -184,13 +184,29 @@ fn run(mut args: Args) -> Result<()> {
         info.n_ctx
     );
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    // Vertex AI's environment (llama-server's): its port wins over --port.
+    let vertex = server::http::Vertex::from_env(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    let port = match &vertex {
+        Some(v) => {
+            if v.port != args.port {
+                log::warn!(
+                    "Vertex AI (AIP_MODE=PREDICTION): listening on AIP_HTTP_PORT {}, not --port {}",
+                    v.port,
+                    args.port
+                );
+            }
+            log::info!("Vertex AI: predictions at POST {}", v.predict);
+            v.port
+        }
+        None => args.port,
+    };
     rt.block_on(async {
         // `--host a,b`: one listener per address (llama-server's), IPv6 ones bare or in brackets.
         let mut listeners = Vec::new();
         for host in args.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
             let host =
                 if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
-            let addr = format!("{host}:{}", args.port);
+            let addr = format!("{host}:{port}");
             let listener = tokio::net::TcpListener::bind(&addr)
                 .await
                 .with_context(|| format!("--host: cannot listen on {addr}"))?;
@@ -215,6 +231,7 @@ fn run(mut args: Args) -> Result<()> {
             webui: !args.no_webui,
             model_path: model_path.display().to_string(),
             total_slots: parallel,
+            vertex,
         };
         server::serve(listeners, scheduler, http, shutdown_signal()).await.context("serving")
     })
