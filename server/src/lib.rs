@@ -20,11 +20,13 @@
 //! 6. response assembly: `choices` (a request's choices' events),
 //!    [`response`] (OpenAI's objects and chunks, usage, timings),
 //!    [`native`] (llama-server's native `/completion`: its fields and objects),
-//!    [`logprobs`] (per-token log-probabilities in chat's and completions' shapes);
+//!    [`logprobs`] (per-token log-probabilities in chat's and completions' shapes),
+//!    [`compat`] (other APIs over the chat pipeline: Anthropic's Messages,
+//!    OpenAI's Responses);
 //! 7. HTTP on top: [`http`] (axum routes, Server-Sent Events, llama-server's
-//!    operations routes, the chat page) and [`serve`].
+//!    operations routes, resumable streams, Vertex AI's predictions, the
+//!    chat page) and [`serve`].
 
-pub mod anthropic;
 pub mod error;
 pub mod fields;
 pub mod ids;
@@ -44,6 +46,7 @@ pub mod prompt;
 pub mod scheduler;
 
 mod choices;
+pub mod compat;
 pub mod logprobs;
 pub mod native;
 pub mod response;

@@ -78,7 +78,7 @@ pub fn timings(t: &Timings) -> Value {
     })
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 

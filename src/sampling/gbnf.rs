@@ -135,9 +135,9 @@ pub fn to_lark(text: &str) -> Result<String, String> {
                 }
                 let rest = &text[chars.peek().map_or(text.len(), |&(i, _)| i)..];
                 let after_space = rest.trim_start_matches([' ', '\t']);
-                if after_space.starts_with("::=") {
+                if let Some(defined) = after_space.strip_prefix("::=") {
                     // The rule's body may start on the next line.
-                    let body = after_space[3..].trim_start();
+                    let body = defined.trim_start();
                     for _ in 0..rest[..rest.len() - body.len()].chars().count() {
                         chars.next();
                     }

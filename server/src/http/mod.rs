@@ -8,6 +8,7 @@
 //! * `cors`: cross-origin requests, as llama-server answers them;
 //! * `llama`: llama-server's own routes (`/completion`, `/props`, `/slots`, ...);
 //! * `anthropic`: Anthropic's Messages API (`/v1/messages`);
+//! * `responses`: OpenAI's Responses API (`/v1/responses`);
 //! * `resume`: resumable streams (`X-Conversation-Id`, `/v1/stream`);
 //! * `vertex`: Google Cloud's Vertex AI prediction route (`AIP_MODE`);
 //! * `webui`: the chat page at `/`.
@@ -15,6 +16,7 @@
 mod anthropic;
 mod cors;
 mod llama;
+mod responses;
 mod resume;
 mod state;
 pub mod vertex;
@@ -74,6 +76,7 @@ pub fn router(state: AppState) -> Router {
         .merge(llama::routes())
         .merge(resume::routes())
         .merge(anthropic::routes())
+        .merge(responses::routes())
         .layer(middleware::from_fn_with_state(state.clone(), check_key))
         .route("/health", get(health))
         .route("/v1/health", get(health))
@@ -207,6 +210,36 @@ async fn chat(
     let prompt = chat_prompt(&s, &req, tools.as_ref()).await?;
     let conversation = resume::conversation_id(&headers);
     generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], common, tools, None, conversation).await
+}
+
+/// A chat request given as JSON (another API's body rewritten): its
+/// settings, tools and prompt, checked and rendered as `/v1/chat/completions` would.
+async fn chat_of(s: &AppState, chat: Value) -> Result<(Common, Option<ToolRequest>, Vec<u32>), ApiError> {
+    let (req, common) = protocol::parse_request::<ChatRequest>(chat.to_string().as_bytes())?;
+    let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
+    let prompt = chat_prompt(s, &req, tools.as_ref()).await?;
+    Ok((common, tools, prompt))
+}
+
+/// A stream of another API's named events: a task rewrites each chat chunk
+/// into its events (`rewrite`); when the client leaves, the chunks are
+/// dropped and the generation is cancelled.
+fn rewritten_stream(
+    mut chunks: tokio::sync::mpsc::Receiver<String>,
+    mut rewrite: impl FnMut(&str) -> Vec<(&'static str, Value)> + Send + 'static,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Some(chunk) = chunks.recv().await {
+            for (kind, data) in rewrite(&chunk) {
+                if tx.send(SseEvent::default().event(kind).data(data.to_string())).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let events = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
+    Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response()
 }
 
 /// The token ids of a chat's prompt ([`crate::prompt::render`]), its tools given to the template.

@@ -137,7 +137,6 @@ fn run(mut args: Args) -> Result<()> {
         n_threads: args.threads,
         kv_type,
         flash_attn,
-        ..Default::default()
     };
     // `--alias b,a`: every name is the model's; its id is the first in sorted order.
     let mut aliases: Vec<String> = args

@@ -13,7 +13,7 @@
 //! ignored. An answer's `finish_reason` `stop`/`length`/`tool_calls` is
 //! `end_turn`/`max_tokens`/`tool_use`.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 
@@ -41,9 +41,7 @@ pub fn chat_request(body: &[u8]) -> Result<Value, ApiError> {
         // llama-server answers an empty conversation; an empty user turn stands for it.
         out.push(json!({"role": "user", "content": ""}));
     }
-    let mut chat = Map::new();
-    chat.insert("messages".into(), out.into());
-    for (from, to) in [
+    let renames = [
         ("model", "model"),
         ("max_tokens", "max_tokens"),
         ("temperature", "temperature"),
@@ -51,14 +49,8 @@ pub fn chat_request(body: &[u8]) -> Result<Value, ApiError> {
         ("top_k", "top_k"),
         ("stop_sequences", "stop"),
         ("stream", "stream"),
-    ] {
-        if let Some(v) = obj.get(from).filter(|v| !v.is_null()) {
-            chat.insert(to.into(), v.clone());
-        }
-    }
-    if obj.get("stream").and_then(Value::as_bool) == Some(true) {
-        chat.insert("stream_options".into(), json!({"include_usage": true}));
-    }
+    ];
+    let mut chat = super::chat_body(out, obj, &renames);
     if let Some(tools) = obj.get("tools").and_then(Value::as_array) {
         let functions: Vec<Value> = tools
             .iter()
