@@ -117,7 +117,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         name: cfg.alias.clone().unwrap_or(if model.name.is_empty() { stem } else { model.name.clone() }),
         n_predict: cfg.n_predict,
         n_ctx: cfg.engine.n_ctx,
-        n_ctx_seq: cfg.defaults.n_ctx_seq.map_or(cfg.engine.n_ctx, |n| n.min(cfg.engine.n_ctx)),
+        n_ctx_seq: cfg.n_ctx_seq(),
         defaults: cfg.defaults.clone(),
         n_slots: cfg.engine.n_seq,
         n_vocab: model.hp.n_vocab,

@@ -74,6 +74,14 @@ pub struct SchedulerConfig {
     pub defaults: crate::job::RequestDefaults,
 }
 
+impl SchedulerConfig {
+    /// The KV cells one request may take: its slot context
+    /// (`defaults.n_ctx_seq`), at most the whole pool.
+    pub fn n_ctx_seq(&self) -> usize {
+        self.defaults.n_ctx_seq.map_or(self.engine.n_ctx, |n| n.min(self.engine.n_ctx))
+    }
+}
+
 /// Why the engine thread did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -178,8 +186,7 @@ impl Scheduler {
         let metrics = Arc::new(Metrics::new());
         let m = metrics.clone();
         let limit = cfg.queue as u64;
-        let n_ctx_seq = cfg.defaults.n_ctx_seq.map_or(cfg.engine.n_ctx, |n| n.min(cfg.engine.n_ctx));
-        let slots = Arc::new(SlotBoard::new(cfg.engine.n_seq, n_ctx_seq));
+        let slots = Arc::new(SlotBoard::new(cfg.engine.n_seq, cfg.n_ctx_seq()));
         let board = slots.clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())
