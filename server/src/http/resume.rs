@@ -8,7 +8,8 @@
 //!
 //! One id holds at most one stream (a new request replaces and cancels the
 //! old one); a buffer keeps the last [`MAX_BYTES`] of its stream, and a
-//! finished stream is forgotten [`TTL`] after its end.
+//! finished stream is gone [`TTL`] after its end (its memory is given back
+//! when the next stream starts).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -76,8 +77,10 @@ impl StreamSessions {
         fresh
     }
 
+    /// `id`'s session, unless it ended more than [`TTL`] ago.
     fn get(&self, id: &str) -> Option<Arc<Session>> {
-        self.map().get(id).cloned()
+        let now = unix_now();
+        self.map().get(id).filter(|s| s.completed_at().is_none_or(|at| now < at + TTL.as_secs())).cloned()
     }
 
     /// Forgets `id`'s session and cancels its generation; false when there was none.
