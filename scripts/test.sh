@@ -4,8 +4,8 @@
 # every crate's tests in the release build, llama-server's own test suite
 # against hamburger-server (scripts/llama-suite.sh, some 5 minutes), then the GPU tests
 # (gpu-tests.sh: the `vulkan` build beside the CPU build and about a minute
-# of tests on Mesa's lavapipe, some 8 minutes on 2 cores; the whole run took
-# 26 minutes in a clean clone), and ends with one line totalling every test
+# of tests on Mesa's lavapipe, some 8-10 minutes on 2 cores; the whole run
+# took about 40 minutes in a clean clone), and ends with one line totalling every test
 # binary's results: "tests: N passed, N failed". Exits non-zero when any
 # test failed.
 set -euo pipefail

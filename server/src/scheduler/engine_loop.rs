@@ -267,6 +267,12 @@ impl<'t> EngineLoop<'t, '_> {
                 }
             }
         }
+        // The gauges first: a client that reads /metrics as soon as its
+        // answer arrives sees its request gone.
+        metrics::set(&self.m.processing, self.running.len() as u64);
+        metrics::set(&self.m.kv_cells_used, self.engine.kv().n_used() as u64);
+        metrics::set(&self.m.kv_cells_cached, self.engine.kv().n_pinned_only() as u64);
+        metrics::set(&self.m.cached_entries, self.pool.n_cached() as u64);
         let now = Instant::now();
         let (info, m) = (self.info, self.m);
         for (mut r, ended) in std::mem::take(&mut self.finishing) {
@@ -281,9 +287,5 @@ impl<'t> EngineLoop<'t, '_> {
                 self.finishing.push((r, ended));
             }
         }
-        metrics::set(&self.m.processing, self.running.len() as u64);
-        metrics::set(&self.m.kv_cells_used, self.engine.kv().n_used() as u64);
-        metrics::set(&self.m.kv_cells_cached, self.engine.kv().n_pinned_only() as u64);
-        metrics::set(&self.m.cached_entries, self.pool.n_cached() as u64);
     }
 }
