@@ -24,7 +24,7 @@ pub(super) fn routes() -> Router<AppState> {
 
 /// `POST /v1/messages`: Anthropic's message, or its events streamed.
 async fn messages(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let (common, tools, prompt) = chat_of(&s, anthropic::chat_request(&body(b)?)?).await?;
+    let (common, tools, prompt) = chat_of(&s, anthropic::chat_request(&body(b)?)?.to_string().as_bytes()).await?;
     let input_tokens = prompt.len();
     let Queued { answer, choices } =
         queue(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], &common, tools, None).await?;
@@ -37,6 +37,6 @@ async fn messages(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt's tokens.
 async fn count_tokens(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
-    let (_, _, prompt) = chat_of(&s, anthropic::chat_request(&body(b)?)?).await?;
+    let (_, _, prompt) = chat_of(&s, anthropic::chat_request(&body(b)?)?.to_string().as_bytes()).await?;
     Ok(Json(json!({"input_tokens": prompt.len()})))
 }

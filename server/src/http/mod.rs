@@ -205,17 +205,15 @@ async fn chat(
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (req, common) = protocol::parse_request::<ChatRequest>(&body(b)?)?;
-    let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
-    let prompt = chat_prompt(&s, &req, tools.as_ref()).await?;
+    let (common, tools, prompt) = chat_of(&s, &body(b)?).await?;
     let conversation = resume::conversation_id(&headers);
     generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], common, tools, None, conversation).await
 }
 
-/// A chat request given as JSON (another API's body rewritten): its
-/// settings, tools and prompt, checked and rendered as `/v1/chat/completions` would.
-async fn chat_of(s: &AppState, chat: Value) -> Result<(Common, Option<ToolRequest>, Vec<u32>), ApiError> {
-    let (req, common) = protocol::parse_request::<ChatRequest>(chat.to_string().as_bytes())?;
+/// A chat request's body (`/v1/chat/completions`', or another API's body
+/// rewritten into one): its settings, tools and prompt, checked and rendered.
+async fn chat_of(s: &AppState, chat: &[u8]) -> Result<(Common, Option<ToolRequest>, Vec<u32>), ApiError> {
+    let (req, common) = protocol::parse_request::<ChatRequest>(chat)?;
     let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
     let prompt = chat_prompt(s, &req, tools.as_ref()).await?;
     Ok((common, tools, prompt))
@@ -259,9 +257,7 @@ async fn chat_input_tokens(
     State(s): State<AppState>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let (req, common) = protocol::parse_request::<ChatRequest>(&body(b)?)?;
-    let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
-    let prompt = chat_prompt(&s, &req, tools.as_ref()).await?;
+    let (_, _, prompt) = chat_of(&s, &body(b)?).await?;
     Ok(Json(json!({"input_tokens": prompt.len()})))
 }
 

@@ -23,7 +23,7 @@ pub(super) fn routes() -> Router<AppState> {
 
 /// `POST /v1/responses`: the response object, or its events streamed.
 async fn create(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let (common, tools, prompt) = chat_of(&s, responses::chat_request(&body(b)?)?).await?;
+    let (common, tools, prompt) = chat_of(&s, responses::chat_request(&body(b)?)?.to_string().as_bytes()).await?;
     let Queued { answer, choices } =
         queue(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], &common, tools, None).await?;
     let ids = ResponseIds::new();

@@ -8,6 +8,7 @@
 //! `AIP_HEALTH_ROUTE` serves `/health` under another path.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -92,6 +93,7 @@ pub fn wrap(app: Router, v: &Vertex) -> Router {
     for route in ROUTES {
         aliases.entry(alias(route)).or_insert(*route);
     }
+    let aliases = Arc::new(aliases);
     let inner = app.clone();
     let mut app = app.route(
         &v.predict,
@@ -124,7 +126,7 @@ async fn forward(app: Router, method: &str, path: &str, headers: HeaderMap, body
 /// `POST /predict`: each instance answered by the route it names, in order.
 async fn predict(
     app: Router,
-    aliases: HashMap<String, &'static str>,
+    aliases: Arc<HashMap<String, &'static str>>,
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
