@@ -87,20 +87,14 @@ pub struct HttpOptions {
     pub vertex: Option<http::Vertex>,
 }
 
-/// Serves `scheduler` on `listeners` (one per address, llama-server's
-/// `--host a,b`) until `shutdown` resolves or the engine thread stops; then
-/// stops accepting, lets in-flight requests finish, and stops the engine thread.
-///
-/// # Errors
-/// When a listener fails, or the engine thread stopped (died) before
-/// `shutdown` resolved.
-pub async fn serve(
-    listeners: Vec<tokio::net::TcpListener>,
-    scheduler: Scheduler,
-    http: HttpOptions,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+/// The server's routes over `scheduler`, answered as [`serve`] answers them
+/// (Vertex AI's route too, when `http` asks for it). A front-end that answers
+/// requests in its own process, without a socket (the Python package), calls
+/// these routes directly. The router holds the queue's sender: drop it before
+/// [`Scheduler::shutdown`].
+pub fn app(scheduler: &Scheduler, http: HttpOptions) -> axum::Router {
     let tool_format = scheduler.info.chat_template.as_ref().and_then(hamburger::chat::CallFormat::of_template);
+    let vertex = http.vertex;
     let state = AppState {
         submitter: scheduler.submitter.clone(),
         info: scheduler.info.clone(),
@@ -120,6 +114,26 @@ pub async fn serve(
         alive: scheduler.alive.clone(),
         streams: Default::default(),
     };
+    let app = http::router(state);
+    match &vertex {
+        Some(v) => http::vertex::wrap(app, v),
+        None => app,
+    }
+}
+
+/// Serves `scheduler` on `listeners` (one per address, llama-server's
+/// `--host a,b`) until `shutdown` resolves or the engine thread stops; then
+/// stops accepting, lets in-flight requests finish, and stops the engine thread.
+///
+/// # Errors
+/// When a listener fails, or the engine thread stopped (died) before
+/// `shutdown` resolved.
+pub async fn serve(
+    listeners: Vec<tokio::net::TcpListener>,
+    scheduler: Scheduler,
+    http: HttpOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let mut alive = scheduler.alive.clone();
     let (died_tx, died_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -133,11 +147,7 @@ pub async fn serve(
         }
         let _ = stop_tx.send(true);
     });
-    let app = http::router(state);
-    let app = match &http.vertex {
-        Some(v) => http::vertex::wrap(app, v),
-        None => app,
-    };
+    let app = app(&scheduler, http);
     let servers: Vec<_> =
         listeners.into_iter().map(|l| tokio::spawn(http::listen(l, app.clone(), stop_rx.clone()))).collect();
     // The router holds the queue's sender: the engine thread ends once every copy is gone.

@@ -142,6 +142,21 @@ pub fn recommended_confidence_of(path: &Path) -> Result<Option<f32>> {
     recommended_confidence(&Gguf::open(path)?)
 }
 
+/// The context the GGUF at `path` was trained with (`{arch}.context_length`),
+/// reading its header only (llama.cpp's `n_ctx = 0`: the model's own).
+///
+/// # Errors
+/// When the file cannot be read as a HAMburger or llama GGUF, or its
+/// hyper-parameters are invalid.
+pub fn context_length_of(path: &Path) -> Result<usize> {
+    let gguf = Gguf::open(path)?;
+    let arch = gguf.get_str(keys::ARCHITECTURE)?.unwrap_or("").to_string();
+    if arch != ARCH_HAMBURGER && arch != ARCH_LLAMA {
+        return Err(Error::WrongArchitecture { path: path.into(), found: arch });
+    }
+    Ok(HParams::from_gguf(&gguf, &arch)?.n_ctx_train)
+}
+
 impl Model {
     /// Opens a HAMburger GGUF, or a llama GGUF as a base-only model (its
     /// base alone: [`HParams::without_grafted`]): the header is parsed once,

@@ -243,7 +243,7 @@ impl RefusedArgs {
 /// take it: a built-in name or Jinja source, or a file of Jinja source.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ChatTemplateArgs {
-    /// Chat template instead of the model's: a built-in name (chatml, llama3, command-r) or
+    /// Chat template instead of the model's: a built-in name (chatml, llama2, llama3, command-r) or
     /// Jinja source (templates always render as Jinja; --jinja is implied).
     #[arg(long, conflicts_with = "chat_template_file")]
     pub chat_template: Option<String>,
@@ -254,19 +254,6 @@ pub struct ChatTemplateArgs {
     #[arg(long)]
     pub jinja: bool,
 }
-
-/// llama.cpp's built-in templates that `--chat-template NAME` names (as
-/// Jinja): ChatML, Llama 3's and Command R's turns.
-pub const BUILT_IN_TEMPLATES: [(&str, &str); 3] = [("chatml", CHATML), ("llama3", LLAMA3), ("command-r", COMMAND_R)];
-
-/// Llama 3's turns (`--chat-template llama3`), each message's text trimmed, as llama.cpp writes them.
-const LLAMA3: &str = "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
-
-/// Command R's turns (`--chat-template command-r`), as llama.cpp writes them.
-const COMMAND_R: &str = "{% for message in messages %}{% set token = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>'}.get(message['role'], '<|CHATBOT_TOKEN|>') %}{{ '<|START_OF_TURN_TOKEN|>' + token + message['content'] | trim + '<|END_OF_TURN_TOKEN|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}";
-
-/// ChatML, the template `--chat-template chatml` names.
-pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 impl ChatTemplateArgs {
     /// The Jinja source these flags ask for (`None`: the model's template).
@@ -280,13 +267,13 @@ impl ChatTemplateArgs {
             return Ok(Some(text));
         }
         let Some(t) = self.chat_template.as_deref() else { return Ok(None) };
-        if let Some((_, source)) = BUILT_IN_TEMPLATES.iter().find(|(name, _)| *name == t) {
+        if let Some(source) = hamburger::chat::built_in(t) {
             return Ok(Some(source.to_string()));
         }
         if t.contains("{%") || t.contains("{{") {
             return Ok(Some(t.to_string()));
         }
-        let names: Vec<&str> = BUILT_IN_TEMPLATES.iter().map(|(name, _)| *name).collect();
+        let names: Vec<&str> = hamburger::chat::BUILT_IN.iter().map(|(name, _)| *name).collect();
         anyhow::bail!("--chat-template {t}: not a built-in template ({}) nor Jinja source", names.join(", "))
     }
 }

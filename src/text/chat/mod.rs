@@ -3,6 +3,7 @@
 //! multi-turn chat whose history stays in the KV cache; `tool_call`: the
 //! format a template's model calls tools in, its grammar and its parser.
 
+mod built_in;
 mod child;
 pub mod tool_call;
 
@@ -11,6 +12,7 @@ use std::io;
 use minijinja::{context, Environment};
 use serde::{Deserialize, Serialize};
 
+pub use built_in::{built_in, BUILT_IN, CHATML};
 pub use child::{serve_if_child, Isolation, CHILD_ENV};
 pub use tool_call::{CallFormat, CallRule, ToolCall, ToolSpec};
 

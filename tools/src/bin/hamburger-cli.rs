@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn chat_template_flags() {
         let a = parse(&["--chat-template", "chatml", "--jinja"]).unwrap();
-        assert_eq!(a.template.source().unwrap().as_deref(), Some(tools::cli::CHATML));
+        assert_eq!(a.template.source().unwrap().as_deref(), Some(hamburger::chat::CHATML));
         let jinja = "{{ messages[0]['content'] }}";
         assert_eq!(parse(&["--chat-template", jinja]).unwrap().template.source().unwrap().as_deref(), Some(jinja));
         let e = parse(&["--chat-template", "vicuna-x"]).unwrap().template.source().unwrap_err();
