@@ -2,7 +2,8 @@
 # The tests, in one command (the README's, and what .ci/run runs): installs
 # what they need (install-deps.sh: does nothing when all is there), runs
 # every crate's tests in the release build, llama-server's own test suite
-# against hamburger-server (scripts/llama-suite.sh, some 5 minutes), then the GPU tests
+# against hamburger-server (scripts/llama-suite.sh, some 5 minutes), the
+# Python package's (scripts/python-tests.sh, about 2 minutes), then the GPU tests
 # (gpu-tests.sh: the `vulkan` build beside the CPU build and about a minute
 # of tests on Mesa's lavapipe, some 8-10 minutes on 2 cores; the whole run
 # took about 40 minutes in a clean clone), and ends with one line totalling every test
@@ -18,6 +19,8 @@ status=0
 cargo test --release --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 # llama-server's own test suite against hamburger-server (docs/server.md).
 bash scripts/llama-suite.sh 2>&1 | tee -a "$log" || status=$?
+# The Python package (python/), built and tested with pytest.
+bash scripts/python-tests.sh 2>&1 | tee -a "$log" || status=$?
 bash scripts/gpu-tests.sh 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

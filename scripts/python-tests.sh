@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The Python package's tests (python/tests, pytest): builds and installs the
+# package into .venv-python (`pip install ./python`, maturin over the
+# workspace's release build), then runs them against models the release
+# binaries make. Ends with pytest's cargo-style "test result:" line, which
+# scripts/test.sh totals. Arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# The binaries the tests run (nothing to do after the tests' release build).
+cargo build --release --quiet -p hamburger-tools -p hamburger-testing --bins
+venv=.venv-python
+"$venv/bin/python" -c "import maturin, pytest, jsonschema" >/dev/null 2>&1 || {
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q maturin pytest jsonschema
+}
+# Built once in the workspace's target folder: the wheel shares its crates.
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
+cd python/tests
+HF_HUB_OFFLINE=1 exec "../../$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
