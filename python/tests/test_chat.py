@@ -76,3 +76,23 @@ def test_self_verified_greedy_text_is_the_base_models(smollm2, smollm2_gguf):
     verified = smollm2(prompt, temperature=0, max_tokens=32, spec_type="draft-mtp")
     assert plain["timings"]["tokens_per_step"] == 1.0
     assert verified["choices"][0]["text"] == plain["choices"][0]["text"]
+
+
+def test_a_gbnf_grammar_constrains_a_completion(smollm2):
+    from hamburger import LlamaGrammar
+
+    grammar = LlamaGrammar.from_string('root ::= ("yes" | "no") "."')
+    out = smollm2("Is the sky blue? Answer yes or no:", grammar=grammar, temperature=0, max_tokens=8)
+    assert out["choices"][0]["text"] in ("yes.", "no.")
+    schema = LlamaGrammar.from_json_schema(json.dumps(PERSON))
+    out = smollm2("A person as JSON:", grammar=schema, temperature=0, max_tokens=64)
+    jsonschema.validate(json.loads(out["choices"][0]["text"]), PERSON)
+
+
+def test_completion_logprobs_have_llama_cpp_pythons_shape(smollm2):
+    out = smollm2("The capital of France is", max_tokens=6, temperature=0, logprobs=2)
+    lp = out["choices"][0]["logprobs"]
+    n = out["usage"]["completion_tokens"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+    assert "".join(lp["tokens"]) == out["choices"][0]["text"]
+    assert all(len(top) == 2 and max(top.values()) >= lp_ - 1e-4 for top, lp_ in zip(lp["top_logprobs"], lp["token_logprobs"]))
