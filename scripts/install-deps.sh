@@ -14,7 +14,6 @@ trap 'echo "install-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
 bash "$(dirname "$0")/install-build-deps.sh"
 missing=()
-python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
 # The chat page's test drives headless Chromium through its driver.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
