@@ -191,6 +191,11 @@ class Llama:
             verbose=verbose,
         )
 
+    @classmethod
+    def from_pretrained(cls, repo_id, filename=None, **kwargs):
+        """Refused: this runtime downloads nothing; give ``Llama`` a local GGUF."""
+        raise ValueError(f"from_pretrained({repo_id!r}): downloads are not supported: pass a local GGUF's path to Llama()")
+
     # -- the model ----------------------------------------------------------
 
     def n_ctx(self):

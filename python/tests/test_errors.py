@@ -132,3 +132,8 @@ def test_keyboard_interrupt_stops_a_stream_and_the_model_stays_usable(smollm2):
                 _thread.interrupt_main()
     assert _idle(smollm2), "the interrupted stream went on"
     assert smollm2("Hello", max_tokens=4, temperature=0)["usage"]["completion_tokens"] == 4
+
+
+def test_from_pretrained_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="local GGUF"):
+        Llama.from_pretrained(repo_id="lmstudio-community/Qwen3.5-0.8B-GGUF", filename="*Q8_0.gguf")
