@@ -34,6 +34,13 @@ bind /sys /sys
 bind "$rustup_home" /opt/rustup ro
 bind "$cargo_bin" /opt/cargo-bin ro
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# A host that reaches the registries through its own certificate authority
+# (SSL_CERT_FILE) lends the chroot its bundle.
+ca=()
+if [ -n "${SSL_CERT_FILE:-}" ] && [ -f "$SSL_CERT_FILE" ]; then
+  cp "$SSL_CERT_FILE" "$root/etc/host-ca.crt"
+  ca=(SSL_CERT_FILE=/etc/host-ca.crt CARGO_HTTP_CAINFO=/etc/host-ca.crt PIP_CERT=/etc/host-ca.crt)
+fi
 rm -rf "$root/root/project"
 git clone -q "$repo" "$root/root/project"
 
@@ -44,7 +51,7 @@ timed() {
   start=$(date +%s)
   chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
     PATH=/root/.cargo/bin:/opt/cargo-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo RUSTUP_AUTO_INSTALL=0 DEBIAN_FRONTEND=noninteractive \
+    RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo RUSTUP_AUTO_INSTALL=0 DEBIAN_FRONTEND=noninteractive "${ca[@]}" \
     bash -c "cd /root/project && $*" >"$root/root/$name.log" 2>&1 || {
     echo "$name: failed after $(($(date +%s) - start)) s (log: $root/root/$name.log)" >&2
     return 1
