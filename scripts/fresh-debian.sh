@@ -3,13 +3,14 @@
 # minbase (debootstrap into DIR) with nothing but this machine's Rust
 # toolchain bound in read-only (the README assumes Rust installed): a clone
 # of this repository, `bash scripts/quickstart.sh`, then the Python package
-# into a venv, and with --tests `bash scripts/test.sh`. Prints each
-# command's wall time; the logs are DIR/root/*.log.
+# into a venv, and with --tests `bash scripts/test.sh` (--tests-only: that
+# alone, in a chroot the quickstart already ran in). Prints each command's
+# wall time; the logs are DIR/root/*.log.
 #
 # Needs root, debootstrap and the network (Debian's mirror, PyPI,
-# crates.io). Usage: sudo bash scripts/fresh-debian.sh DIR [--tests]
+# crates.io). Usage: sudo bash scripts/fresh-debian.sh DIR [--tests | --tests-only]
 set -euo pipefail
-[ $# -ge 1 ] || { echo "usage: fresh-debian.sh DIR [--tests]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: fresh-debian.sh DIR [--tests | --tests-only]" >&2; exit 2; }
 root=$(realpath -m "$1")
 tests=${2:-}
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,7 +59,8 @@ timed() {
   }
   echo "$name: $(($(date +%s) - start)) s"
 }
-timed quickstart "bash scripts/quickstart.sh </dev/null"
-timed python "python3 -m venv .venv && .venv/bin/pip install ./python && .venv/bin/python -c 'import hamburger; print(hamburger.Llama)'"
-[ "$tests" = --tests ] && timed tests "bash scripts/test.sh"
-exit 0
+if [ "$tests" != --tests-only ]; then
+  timed quickstart "bash scripts/quickstart.sh </dev/null"
+  timed python "python3 -m venv .venv && .venv/bin/pip install ./python && .venv/bin/python -c 'import hamburger; print(hamburger.Llama)'"
+fi
+case "$tests" in --tests | --tests-only) timed tests "bash scripts/test.sh" ;; esac

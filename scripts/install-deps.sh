@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the tests need (scripts/test.sh and .ci/run call it):
 # what building needs (install-build-deps.sh: cmake, libclang, pip), then
-# the openai Python client the server's compatibility test uses, jinja2
-# (the chat-template test's reference renderer), the chat page's browser
+# the tests' Python environment (.venv-tests: the openai client the server's
+# compatibility test uses, jinja2, the chat-template test's reference
+# renderer), the chat page's browser
 # test (Debian's chromium and chromium-driver, and selenium in its own
 # environment, .venv-browser), lm-eval's API models (.venv-lm-eval), the
 # training tool's environment (train/.venv: PyTorch on the CPU), which its
@@ -18,10 +19,15 @@ missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 bash "$(dirname "$0")/apt-install.sh" "${missing[@]}"
-# The server's compatibility test drives it with the official openai client.
-python3 -c "import openai" >/dev/null 2>&1 || python3 -m pip install -q openai >/dev/null
-# The chat-template test renders llama.cpp's templates with jinja2 as transformers does.
-python3 -c "import jinja2" >/dev/null 2>&1 || python3 -m pip install -q jinja2 >/dev/null
+# The tests' Python (.venv-tests; Debian's own Python refuses pip installs
+# outside a virtual environment): the official openai client, which the
+# server's compatibility test drives it with, and jinja2, with which the
+# chat-template test renders llama.cpp's templates as transformers does.
+tests_venv="$(dirname "$0")/../.venv-tests"
+"$tests_venv/bin/python" -c "import openai, jinja2" >/dev/null 2>&1 || {
+  python3 -m venv "$tests_venv"
+  "$tests_venv/bin/pip" install -q openai jinja2 >/dev/null
+}
 # The chat page's test: selenium, told where chromedriver is (it downloads nothing).
 browser_venv="$(dirname "$0")/../.venv-browser"
 "$browser_venv/bin/python" -c "import selenium" >/dev/null 2>&1 || {

@@ -50,13 +50,13 @@ fn python_renders(dir: &Path, names: &[String]) -> Vec<Option<String>> {
             json!({"template": dir.join(n), "messages": messages, "add_generation_prompt": g, "bos_token": BOS, "eos_token": EOS})
         })
         .collect();
-    let mut child = Command::new("python3")
+    let mut child = Command::new(testing::registry::python())
         .arg(&script)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 (scripts/install-deps.sh installs it and jinja2)");
+        .expect("python (scripts/install-deps.sh makes .venv-tests with jinja2)");
     child.stdin.take().unwrap().write_all(serde_json::to_string(&jobs).unwrap().as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "jinja2: {}", String::from_utf8_lossy(&out.stderr));

@@ -20,6 +20,19 @@ pub fn cache_dir() -> PathBuf {
     base.join("hamburger")
 }
 
+/// The Python the tests' helper scripts run with: the test environment
+/// `.venv-tests` at the workspace's root, which `scripts/install-deps.sh`
+/// makes (the openai client, jinja2: Debian's own Python refuses pip
+/// installs outside a virtual environment), else `python3`.
+pub fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv-tests/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
 /// The PyPI source distribution of llama-cpp-python, whose vendored llama.cpp
 /// carries the chat templates of well-known models (`models/templates/`).
 pub const LLAMA_CPP_PYTHON_SDIST: &str = "llama-cpp-python==0.3.36";
