@@ -15,6 +15,9 @@ trap 'echo "install-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
 bash "$(dirname "$0")/install-build-deps.sh"
 missing=()
+# The training tool's `pack` lists the working tree with git (what travels
+# to a GPU machine); a minimal system may lack it.
+command -v git >/dev/null 2>&1 || missing+=(git)
 # The chat page's test drives headless Chromium through its driver.
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
