@@ -83,7 +83,9 @@ def unpack_suite() -> Path:
         return SUITE
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE) as dl:
-        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", dl]
+        # Its source alone: the build tools pip reads its metadata with come as wheels.
+        name = LLAMA_CPP_PYTHON.split("==")[0]
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", name, "-d", dl]
         if subprocess.run(pip + [LLAMA_CPP_PYTHON]).returncode != 0:
             fail(f"pip could not download {LLAMA_CPP_PYTHON} (the suite's source)")
         sdist = next(Path(dl).glob("*.tar.gz"), None) or fail(f"pip saved no .tar.gz for {LLAMA_CPP_PYTHON}")

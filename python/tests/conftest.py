@@ -78,7 +78,8 @@ def llama_cpp_python_readme():
     if not readme.exists():
         dl = cache_dir() / f"download-{spec}"
         dl.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+        name = LLAMA_CPP_PYTHON.split("==")[0]
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", name,
                         "-d", str(dl), LLAMA_CPP_PYTHON], check=True)
         sdist = next(dl.glob("*.tar.gz"))
         with tarfile.open(sdist) as tar:

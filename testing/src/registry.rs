@@ -53,7 +53,10 @@ pub fn pip_download(
     let mut pip = Command::new("python3");
     pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"]).arg(dl.path());
     if sdist {
-        pip.args(["--no-binary", ":all:"]);
+        // The package's source alone: the build tools pip sets up to read its
+        // metadata may come as wheels (`:all:` built them from source too, minutes).
+        let name = spec.split(['=', '<', '>', '!', '~', ' ']).next().unwrap_or(spec);
+        pip.args(["--no-binary", name]);
     }
     let status = pip.arg(spec).status().map_err(|e| ConvertError::io("python3", e))?;
     let file = std::fs::read_dir(dl.path())
