@@ -94,10 +94,12 @@ def unpack_suite() -> Path:
             for m in tar.getmembers():
                 parts = m.name.split("/vendor/llama.cpp/", 1)
                 if len(parts) == 2 and parts[1].startswith(("tools/server/tests/", "models/templates/")):
-                    if not (m.isfile() or m.isdir()):
+                    # Plain files and folders below `out` only (what tarfile's
+                    # "data" filter checks; Debian 12's Python 3.11.2 predates it).
+                    if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in Path(parts[1]).parts:
                         continue
                     m.name = parts[1]
-                    tar.extract(m, out, filter="data")
+                    tar.extract(m, out, set_attrs=False)
         if not (out / "tools/server/tests/utils.py").exists():
             fail(f"{sdist.name} has no vendor/llama.cpp/tools/server/tests/utils.py")
         # The session fixture downloads every preset's hub model: off.
