@@ -50,7 +50,8 @@ pub fn send(
         while let Some(chunk) = body.next().await {
             let Ok(chunk) = chunk else { break };
             frames.buf.extend_from_slice(&chunk);
-            while let Some(data) = frames.next_event().filter(|_| events) {
+            // A whole body (not an event stream) is kept as it came.
+            while let Some(data) = events.then(|| frames.next_event()).flatten() {
                 if tx.send(Item::Data(data)).await.is_err() {
                     return;
                 }
