@@ -20,7 +20,9 @@
 //! even drafts that were always accepted would not pay, it probes only once
 //! in [`REPRICE_INTERVAL`] steps: no draft could earn there, but the probe
 //! times a forward of two rows and a micro step again, so a price measured
-//! wrong (one slow forward on a busy machine) does not stop drafting for good.
+//! wrong (one slow forward on a busy machine) does not stop drafting for
+//! good; where the prices are fixed ([`crate::engine::calibration`]), no
+//! forward would reprice them, and it does not probe there at all.
 
 use crate::engine::forward_cost::Prices;
 use crate::error::{Param, ParamError};
@@ -301,11 +303,14 @@ impl DraftGate {
             || (0..BUCKETS).any(|b| pays(&rates(prices, rule.n_max, &[], self.bucket_acceptance(b)), 1))
     }
 
-    /// Gated-off steps before the next probe: the current interval, or
-    /// [`REPRICE_INTERVAL`] where drafts could not pay even if always accepted.
+    /// Gated-off steps before the next probe: the current interval; where
+    /// drafts could not pay even if always accepted, [`REPRICE_INTERVAL`], or
+    /// never once the prices are fixed.
     fn due(&self, rule: &DraftRule, prices: &Prices) -> u32 {
         if could_pay(prices, rule.n_max) {
             self.interval
+        } else if prices.fixed {
+            u32::MAX
         } else {
             REPRICE_INTERVAL
         }
@@ -423,6 +428,10 @@ mod tests {
         assert_eq!(probes, [REPRICE_INTERVAL - 1, 2 * REPRICE_INTERVAL - 1, 3 * REPRICE_INTERVAL - 1]);
         assert!(!g.may_draft(&RULE, &cpu), "the last probe just ran");
         assert!(g.may_draft(&RULE, &cheap()) && g.wants(&RULE, 1, &[0.01], &cheap()));
+        // Fixed prices: no forward would reprice them, so no probe at all.
+        let mut fixed = cpu.clone();
+        fixed.fixed = true;
+        assert!(!(0..3 * REPRICE_INTERVAL).any(|_| g.wants(&RULE, 1, &[0.01], &fixed)));
     }
 
     #[test]

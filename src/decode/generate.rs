@@ -420,6 +420,7 @@ pub fn run<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &DecodeConfig
 /// When a sequence has nothing to feed, the cache is full, or a computation fails.
 pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &DecodeConfig, seqs: &mut [S]) -> Result<()> {
     let mut seqs: Vec<&mut SeqGen<'a>> = seqs.iter_mut().map(BorrowMut::borrow_mut).collect();
+    verify::fix_prices(engine, cfg, &seqs)?;
     let mut batch = Batch::new();
     let mut budget = cfg.n_batch.max(1);
     let mut fed: Vec<Fed> = Vec::new();

@@ -1,5 +1,5 @@
-//! What this engine's forwards cost, measured as they run: the prices the
-//! self-verified draft gate ([`crate::decode::draft::DraftGate`]) weighs drafts by.
+//! What this engine's forwards cost: the prices the self-verified draft
+//! gate ([`crate::decode::draft::DraftGate`]) weighs drafts by.
 //!
 //! A drafted token costs a micro step and one more row in the next base
 //! forward, and neither price follows from the weights alone. On two CPU
@@ -10,16 +10,18 @@
 //! curve has another shape. So the engine times the compute of every base
 //! forward by its number of rows and of every micro step once its graph is
 //! warm (the engine leaves out a graph's first two runs: the first builds
-//! and allocates, and on CUDA the second captures a CUDA graph), and the
-//! gate prices drafts by the median of the latest times (only their ratios
-//! matter). Until a row count has been seen, its price is interpolated
-//! between the counts seen, or, before any, taken from the weights' shares.
+//! and allocates, and on CUDA the second captures a CUDA graph), and prices
+//! are the median of the latest times (only their ratios matter). Until a
+//! row count has been seen, its price is interpolated between the counts
+//! seen, or, before any, taken from the weights' shares.
 //!
-//! Timing makes the gate's choices, and so the rows each forward reads, vary
-//! from run to run: greedy answers stay the base's (verification is exact),
-//! sampled ones stay distributed as the base's, but a seeded sampled answer
-//! repeats only where the gate chooses alike (`--spec-draft-n-min` equal to
-//! `--spec-draft-n-max` fixes the draft length).
+//! Prices that followed the clock would make the gate's choices, and with
+//! them the rows each forward reads (and so ggml's summation order,
+//! [`crate::memory::row_class`]), vary from run to run, and a greedy answer
+//! with them at near-ties. So before its first self-verified sequence an
+//! engine fixes its prices for its lifetime ([`ForwardCosts::fix`]): timed
+//! once on a scratch sequence, or read from the price cache of an earlier
+//! run with the same model and settings ([`crate::engine::calibration`]).
 
 use std::time::Duration;
 
@@ -72,6 +74,8 @@ pub struct ForwardCosts {
     micro: Recent,
     /// A micro step's share of a one-row forward before one is timed.
     prior_micro: f64,
+    /// Whether the prices are fixed: times recorded since are not kept.
+    fixed: bool,
 }
 
 impl ForwardCosts {
@@ -81,19 +85,68 @@ impl ForwardCosts {
             forward: [Recent::default(); MAX_ROWS],
             micro: Recent::default(),
             prior_micro: weights_share(hp),
+            fixed: false,
         }
+    }
+
+    /// Fixes the prices as they stand: later times no longer move them.
+    pub fn fix(&mut self) {
+        self.fixed = true;
+    }
+
+    /// Whether the prices are fixed ([`ForwardCosts::fix`]).
+    pub fn is_fixed(&self) -> bool {
+        self.fixed
+    }
+
+    /// The prices as text for the price cache: a line `forward ROWS SECONDS`
+    /// per row count timed and `micro SECONDS` once a micro step is.
+    pub fn to_text(&self) -> String {
+        let mut text = String::new();
+        for r in 1..=MAX_ROWS {
+            if let Some(t) = self.forward[r - 1].median() {
+                text += &format!("forward {r} {t:e}\n");
+            }
+        }
+        if let Some(t) = self.micro.median() {
+            text += &format!("micro {t:e}\n");
+        }
+        text
+    }
+
+    /// Fixed prices read from [`ForwardCosts::to_text`]'s text, None when it
+    /// is not such text (a damaged or foreign file): no line of another
+    /// form, every time finite and positive, every row count within range.
+    pub fn from_text(hp: &HParams, text: &str) -> Option<ForwardCosts> {
+        let mut costs = ForwardCosts::new(hp);
+        let seconds = |s: &str| s.parse::<f64>().ok().filter(|t| t.is_finite() && *t > 0.0);
+        for line in text.lines() {
+            match line.split(' ').collect::<Vec<_>>()[..] {
+                ["forward", rows, t] => {
+                    let rows = rows.parse::<usize>().ok().filter(|r| (1..=MAX_ROWS).contains(r))?;
+                    costs.forward[rows - 1].add(seconds(t)?);
+                }
+                ["micro", t] => costs.micro.add(seconds(t)?),
+                _ => return None,
+            }
+        }
+        if costs.forward.iter().all(|r| r.seen == 0) {
+            return None;
+        }
+        costs.fix();
+        Some(costs)
     }
 
     /// Records a base forward of `rows` rows whose compute took `took`.
     pub fn record_forward(&mut self, rows: usize, took: Duration) {
-        if (1..=MAX_ROWS).contains(&rows) {
+        if !self.fixed && (1..=MAX_ROWS).contains(&rows) {
             self.forward[rows - 1].add(took.as_secs_f64());
         }
     }
 
     /// Records a micro step of `n_seq` sequences whose compute took `took`.
     pub fn record_micro(&mut self, n_seq: usize, took: Duration) {
-        if n_seq > 0 {
+        if !self.fixed && n_seq > 0 {
             self.micro.add(took.as_secs_f64() / n_seq as f64);
         }
     }
@@ -113,9 +166,9 @@ impl ForwardCosts {
             })
             .collect();
         if known.is_empty() {
-            return Prices { known: vec![(1, 1.0)], others, micro: self.prior_micro as f32 };
+            return Prices { known: vec![(1, 1.0)], others, micro: self.prior_micro as f32, fixed: self.fixed };
         }
-        let mut p = Prices { known, others, micro: 0.0 };
+        let mut p = Prices { known, others, micro: 0.0, fixed: self.fixed };
         p.micro = self.micro.median().unwrap_or_else(|| self.prior_micro * p.forward(1)) as f32;
         p
     }
@@ -130,7 +183,13 @@ impl std::fmt::Display for ForwardCosts {
             .filter(|&r| self.forward[r - 1].seen > 0)
             .map(|r| format!("{r}: {}", ms(&self.forward[r - 1])))
             .collect();
-        write!(f, "base forward ms by rows [{}], micro step ms per sequence {}", rows.join(", "), ms(&self.micro))
+        let fixed = if self.fixed { " (fixed)" } else { "" };
+        write!(
+            f,
+            "base forward ms by rows [{}], micro step ms per sequence {}{fixed}",
+            rows.join(", "),
+            ms(&self.micro)
+        )
     }
 }
 
@@ -153,6 +212,8 @@ pub struct Prices {
     others: usize,
     /// A micro step's cost per sequence.
     micro: f32,
+    /// Whether they are fixed ([`ForwardCosts::fix`]): no forward reprices them.
+    pub fixed: bool,
 }
 
 impl Prices {
@@ -162,7 +223,7 @@ impl Prices {
     #[cfg(test)]
     pub(crate) fn from_curve(forward: &[f64], micro: f32) -> Prices {
         let known = forward.iter().enumerate().map(|(i, &c)| (i + 1, c / forward[0])).collect();
-        Prices { known, others: 0, micro }
+        Prices { known, others: 0, micro, fixed: false }
     }
 
     /// The cost of a forward of `rows` rows: as timed; between two counts
@@ -215,12 +276,12 @@ mod tests {
 
     #[test]
     fn untimed_row_counts_are_interpolated_and_extrapolated() {
-        let p = Prices { known: vec![(1, 1.0), (2, 2.3), (4, 3.1)], others: 0, micro: 0.5 };
+        let p = Prices { known: vec![(1, 1.0), (2, 2.3), (4, 3.1)], others: 0, micro: 0.5, fixed: false };
         assert_eq!(p.forward(2), 2.3);
         assert!((p.forward(3) - 2.7).abs() < 1e-9, "between 2 and 4");
         assert!((p.forward(5) - 3.5).abs() < 1e-9, "past 4 at the slope from 2 to 4");
         assert!((p.step(1) - 2.8).abs() < 1e-6, "two rows (2.3) and one micro step (0.5)");
-        let alone = Prices { known: vec![(1, 1.0)], others: 0, micro: 0.3 };
+        let alone = Prices { known: vec![(1, 1.0)], others: 0, micro: 0.3, fixed: false };
         assert!((alone.forward(4) - 1.09).abs() < 1e-9, "the prior's row cost");
         let shared = Prices { others: 1, ..p };
         assert!((shared.step(0) - 1.15).abs() < 1e-6, "half of a forward of two rows");
@@ -271,5 +332,34 @@ mod tests {
         c.record_micro(1, ms(4));
         c.record_micro(1, ms(6));
         assert_eq!(c.prices(0).micro, 0.005, "an even count: the middle two's mean");
+    }
+
+    #[test]
+    fn fixed_prices_ignore_later_times_and_survive_their_text() {
+        let hp = crate::model::hparams::small(4, 2, 4);
+        let mut c = ForwardCosts::new(&hp);
+        let ms = Duration::from_millis;
+        c.record_forward(1, ms(10));
+        c.record_forward(3, ms(25));
+        c.record_micro(2, ms(8));
+        c.fix();
+        c.record_forward(1, ms(99));
+        c.record_micro(1, ms(99));
+        assert_eq!(c.prices(0), ForwardCosts::from_text(&hp, &c.to_text()).unwrap().prices(0));
+        assert_eq!(
+            c.to_string(),
+            "base forward ms by rows [1: 10.000, 3: 25.000], micro step ms per sequence 4.000 (fixed)"
+        );
+        for bad in [
+            "",
+            "forward 0 1e-3\n",
+            "forward 65 1e-3\n",
+            "forward 1 -1\n",
+            "forward 1 NaN\n",
+            "micro 1e-3\n",
+            "forward 1 1e-3 x\n",
+        ] {
+            assert!(ForwardCosts::from_text(&hp, bad).is_none(), "{bad:?}");
+        }
     }
 }

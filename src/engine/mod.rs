@@ -7,6 +7,8 @@
 //!   allocate, checked before anything is (the memory plan);
 //! * [`forward_cost`]: the measured times of its forwards and micro steps,
 //!   and what a draft costs at those prices;
+//! * [`calibration`]: the gate's prices fixed once per engine (timed, or
+//!   read from the price cache), so that drafting does not follow the clock;
 //! * [`counters`]: what it did, counted (graphs built and computed, host reads);
 //! * here, [`Engine`] (llama.cpp's `llama_context`): for up to `n_seq`
 //!   sequences of one model, the base KV cache they share, each one's micro
@@ -17,6 +19,7 @@
 //!   [`crate::decode::session::Session`] sit on top.
 
 pub mod budget;
+pub mod calibration;
 pub mod counters;
 pub mod forward_cost;
 
@@ -46,6 +49,9 @@ const KV_PAD: usize = 256;
 pub struct Engine<'m> {
     model: &'m Model,
     flash: bool,
+    /// CPU threads and the KV element type (the price cache's key).
+    n_threads: usize,
+    kv_type: Type,
     backends: Vec<Rc<Backend>>,
     kv: KvCache,
     micro: KvCache,
@@ -98,6 +104,8 @@ impl<'m> Engine<'m> {
         Ok(Engine {
             model,
             flash: p.flash_attn,
+            n_threads: p.n_threads,
+            kv_type: p.kv_type,
             backends: plan.backends(p.n_threads)?,
             kv,
             micro,

@@ -6,7 +6,8 @@
 //! rejection, or after the last draft, the base adds its own token. So every
 //! token is the base's, drawn as one token per forward would draw it. The
 //! rejected rows' KV entries go, and the next draft starts from the last
-//! accepted row's features (`docs/model.md`).
+//! accepted row's features (`docs/model.md`). Before the first such
+//! sequence, [`fix_prices`] fixes the prices its draft gate weighs by.
 
 use super::micro_loop::Start;
 use super::{DecodeConfig, SeqGen};
@@ -78,4 +79,24 @@ pub(super) fn check(
     let n_forced = forced.len();
     step.tokens.extend(forced);
     Ok(Start::Verified { step, n_forced, p_stop, features })
+}
+
+/// Before the first self-verified sequence whose gate decides its drafts
+/// is fed, fixes the engine's prices ([`Engine::fix_prices`]) on a sequence
+/// that holds no cells; when every sequence holds some (a busy server's
+/// full pool), the prices follow the clock until a self-verified sequence
+/// starts while one is free.
+pub(super) fn fix_prices(engine: &mut Engine, cfg: &DecodeConfig, seqs: &[&mut SeqGen]) -> Result<()> {
+    if engine.costs().is_fixed() {
+        return Ok(());
+    }
+    let new = seqs.iter().filter(|s| !s.done && s.gen.timings.reached.is_empty());
+    let gated = new.filter_map(|s| s.rule(cfg).draft).filter(|d| d.n_min < d.n_max);
+    let (Some(n_max), Some(free)) = (
+        gated.map(|d| d.n_max).max(),
+        (0..engine.n_seq()).find(|&q| engine.kv().n_cells_of(q) == 0 && engine.next_pos(q) == 0),
+    ) else {
+        return Ok(());
+    };
+    engine.fix_prices(free, n_max)
 }
