@@ -136,12 +136,15 @@ fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
     let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: false }).unwrap()[0].1.argmax;
-    let err = engine.micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false }).unwrap_err().to_string();
+    let err = engine
+        .micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, draft_vocab: false })
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("stored no features"), "{err}");
     let mut batch = Batch::new();
     batch.push_merged(0, &[t]);
     let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: true }).unwrap()[0].1.argmax;
-    engine.micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false }).unwrap();
+    engine.micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, draft_vocab: false }).unwrap();
 }
 
 /// Consecutive one-row decode steps run one graph, built once: ggml-cuda

@@ -98,6 +98,9 @@ pub struct HamburgerJson {
     /// The confidence to recommend (`hamburger.recommended_confidence`): the
     /// tools' default for this model; none written when absent.
     pub recommended_confidence: Option<f32>,
+    /// The draft vocabulary of self-verified decoding (`hamburger.draft_vocab`,
+    /// token ids, the most frequent first); none written when absent.
+    pub draft_vocab: Option<Vec<i64>>,
 }
 
 /// Reads and parses a JSON file into `T`.

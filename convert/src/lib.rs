@@ -47,6 +47,9 @@ pub struct ConvertOptions {
     pub overrides: HamburgerJson,
     /// llama.cpp pre-tokenizer name, when it cannot be recognised.
     pub vocab_pre: Option<String>,
+    /// A JSON list of token ids to store as the draft vocabulary (wins over
+    /// `hamburger.json`'s `draft_vocab`).
+    pub draft_vocab: Option<PathBuf>,
     /// Show a progress bar.
     pub progress: bool,
 }
@@ -158,6 +161,15 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
             });
         }
         metadata.push((Key::RecommendedConfidence.name(arch), Value::F32(c)));
+    }
+    let draft_vocab = match &opts.draft_vocab {
+        Some(file) => Some((file.clone(), hf::read_json::<Vec<i64>>(file)?)),
+        None => hjson.draft_vocab.clone().map(|ids| (hjson_path.clone(), ids)),
+    };
+    if let Some((source, ids)) = draft_vocab.filter(|_| !opts.base_only) {
+        let ids = hamburger::model::draft_vocab::token_ids(&ids, hp.n_vocab)
+            .map_err(|e| ConvertError::Config { path: source, msg: format!("draft_vocab: {e}") })?;
+        metadata.push((Key::DraftVocab.name(arch), Value::Array(ggml::gguf::Array::U32(ids))));
     }
     metadata.extend(vocab.metadata);
     for (k, v) in &metadata {

@@ -376,8 +376,11 @@ impl<'t, 'd> DraftSession<'t, 'd> {
                 if self.rule.stops(step.len(), out.p_stop) {
                     break;
                 }
-                let mut outs =
-                    self.draft.micro_step(step.len() - 1, &[(SEQ, token)], MicroWants { stop_head, logits })?;
+                let mut outs = self.draft.micro_step(
+                    step.len() - 1,
+                    &[(SEQ, token)],
+                    MicroWants { stop_head, logits, draft_vocab: false },
+                )?;
                 out = outs.pop().expect("one sequence, one output");
             }
             let mut batch = Batch::new();

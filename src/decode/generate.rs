@@ -473,7 +473,14 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
             ready.push((f.index, micro_loop::Start::Base(out)));
         }
     }
-    micro_loop::run(engine, cfg, &mut seqs, ready, MicroWants { stop_head, logits: micro_logits }, &prices)
+    micro_loop::run(
+        engine,
+        cfg,
+        &mut seqs,
+        ready,
+        MicroWants { stop_head, logits: micro_logits, draft_vocab: false },
+        &prices,
+    )
 }
 
 #[cfg(test)]

@@ -195,7 +195,7 @@ impl<'m> Session<'m> {
     /// # Errors
     /// When `s` is beyond the micro cache or a computation fails.
     pub fn micro_step(&mut self, s: usize, token: u32, want_logits: bool) -> Result<StepOut> {
-        let want = MicroWants { stop_head: self.cfg.rule.needs_stop_head(), logits: want_logits };
+        let want = MicroWants { stop_head: self.cfg.rule.needs_stop_head(), logits: want_logits, draft_vocab: false };
         let mut outs = self.engine.micro_step(s, &[(SEQ, token)], want)?;
         Ok(outs.pop().expect("one sequence, one output"))
     }

@@ -105,7 +105,7 @@ impl Engine<'_> {
             batch.push_output_rows(seq, &tokens[..1]);
             self.decode(&batch, Wants { stop_head: true, logits: false, features: true })?;
             for (s, &token) in tokens[..steps].iter().enumerate() {
-                self.micro_step(s, &[(seq, token)], MicroWants { stop_head: true, logits: false })?;
+                self.micro_step(s, &[(seq, token)], MicroWants { stop_head: true, logits: false, draft_vocab: true })?;
             }
         }
         Ok(())

@@ -445,7 +445,10 @@ impl<'m> Engine<'m> {
     /// Micro step `s` of the current macro step of each `(seq, token)`:
     /// feeds `token` (t_s) to the micro decoder and returns out_{s+1}'s
     /// outputs (what `want` asks for), in order. Step 0 first feeds the
-    /// features of the sequence's last base forward.
+    /// features of the sequence's last base forward. With `want.draft_vocab`
+    /// and a model that has a draft vocabulary, the next token is drawn from
+    /// it alone: the argmax is mapped back to its token id, and the logits
+    /// are the full vocabulary's, minus infinity outside it.
     ///
     /// # Errors
     /// When `s` is beyond the micro cache, a sequence or token is unknown or
@@ -468,8 +471,10 @@ impl<'m> Engine<'m> {
         let per_seq = base::feature_rows_per_seq(hp);
         let slots: Vec<usize> =
             inputs.iter().map(|&(q, _)| q * per_seq + self.feature_row[q].unwrap_or_default()).collect();
-        let layout =
-            MicroLayout::new(hp, s, inputs, &slots, self.features.ne()[1] as usize, self.micro.n_cells(), want);
+        let (n_cols, n_cells) = (self.features.ne()[1] as usize, self.micro.n_cells());
+        let draft_vocab = self.model.draft_vocab.as_ref();
+        let want = MicroWants { draft_vocab: want.draft_vocab && draft_vocab.is_some(), ..want };
+        let layout = MicroLayout::new(hp, s, inputs, &slots, n_cols, n_cells, want);
         if s == 0 {
             inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));
         }
@@ -484,10 +489,16 @@ impl<'m> Engine<'m> {
         let started = Instant::now();
         sg.inputs.set(cache, &layout)?;
         sg.sched.compute(&sg.graph)?;
-        let outs = sg.outputs.read(want.logits)?;
+        let mut outs = sg.outputs.read(want.logits)?;
         self.counters.computed(run.built, sg.outputs.host_reads(want.logits));
         if run.warm {
             self.costs.record_micro(inputs.len(), started.elapsed());
+        }
+        if let Some(d) = draft_vocab.filter(|_| layout.shape.draft_vocab) {
+            for out in &mut outs {
+                out.argmax = d.ids[out.argmax as usize];
+                out.logits = out.logits.take().map(|l| d.scatter(&l, hp.n_vocab));
+            }
         }
         Ok(outs)
     }

@@ -290,7 +290,7 @@ pub fn build(
             gs.gf.expand(&g.set_rows(features, rows, &idx));
         }
     }
-    finish(gs, backends, w, &out, shape.stop_head, BaseInputs { tokens, perm, attn, feat_idx })
+    finish(gs, backends, w, w.lm_head(), &out, shape.stop_head, BaseInputs { tokens, perm, attn, feat_idx })
 }
 
 #[cfg(test)]

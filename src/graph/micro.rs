@@ -33,6 +33,8 @@ pub struct MicroShape {
     pub n_kv: usize,
     /// Whether to compute the stop head.
     pub stop_head: bool,
+    /// Whether the logits are the draft vocabulary's ([`crate::model::draft_vocab`]).
+    pub draft_vocab: bool,
 }
 
 /// What a micro step computes beyond its micro-cache entries and the next
@@ -43,6 +45,9 @@ pub struct MicroWants {
     pub stop_head: bool,
     /// The next token's logits read back (for sampling or inspection).
     pub logits: bool,
+    /// The next token drawn from the model's draft vocabulary, if it has
+    /// one: self-verified drafts, never a macro step's tokens.
+    pub draft_vocab: bool,
 }
 
 /// Where the sequences of one micro step go in the graph, and the values of its inputs.
@@ -60,7 +65,8 @@ impl MicroLayout {
     /// Lays out micro step `s` feeding `token` to each `(seq, token)`, with
     /// `n_feature_cols` columns in the feature store, of which step 0 reads
     /// slot `feature_slots[j]` (columns `slot * F..(slot + 1) * F`) for input
-    /// `j`, and `n_kv` micro cells, computing what `want` asks for.
+    /// `j`, and `n_kv` micro cells, computing what `want` asks for (the
+    /// caller asks for the draft vocabulary only when the model has one).
     pub fn new(
         hp: &HParams,
         s: usize,
@@ -83,7 +89,13 @@ impl MicroLayout {
             (inputs.iter().map(|&(seq, _)| row(seq, f + s)).collect(), Vec::new())
         };
         MicroLayout {
-            shape: MicroShape { first: s == 0, n_seqs: inputs.len(), n_kv, stop_head: want.stop_head },
+            shape: MicroShape {
+                first: s == 0,
+                n_seqs: inputs.len(),
+                n_kv,
+                stop_head: want.stop_head,
+                draft_vocab: want.draft_vocab,
+            },
             tokens: inputs.iter().map(|&(_, t)| t as i32).collect(),
             gather,
             rows,
@@ -146,7 +158,11 @@ pub fn build(
     for (il, lw) in w.grafted()?.micro.iter().enumerate() {
         x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last).then_some(shape.n_seqs));
     }
-    finish(gs, backends, w, &x, shape.stop_head, MicroInputs { tokens, gather, attn })
+    let head = match (&model.draft_vocab, shape.draft_vocab) {
+        (Some(d), true) => &d.head,
+        _ => w.lm_head(),
+    };
+    finish(gs, backends, w, head, &x, shape.stop_head, MicroInputs { tokens, gather, attn })
 }
 
 #[cfg(test)]
@@ -162,7 +178,7 @@ mod tests {
     fn step_0_feeds_each_sequences_features_then_its_tokens_in_its_own_cells() {
         let hp = small(4, 2, 4);
         assert_eq!(cells_per_seq(&hp), 5);
-        let want = MicroWants { stop_head: true, logits: false };
+        let want = MicroWants { stop_head: true, logits: false, draft_vocab: false };
         // Sequence 1 reads feature slot 1, sequence 0 slot 2 (a kept verify row).
         let l = MicroLayout::new(&hp, 0, &[(1, 7), (0, 9)], &[1, 2], 8, 10, want);
         // Sequence q owns cells 5q..5q+5: features at positions 0 and 1, t_0 at 2.
@@ -170,16 +186,17 @@ mod tests {
         // Feature rows read columns slot * F + f; token rows the embeddings after the 8 feature columns.
         assert_eq!(l.gather, [2, 3, 4, 5, 8, 9]);
         assert_eq!(l.tokens, [7, 9]);
-        assert_eq!(l.shape, MicroShape { first: true, n_seqs: 2, n_kv: 10, stop_head: true });
+        let shape = MicroShape { first: true, n_seqs: 2, n_kv: 10, stop_head: true, draft_vocab: false };
+        assert_eq!(l.shape, shape);
     }
 
     #[test]
     fn a_later_step_feeds_one_token_per_sequence_at_its_step_position() {
         let hp = small(4, 2, 4);
-        let l =
-            MicroLayout::new(&hp, 2, &[(1, 7), (0, 9)], &[1, 0], 8, 10, MicroWants { stop_head: false, logits: true });
+        let want = MicroWants { stop_head: false, logits: true, draft_vocab: true };
+        let l = MicroLayout::new(&hp, 2, &[(1, 7), (0, 9)], &[1, 0], 8, 10, want);
         assert_eq!(cells(&l), [(1, 4, 9), (0, 4, 4)]);
         assert!(l.gather.is_empty());
-        assert_eq!(l.shape, MicroShape { first: false, n_seqs: 2, n_kv: 10, stop_head: false });
+        assert_eq!(l.shape, MicroShape { first: false, n_seqs: 2, n_kv: 10, stop_head: false, draft_vocab: true });
     }
 }

@@ -122,8 +122,9 @@ pub fn token_input(g: &Context, n: usize) -> Tensor {
     tokens
 }
 
-/// Finishes a step graph: lm_head logits, their argmax and (with `stop_head`:
-/// the step's length depends on it) the stop head on `out [D, n_out]`, all
+/// Finishes a step graph: the logits of `head` (the lm_head `[D, V]`, or a
+/// draft vocabulary's rows of it), their argmax and (with `stop_head`: the
+/// step's length depends on it) the stop head on `out [D, n_out]`, all
 /// marked as outputs; then allocates the graph on a scheduler of its own.
 ///
 /// # Errors
@@ -132,12 +133,13 @@ pub fn finish<I>(
     gs: GraphStart,
     backends: &[Rc<Backend>],
     w: &Weights,
+    head: &Tensor,
     out: &Tensor,
     stop_head: bool,
     inputs: I,
 ) -> Result<StepGraph<I>> {
     let GraphStart { g, mut gf, size } = gs;
-    let logits = g.mul_mat(w.lm_head(), out).named("logits"); // [V, n_out]
+    let logits = g.mul_mat(head, out).named("logits"); // [V, n_out]
     let argmax = g.argmax(&logits).named("argmax"); // [n_out]
     let p_stop = if stop_head { Some(stop_probability(&g, &w.grafted()?.stop, out)) } else { None };
     for t in [Some(&logits), Some(&argmax), p_stop.as_ref()].into_iter().flatten() {

@@ -58,6 +58,10 @@ pub enum Key {
     /// HAMburger: the confidence the model's makers recommend (f32, optional);
     /// the tools' default when present.
     RecommendedConfidence,
+    /// HAMburger: the draft vocabulary (token ids, optional): the tokens
+    /// self-verified decoding drafts from, through the lm_head's rows of
+    /// those tokens alone ([`crate::model::draft_vocab`]).
+    DraftVocab,
 }
 
 impl Key {
@@ -81,6 +85,7 @@ impl Key {
             Key::FeatureLayers => "feature_layers",
             Key::MergerHeadCount => "merger.head_count",
             Key::RecommendedConfidence => "recommended_confidence",
+            Key::DraftVocab => "draft_vocab",
         }
     }
 

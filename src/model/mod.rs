@@ -11,10 +11,13 @@
 //!   (`threads`: the CPU thread pools its backends run on);
 //! * [`weights`]: the loader, each tensor checked against its expected shape
 //!   and placed as the plan says;
+//! * [`draft_vocab`]: the tokens self-verified decoding drafts from, and
+//!   the lm_head's rows of them (optional);
 //! * here, [`Model`]: a loaded HAMburger model: hyper-parameters, vocabulary
 //!   metadata and weights, read from one GGUF file (memory-mapped).
 
 pub mod arch;
+pub mod draft_vocab;
 pub mod hparams;
 pub mod placement;
 mod threads;
@@ -28,6 +31,7 @@ use ggml::MappedFile;
 
 use crate::error::{Error, Result};
 use crate::model::arch::{keys, token_type, Key, ARCH_HAMBURGER, ARCH_LLAMA, END_OF_GENERATION_TEXTS};
+use crate::model::draft_vocab::DraftVocab;
 use crate::model::hparams::HParams;
 use crate::model::placement::{LoadOptions, PlacementPlan};
 use crate::model::weights::Weights;
@@ -122,6 +126,8 @@ pub struct Model {
     pub plan: PlacementPlan,
     /// The confidence its makers recommend (`hamburger.recommended_confidence`), if stored.
     pub recommended_confidence: Option<f32>,
+    /// The draft vocabulary of self-verified decoding (`hamburger.draft_vocab`), if stored.
+    pub draft_vocab: Option<DraftVocab>,
 }
 
 /// The confidence a HAMburger GGUF recommends (`hamburger.recommended_confidence`),
@@ -184,7 +190,8 @@ impl Model {
         let vocab = VocabInfo::from_gguf(&gguf, hp.n_vocab)?;
         let plan = PlacementPlan::new(options, hp.n_layer)?;
         let map = Rc::new(MappedFile::open(path)?);
-        let weights = weights::load(&gguf, map, &hp, &plan, base_only)?;
+        let weights = weights::load(&gguf, map.clone(), &hp, &plan, base_only)?;
+        let draft_vocab = if base_only { None } else { DraftVocab::load(&gguf, &map, &hp, &plan)? };
         Ok(Model {
             path: path.into(),
             name: gguf.get_str(keys::NAME)?.unwrap_or("").to_string(),
@@ -194,6 +201,7 @@ impl Model {
             size_bytes: gguf.tensors.iter().map(|t| t.size).sum(),
             plan,
             recommended_confidence: recommended_confidence(&gguf)?,
+            draft_vocab,
         })
     }
 

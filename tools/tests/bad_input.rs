@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ggml::gguf::{Gguf, GgufBuilder, Value};
+use ggml::gguf::{Array, Gguf, GgufBuilder, Value};
 use testing::testmodel::{converted, tiny_fixture};
 
 fn tiny(base_only: bool) -> PathBuf {
@@ -31,7 +31,7 @@ enum Edit<'a> {
     Set(&'a str, Value),
 }
 
-/// Copies `src` to `dst` with `edit` applied.
+/// Copies `src` to `dst` with `edit` applied (a key set that `src` lacks is added).
 fn rewrite(src: &Path, dst: &Path, edit: Edit) {
     let (drop, reshape) = match &edit {
         Edit::Drop(n) => (Some(*n), None),
@@ -45,6 +45,11 @@ fn rewrite(src: &Path, dst: &Path, edit: Edit) {
         match &edit {
             Edit::Set(key, value) if key == k => b.set(k, value).unwrap(),
             _ => b.set(k, v).unwrap(),
+        }
+    }
+    if let Edit::Set(key, value) = &edit {
+        if !g.metadata.iter().any(|(k, _)| k == key) {
+            b.set(key, value).unwrap();
         }
     }
     let kept: Vec<_> = g.tensors.iter().filter(|t| Some(t.name.as_str()) != drop).collect();
@@ -275,6 +280,22 @@ fn metadata_of_the_wrong_type_names_file_and_key() {
     let p = dir.path().join("eps.gguf");
     rewrite(&tiny(false), &p, Edit::Set("hamburger.attention.layer_norm_rms_epsilon", Value::F32(f32::INFINITY)));
     assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["eps.gguf", "rms epsilon"]);
+}
+
+#[test]
+fn a_draft_vocabulary_that_does_not_fit_the_model_names_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = "hamburger.draft_vocab";
+    for (value, why) in [
+        (Value::Array(Array::U32(vec![3, 512])), "token id 512 is outside the vocabulary of 512"),
+        (Value::Array(Array::U32(vec![3, 7, 3])), "token id 3 is listed twice"),
+        (Value::Array(Array::U32(Vec::new())), "no token ids"),
+        (Value::Str("0 1 2".into()), "expected an array of token ids"),
+    ] {
+        let p = dir.path().join("draft-vocab.gguf");
+        rewrite(&tiny(false), &p, Edit::Set(key, value));
+        assert_clean_error(&["-m", p.to_str().unwrap(), "-p", "hi"], &["draft-vocab.gguf", key, why]);
+    }
 }
 
 #[test]

@@ -268,6 +268,19 @@ fn config_that_does_not_match_the_weights_is_rejected() {
 }
 
 #[test]
+fn a_draft_vocabulary_outside_the_vocabulary_is_rejected() {
+    let dir = scratch();
+    std::fs::copy(tiny_fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+    let json = dir.path().join("hamburger.json");
+    let mut h: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for (ids, why) in [(serde_json::json!([1, 512]), "token id 512"), (serde_json::json!([4, 4]), "listed twice")] {
+        h["draft_vocab"] = ids;
+        std::fs::write(&json, h.to_string()).unwrap();
+        assert_rejected(&dir.path().join("model.safetensors"), &["hamburger.json", "draft_vocab", why]);
+    }
+}
+
+#[test]
 fn missing_config_and_bad_flags_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(tiny_fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();

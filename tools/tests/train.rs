@@ -366,6 +366,41 @@ fn diagnose_refuses_a_grafted_file_that_is_not_safetensors_naming_it() {
     assert!(err.contains("diagnose:") && err.contains(&*bad.to_string_lossy()), "{err}");
 }
 
+/// `draft-vocab` counts the scored training answers' tokens (after each
+/// prompt), most frequent first, reports each size's coverage of the
+/// held-out answers, and writes the list `hamburger-convert --draft-vocab`
+/// stores in a GGUF that loads.
+#[test]
+fn draft_vocab_counts_the_answers_tokens_and_the_converter_stores_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let scored = [
+        r#"{"id": "a", "split": "train", "ids": [9, 9, 5, 5, 5, 7], "n_prompt": 2}"#,
+        r#"{"id": "b", "split": "train", "ids": [1, 7, 7, 5, 3], "n_prompt": 1}"#,
+        r#"{"id": "c", "split": "heldout", "ids": [2, 5, 7, 4], "n_prompt": 1}"#,
+    ];
+    std::fs::write(dir.path().join("scored.jsonl"), scored.join("\n") + "\n").unwrap();
+    let list = dir.path().join("draft-vocab.json");
+    let mut c = train_tool();
+    c.arg("draft-vocab").arg("--work").arg(dir.path()).arg("--base").arg(tiny_fixture()).args(["--k", "2"]);
+    let report = run_ok(c.arg("--out").arg(&list));
+    assert!(report.contains("K =     2: 0.667"), "5 and 7 cover two of the three held-out tokens: {report}");
+    let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&list).unwrap()).unwrap();
+    assert_eq!(ids, [5, 7], "5 four times, 7 three times, 3 once; prompts not counted");
+    let gguf = dir.path().join("tiny.gguf");
+    let src = tiny_fixture().join("model.safetensors");
+    let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+        .arg(&src)
+        .args(["--no-progress", "--outtype", "f32", "--draft-vocab"])
+        .arg(&list)
+        .arg("--outfile")
+        .arg(&gguf)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let model = hamburger::model::Model::open(&gguf, &Default::default()).unwrap();
+    assert_eq!(model.draft_vocab.unwrap().ids, [5, 7]);
+}
+
 /// Each subcommand takes its own flags: `export` refuses `train`'s `--steps`
 /// in one line naming it, before it reads anything; `all` runs every stage,
 /// `calibrate` among them, and says so.

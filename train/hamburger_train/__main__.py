@@ -213,6 +213,11 @@ def parser() -> Parser:
     c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
                    "decoding of the same prompts (hamburger-cli --spec-type draft-mtp) on the measured model "
                    "converted to Q8_0, the teacher's type")
+    v = stage("draft-vocab", "the draft vocabulary: the most frequent tokens of the scored answers, with "
+              "each size's coverage of the held-out answers", work)
+    v.add_argument("--k", type=int, default=4096, help="tokens in the vocabulary (default 4096)")
+    v.add_argument("--out", type=Path, required=True, help="the JSON list of token ids to write "
+                   "(hamburger-convert --draft-vocab)")
     k = stage("pack", "a training window's files for a GPU machine without this runtime, in folders that travel",
               work, data)
     k.add_argument("--out", type=Path, default=ROOT / ".device/train", help="where the folders go (made anew; "
@@ -248,8 +253,10 @@ def train_args(a: argparse.Namespace) -> dict:
 
 def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     """Runs one stage of the work directory with its flags from `a`."""
-    from . import accept, calibrate, data, diagnose, draft, export, pack, segment, train
-    if stage == "draft":
+    from . import accept, calibrate, data, diagnose, draft, draft_vocab, export, pack, segment, train
+    if stage == "draft-vocab":
+        draft_vocab.run(a.work, a.k, a.out)
+    elif stage == "draft":
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
                   a.stdlib_from)

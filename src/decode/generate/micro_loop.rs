@@ -54,6 +54,10 @@ pub(super) fn run(
     want: MicroWants,
     prices: &Prices,
 ) -> Result<()> {
+    // Drafts come from the draft vocabulary when every sequence here drafts
+    // (a macro step's micro tokens are its output) and no grammar masks them.
+    let drafting = |i: usize| seqs[i].rule(cfg).draft.is_some() && seqs[i].constraint.is_none();
+    let want = MicroWants { draft_vocab: ready.iter().all(|&(i, _)| drafting(i)), ..want };
     let mut steps = Vec::with_capacity(ready.len());
     let mut current = Vec::with_capacity(ready.len());
     for (a, (index, start)) in ready.into_iter().enumerate() {

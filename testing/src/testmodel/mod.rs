@@ -237,6 +237,7 @@ pub fn converted(checkpoint: &Path, stem: &str, outtype: ggml::Type, base_only: 
             base_only,
             overrides: Default::default(),
             vocab_pre: None,
+            draft_vocab: None,
             progress: false,
         })?;
     }

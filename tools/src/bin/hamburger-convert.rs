@@ -45,6 +45,11 @@ struct Args {
     /// hamburger.json if any, else none is stored (the tools use 0.8).
     #[arg(long, value_parser = tools::cli::non_negative, allow_negative_numbers = true)]
     confidence: Option<f32>,
+    /// The draft vocabulary of self-verified decoding: a JSON list of token
+    /// ids (`hamburger-train draft-vocab`), stored as `hamburger.draft_vocab`;
+    /// default: `draft_vocab` of hamburger.json if any, else none.
+    #[arg(long, value_name = "FILE")]
+    draft_vocab: Option<PathBuf>,
     /// llama.cpp pre-tokenizer name (gpt-2, llama-bpe, smollm...) when it cannot be recognised.
     #[arg(long)]
     vocab_pre: Option<String>,
@@ -66,6 +71,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     tools::cli::remove_partial_files_on_interrupt()?;
+
     let opts = ConvertOptions {
         checkpoint: args.checkpoint,
         outfile: args.outfile,
@@ -78,7 +84,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             feature_layers: args.feature_layers,
             merger_heads: args.merger_heads,
             recommended_confidence: args.confidence,
+            draft_vocab: None,
         },
+        draft_vocab: args.draft_vocab,
         vocab_pre: args.vocab_pre,
         progress: !args.no_progress,
     };
