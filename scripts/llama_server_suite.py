@@ -56,6 +56,7 @@ SUITE_FILES = [
     "test_completion.py",
     "test_ctx_shift.py",
     "test_ignore_eos.py",
+    "test_infill.py",
     "test_kv_keep_only_active.py",
     "test_metrics.py",
     "test_security.py",

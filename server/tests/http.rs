@@ -176,6 +176,9 @@ fn bad_requests_get_openai_shaped_errors() {
     assert_error(&s, "/v1/completions", &huge, 413, "");
     let r = reqwest::blocking::get(format!("{}/v1/nothing", s.url)).unwrap();
     assert_eq!(r.status().as_u16(), 404);
+    // llama-server's answer for a model without fill-in-the-middle tokens.
+    let infill = r#"{"input_prefix": "int main() {", "input_suffix": "}"}"#;
+    assert_error(&s, "/infill", infill, 501, "fill-in-the-middle");
 }
 
 #[test]

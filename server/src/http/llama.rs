@@ -1,7 +1,8 @@
 //! llama-server's own routes, for its clients and dashboards: the native
 //! completion (`/completion`, `/completions`; see [`crate::native`]),
 //! `/props` (the server's settings), `/apply-template` (a chat rendered to
-//! its prompt) and `/slots` (what each slot is doing).
+//! its prompt) and `/slots` (what each slot is doing); `/infill` answers
+//! what llama-server answers for a model without fill-in-the-middle tokens.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -30,6 +31,19 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/completion", post(native_completion))
         .route("/completions", post(native_completion))
         .route("/slots", get(slots))
+        .route("/infill", post(infill))
+}
+
+/// llama-server's `/infill` (code completion between a prefix and a
+/// suffix) needs a model trained with fill-in-the-middle tokens, and it
+/// answers 501 for one without, before reading the request. No HAMburger has
+/// them (the release and SmolLM2-HAMburger are chat models), so this server
+/// answers every request so (refused by design, `docs/server.md`).
+async fn infill() -> ApiError {
+    ApiError::new(
+        status::NOT_IMPLEMENTED,
+        "infill is not supported by this model: it has no fill-in-the-middle tokens (prefix, suffix, middle)",
+    )
 }
 
 /// llama-server's `/props`: the settings a request that sets nothing gets,
