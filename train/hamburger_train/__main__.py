@@ -313,4 +313,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (RuntimeError, OSError) as e:  # a stage that cannot go on: one line, and the run resumes later
+        sys.exit(f"hamburger-train: {e}")

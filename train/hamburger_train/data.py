@@ -29,7 +29,7 @@ import sys
 import sysconfig
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from . import records, sharegpt
@@ -229,9 +229,18 @@ def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tok
     n_done = len(rows) - len(todo)
     prog = Progress("data", len(rows), "tokens", initial=n_done)
     pool = ThreadPoolExecutor(slots)
+    failed = []
     try:
         with open(resp_path, "a") as f:
-            for r, a in zip(todo, pool.map(lambda r: complete(url, messages_of(r), max_tokens), todo)):
+            asks = {pool.submit(complete, url, messages_of(r), max_tokens): r for r in todo}
+            for ask in as_completed(asks):
+                r = asks[ask]
+                try:
+                    a = ask.result()
+                except OSError as e:  # one slow or failed answer: the others go on, a later run retries it
+                    failed.append(r["id"])
+                    print(f"data: prompt {r['id']} not answered ({e})", file=sys.stderr, flush=True)
+                    continue
                 choice = a["choices"][0]
                 asked = {k: r[k] for k in ("prompt", "messages") if k in r}
                 f.write(json.dumps({"id": r["id"], "split": r.get("split", "heldout"), **asked,
@@ -244,6 +253,8 @@ def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tok
     finally:  # stopped or failed: the requests not sent are dropped, the ones under way end with the server
         pool.shutdown(wait=False, cancel_futures=True)
         stop_server(proc)
+    if failed:
+        raise RuntimeError(f"{len(failed)} prompts not answered (the first: {failed[0]}); run again to retry them")
 
 
 def base_checkpoint(bin_dir: Path) -> Path:
