@@ -73,8 +73,8 @@ impl SpecArgs {
     ///
     /// # Errors
     /// `draft-simple` without a draft model (`draft_model`: whether `-md`
-    /// was given), or draft flags with neither `--spec-type draft-mtp` nor
-    /// a draft model.
+    /// was given). Draft flags with neither `--spec-type draft-mtp` nor a
+    /// draft model are accepted with a warning, as llama.cpp's tools take them.
     pub fn draft(&self, draft_model: bool) -> anyhow::Result<Option<DraftParams>> {
         match self.spec_type {
             SpecType::SelfVerified => Ok(Some(DraftParams {
@@ -92,12 +92,14 @@ impl SpecArgs {
                     ("--spec-draft-n-min", self.spec_draft_n_min.is_some()),
                     ("--spec-draft-p-min", self.spec_draft_p_min.is_some()),
                 ];
-                match given.iter().find(|g| g.1) {
-                    Some((flag, _)) => anyhow::bail!(
-                        "{flag} sets how drafts are made: add --spec-type draft-mtp (the model's own micro decoder drafts) or -md (a draft model); macro steps draft nothing"
-                    ),
-                    None => Ok(None),
+                // Accepted with a warning, as llama.cpp's tools take them
+                // without a drafter (a launch script that turns drafting off).
+                for (flag, _) in given.iter().filter(|g| g.1) {
+                    log::warn!(
+                        "{flag} has no effect: macro steps draft nothing (drafts come with --spec-type draft-mtp, or a draft model)"
+                    );
                 }
+                Ok(None)
             }
         }
     }

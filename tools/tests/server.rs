@@ -147,6 +147,21 @@ fn bad_flags_fail_in_one_line() {
 }
 
 #[test]
+fn llama_server_flags_refused_by_design_say_why_in_one_line() {
+    for (args, names) in [
+        (&["-md", "d.gguf"][..], &["--model-draft", "hamburger-cli", "draft-mtp"][..]),
+        (&["--embedding"], &["--embedding"]),
+        (&["--lora", "a.gguf"], &["--lora", "merge"]),
+        (&["--context-shift"], &["--context-shift"]),
+    ] {
+        testing::process::assert_one_line_error(
+            Command::new(env!("CARGO_BIN_EXE_hamburger-server")).args(["-m", "x.gguf"]).args(args),
+            names,
+        );
+    }
+}
+
+#[test]
 fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
     let gguf = tiny();
     for (args, names) in [
