@@ -114,13 +114,7 @@ impl Engine<'_> {
     /// The price cache's file for this engine timing `rows`, None when no
     /// cache folder is known or the model file cannot be read.
     fn price_file(&self, rows: &[usize]) -> Option<PathBuf> {
-        let dir = match std::env::var_os("HAMBURGER_CACHE") {
-            Some(d) => PathBuf::from(d),
-            None => std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?
-                .join("hamburger"),
-        };
+        let dir = cache_dir()?;
         let meta = std::fs::metadata(&self.model.path).ok()?;
         let modified = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
         let path = std::fs::canonicalize(&self.model.path).ok()?;
@@ -130,6 +124,19 @@ impl Engine<'_> {
         (self.n_threads, self.flash, format!("{:?}", self.kv_type), rows).hash(&mut h);
         Some(dir.join("draft-prices").join(format!("{:016x}.txt", h.finish())))
     }
+}
+
+/// The project's cache folder (the price cache here; the tests' downloads
+/// too): `$HAMBURGER_CACHE`, else `$XDG_CACHE_HOME/hamburger`, else
+/// `~/.cache/hamburger`; None when none of those is set.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("HAMBURGER_CACHE") {
+        return Some(d.into());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+    Some(base.join("hamburger"))
 }
 
 /// Writes `text` to `file` whole or not at all: to a file beside it, then renamed.

@@ -7,17 +7,11 @@ use std::process::Command;
 
 use convert::ConvertError;
 
-/// The download cache: `$HAMBURGER_CACHE`, else `$XDG_CACHE_HOME/hamburger`,
-/// else `~/.cache/hamburger`.
+/// The download cache: the runtime's cache folder
+/// ([`hamburger::engine::calibration::cache_dir`]), else `hamburger` in the
+/// temporary folder.
 pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("HAMBURGER_CACHE") {
-        return d.into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("hamburger")
+    hamburger::engine::calibration::cache_dir().unwrap_or_else(|| std::env::temp_dir().join("hamburger"))
 }
 
 /// The Python the tests' helper scripts run with: the test environment
