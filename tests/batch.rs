@@ -114,7 +114,7 @@ fn six_prompts_in_one_batch_with_flash_attention() {
 /// Greedy one-token macro steps driven on the engine, storing the features or not.
 fn one_token_steps(model: &Model, prompt: &[u32], n: usize, features: bool) -> Vec<u32> {
     let mut engine = Engine::new(model, &EngineParams { n_ctx: 64, ..Default::default() }).unwrap();
-    let want = Wants { stop_head: false, logits: false, features };
+    let want = Wants { stop_head: false, logits: false, features, draft_stop: false };
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
     let mut out = Vec::new();
@@ -135,16 +135,25 @@ fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
     let mut engine = Engine::new(&model, &EngineParams::default()).unwrap();
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
-    let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: false }).unwrap()[0].1.argmax;
+    let t = engine
+        .decode(&batch, Wants { stop_head: false, logits: false, features: false, draft_stop: false })
+        .unwrap()[0]
+        .1
+        .argmax;
     let err = engine
-        .micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, draft_vocab: false })
+        .micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, drafts: false, draft_vocab: false })
         .unwrap_err()
         .to_string();
     assert!(err.contains("stored no features"), "{err}");
     let mut batch = Batch::new();
     batch.push_merged(0, &[t]);
-    let t = engine.decode(&batch, Wants { stop_head: false, logits: false, features: true }).unwrap()[0].1.argmax;
-    engine.micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, draft_vocab: false }).unwrap();
+    let t =
+        engine.decode(&batch, Wants { stop_head: false, logits: false, features: true, draft_stop: false }).unwrap()[0]
+            .1
+            .argmax;
+    engine
+        .micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, drafts: false, draft_vocab: false })
+        .unwrap();
 }
 
 /// Consecutive one-row decode steps run one graph, built once: ggml-cuda
@@ -156,7 +165,7 @@ fn consecutive_decode_steps_reuse_one_graph_until_the_attention_window_grows() {
     let model = tiny_f32();
     let prompt = &golden_prompts(0.3)[0];
     let mut engine = Engine::new(&model, &EngineParams { n_ctx: 1024, ..Default::default() }).unwrap();
-    let want = Wants { stop_head: false, logits: false, features: false };
+    let want = Wants { stop_head: false, logits: false, features: false, draft_stop: false };
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
     let mut t = engine.decode(&batch, want).unwrap()[0].1.argmax;

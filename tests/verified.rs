@@ -96,7 +96,7 @@ fn generate(s: &mut Session, prompt: &[u32]) -> Generation {
 /// computed in the row-count class of a verify forward.
 fn two_row_reference(model: &Model, prompt: &[u32], flash_attn: bool) -> Vec<u32> {
     let mut engine = Engine::new(model, &engine_params(flash_attn)).unwrap();
-    let want = Wants { stop_head: false, logits: false, features: false };
+    let want = Wants { stop_head: false, logits: false, features: false, draft_stop: false };
     let mut batch = Batch::new();
     batch.push_tokens(0, prompt);
     let mut out = vec![engine.decode(&batch, want).unwrap()[0].1.argmax];

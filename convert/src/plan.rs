@@ -66,6 +66,9 @@ impl PlannedTensor {
 /// State-dict prefixes of the base model and the grafted modules.
 const HAMBURGER_BASE: &str = "model.";
 const MICRO: &str = "micro_step_decoder.decoders";
+/// State-dict prefix of the optional draft head (`hamburger-train draft`'s
+/// micro decoder and stop head, beside the macro steps' own).
+const DRAFT_HEAD: &str = "draft_head.";
 
 fn layer_key(lt: LayerTensor) -> &'static str {
     match lt {
@@ -102,15 +105,19 @@ pub fn source_key(name: TensorName, base: &str) -> Option<String> {
             MergerLinear::Out => format!("comp_embedder.out_proj.{}", part(p)),
         },
         TensorName::MergerPos => "comp_embedder.merger.pos".into(),
-        TensorName::Stop(s, p) => {
-            let i = match s {
-                StopLinear::Fc1 => 0,
-                StopLinear::Fc2 => 2,
-                StopLinear::Out => 4,
-            };
-            format!("micro_step_decoder.stop_head.{i}.{}", part(p))
-        }
+        TensorName::Stop(s, p) => format!("micro_step_decoder.stop_head.{}.{}", stop_index(s), part(p)),
+        TensorName::DraftMicro(i, lt) => format!("{DRAFT_HEAD}decoders.{i}.{}.weight", layer_key(lt)),
+        TensorName::DraftStop(s, p) => format!("{DRAFT_HEAD}stop_head.{}.{}", stop_index(s), part(p)),
     })
+}
+
+/// A stop-head layer's index in its `nn.Sequential` (Linear, SiLU, Linear, SiLU, Linear).
+fn stop_index(s: StopLinear) -> usize {
+    match s {
+        StopLinear::Fc1 => 0,
+        StopLinear::Fc2 => 2,
+        StopLinear::Out => 4,
+    }
 }
 
 /// Entries a checkpoint may hold that the format does not use.
@@ -177,7 +184,8 @@ pub fn plan(
     let base = base_prefix(ck);
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
-    let set = TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only };
+    let draft_head = !base_only && ck.tensors.keys().any(|k| k.starts_with(DRAFT_HEAD));
+    let set = TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only, draft_head };
     for (name, ne) in hp.tensor_shapes(set) {
         let ty = choose_type(name, &ne);
         let source = match source_key(name, base) {
@@ -190,12 +198,12 @@ pub fn plan(
                 check_source(ck, &key, t, &ne)?;
                 used.insert(key.clone());
                 let transform = match name {
-                    TensorName::Base(_, LayerTensor::AttnQ) | TensorName::Micro(_, LayerTensor::AttnQ) => {
-                        Transform::RopePermute { n_head: hp.n_head }
-                    }
-                    TensorName::Base(_, LayerTensor::AttnK) | TensorName::Micro(_, LayerTensor::AttnK) => {
-                        Transform::RopePermute { n_head: hp.n_head_kv }
-                    }
+                    TensorName::Base(_, LayerTensor::AttnQ)
+                    | TensorName::Micro(_, LayerTensor::AttnQ)
+                    | TensorName::DraftMicro(_, LayerTensor::AttnQ) => Transform::RopePermute { n_head: hp.n_head },
+                    TensorName::Base(_, LayerTensor::AttnK)
+                    | TensorName::Micro(_, LayerTensor::AttnK)
+                    | TensorName::DraftMicro(_, LayerTensor::AttnK) => Transform::RopePermute { n_head: hp.n_head_kv },
                     _ => Transform::None,
                 };
                 Source::Checkpoint { key, transform }
@@ -221,7 +229,7 @@ pub fn plan(
         }
     }
     for key in ck.tensors.keys() {
-        let grafted = key.starts_with("comp_embedder.") || key.starts_with("micro_step_decoder.");
+        let grafted = ["comp_embedder.", "micro_step_decoder.", DRAFT_HEAD].iter().any(|p| key.starts_with(p));
         let skipped = ignorable(key) || (base_only && grafted);
         if !used.contains(key) && !skipped {
             return Err(ConvertError::UnexpectedTensor { path: ck.path.clone(), name: key.clone() });

@@ -45,7 +45,9 @@ impl Role {
             (Module::Base, _) => Role::Output,
             (Module::Micro, _) => Role::Micro,
             (Module::Merger, _) => Role::Merger,
-            (Module::StopHead, TensorName::Stop(StopLinear::Out, _)) => Role::StopOut,
+            (Module::StopHead, TensorName::Stop(StopLinear::Out, _) | TensorName::DraftStop(StopLinear::Out, _)) => {
+                Role::StopOut
+            }
             (Module::StopHead, _) => Role::StopHidden,
         }
     }
@@ -134,7 +136,9 @@ pub fn choose(name: TensorName, ne: &[i64], tied: bool, mix: Mix, stacks: Stacks
             match (role, name) {
                 (Role::Output, _) => mix.output_type(row),
                 (Role::Base, TensorName::Base(l, lt)) => mix.layer_type(lt, l, stacks.n_layer, stacks.n_gqa),
-                (Role::Micro, TensorName::Micro(l, lt)) => mix.layer_type(lt, l, stacks.n_micro, stacks.n_gqa),
+                (Role::Micro, TensorName::Micro(l, lt) | TensorName::DraftMicro(l, lt)) => {
+                    mix.layer_type(lt, l, stacks.n_micro, stacks.n_gqa)
+                }
                 (Role::Merger | Role::StopHidden, _) if d.bits_per_weight() < 8.0 => Type::Q8_0,
                 _ => d,
             }

@@ -337,7 +337,7 @@ impl<'t, 'd> DraftSession<'t, 'd> {
     /// Feeds the target what it has not seen, `n_batch` tokens per forward,
     /// and returns its token after them.
     fn prefill_target(&mut self) -> Result<u32> {
-        let want = Wants { stop_head: false, logits: !self.greedy(), features: false };
+        let want = Wants { stop_head: false, logits: !self.greedy(), features: false, draft_stop: false };
         let mut out = None;
         for chunk in self.context[self.target_fed..].chunks(self.params.engine.n_batch) {
             let mut batch = Batch::new();
@@ -362,7 +362,7 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         }
         let logits = !self.greedy() || self.params.draft.p_min > 0.0;
         let stop_head = self.rule.needs_stop_head();
-        let want = Wants { stop_head, logits, features: self.rule.may_continue() };
+        let want = Wants { stop_head, logits, features: self.rule.may_continue(), draft_stop: false };
         let mut out = self.feed_draft(want)?;
         loop {
             stats.draft_forwards += 1;
@@ -379,7 +379,7 @@ impl<'t, 'd> DraftSession<'t, 'd> {
                 let mut outs = self.draft.micro_step(
                     step.len() - 1,
                     &[(SEQ, token)],
-                    MicroWants { stop_head, logits, draft_vocab: false },
+                    MicroWants { stop_head, logits, drafts: false, draft_vocab: false },
                 )?;
                 out = outs.pop().expect("one sequence, one output");
             }
@@ -399,7 +399,7 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         let (tail, mut singles) = pending.split_at(self.merged_until.saturating_sub(self.draft_fed).min(pending.len()));
         let mut batch = Batch::new();
         tail.chunks(self.rule.max_steps.max(1)).for_each(|m| batch.push_merged(SEQ, m));
-        let nothing = Wants { stop_head: false, logits: false, features: false };
+        let nothing = Wants { stop_head: false, logits: false, features: false, draft_stop: false };
         while batch.inputs().len() + singles.len() > n_batch {
             let (now, later) = singles.split_at(singles.len().min(n_batch - batch.inputs().len()));
             batch.push_tokens(SEQ, now);
@@ -441,7 +441,7 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         let mut batch = Batch::new();
         batch.push_tokens(SEQ, &self.context[self.target_fed..]);
         batch.push_tokens(SEQ, &d.tokens);
-        let want = Wants { stop_head: false, logits: !self.greedy(), features: false };
+        let want = Wants { stop_head: false, logits: !self.greedy(), features: false, draft_stop: false };
         let outs = self.target.decode_every(&batch, want)?;
         let rows = &outs[outs.len() - d.tokens.len() - 1..];
         if self.greedy() {

@@ -23,7 +23,6 @@ use crate::engine::forward_cost::Prices;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::graph::base::Wants;
-use crate::graph::micro::MicroWants;
 use crate::graph::StepOut;
 use crate::memory::batch::Batch;
 use crate::memory::kv_cache::SeqId;
@@ -452,7 +451,9 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
     let stop_head = running().any(|s| s.rule(cfg).needs_stop_head() && s.may_draft(cfg, &prices));
     let features = running().any(|s| s.rule(cfg).may_continue() && s.may_draft(cfg, &prices));
     let micro_logits = want_logits || running().any(|s| s.rule(cfg).draft.is_some_and(|d| d.p_min > 0.0));
-    let mut outs = engine.decode(&batch, Wants { stop_head, logits: want_logits, features })?.into_iter();
+    let drafting = running().any(|s| s.rule(cfg).draft.is_some() && s.may_draft(cfg, &prices));
+    let want = Wants { stop_head, logits: want_logits, features, draft_stop: stop_head && drafting };
+    let mut outs = engine.decode(&batch, want)?.into_iter();
     let mut ready = Vec::new();
     for f in fed {
         let sg = &mut seqs[f.index];
@@ -473,14 +474,7 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
             ready.push((f.index, micro_loop::Start::Base(out)));
         }
     }
-    micro_loop::run(
-        engine,
-        cfg,
-        &mut seqs,
-        ready,
-        MicroWants { stop_head, logits: micro_logits, draft_vocab: false },
-        &prices,
-    )
+    micro_loop::run(engine, cfg, &mut seqs, ready, stop_head, micro_logits, &prices)
 }
 
 #[cfg(test)]

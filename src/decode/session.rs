@@ -169,7 +169,12 @@ impl<'m> Session<'m> {
 
     fn forward(&mut self, batch: &Batch, want_logits: bool) -> Result<StepOut> {
         // Features always: the caller may drive micro steps itself.
-        let want = Wants { stop_head: self.cfg.rule.needs_stop_head(), logits: want_logits, features: true };
+        let want = Wants {
+            stop_head: self.cfg.rule.needs_stop_head(),
+            logits: want_logits,
+            features: true,
+            draft_stop: false,
+        };
         let mut outs = self.engine.decode(batch, want)?;
         Ok(outs.pop().expect("one sequence, one output").1)
     }
@@ -195,7 +200,12 @@ impl<'m> Session<'m> {
     /// # Errors
     /// When `s` is beyond the micro cache or a computation fails.
     pub fn micro_step(&mut self, s: usize, token: u32, want_logits: bool) -> Result<StepOut> {
-        let want = MicroWants { stop_head: self.cfg.rule.needs_stop_head(), logits: want_logits, draft_vocab: false };
+        let want = MicroWants {
+            stop_head: self.cfg.rule.needs_stop_head(),
+            logits: want_logits,
+            drafts: false,
+            draft_vocab: false,
+        };
         let mut outs = self.engine.micro_step(s, &[(SEQ, token)], want)?;
         Ok(outs.pop().expect("one sequence, one output"))
     }

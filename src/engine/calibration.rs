@@ -96,16 +96,23 @@ impl Engine<'_> {
                 self.clear_seq(seq);
                 let mut batch = Batch::new();
                 batch.push_output_rows(seq, &tokens[..r]);
-                self.decode(&batch, Wants { stop_head: true, logits: false, features: r <= per_seq })?;
+                self.decode(
+                    &batch,
+                    Wants { stop_head: true, logits: false, features: r <= per_seq, draft_stop: true },
+                )?;
             }
         }
         for _ in 0..if steps > 0 { RUNS } else { 0 } {
             self.clear_seq(seq);
             let mut batch = Batch::new();
             batch.push_output_rows(seq, &tokens[..1]);
-            self.decode(&batch, Wants { stop_head: true, logits: false, features: true })?;
+            self.decode(&batch, Wants { stop_head: true, logits: false, features: true, draft_stop: true })?;
             for (s, &token) in tokens[..steps].iter().enumerate() {
-                self.micro_step(s, &[(seq, token)], MicroWants { stop_head: true, logits: false, draft_vocab: true })?;
+                self.micro_step(
+                    s,
+                    &[(seq, token)],
+                    MicroWants { stop_head: true, logits: false, drafts: true, draft_vocab: true },
+                )?;
             }
         }
         Ok(())

@@ -343,7 +343,7 @@ impl<'m> Engine<'m> {
     /// As [`Engine::decode`]; the entries of the chunks already fed stay in `seq`.
     pub fn score(&mut self, seq: SeqId, tokens: &[u32], n_batch: usize, top: usize) -> Result<Vec<TokenLogprob>> {
         let Some((_, fed)) = tokens.split_last() else { return Ok(Vec::new()) };
-        let want = Wants { stop_head: false, logits: true, features: false };
+        let want = Wants { stop_head: false, logits: true, features: false, draft_stop: false };
         let n_batch = n_batch.max(1);
         let mut scored = Vec::with_capacity(fed.len());
         for (c, chunk) in fed.chunks(n_batch).enumerate() {
@@ -368,6 +368,10 @@ impl<'m> Engine<'m> {
             return Err(Error::Invalid(format!("sequence {} is beyond the engine's {}", i.seq, self.n_seq())));
         }
         self.check_tokens(batch.tokens())?;
+        // The draft head's stop probability only where there is a draft head
+        // (one graph for both values otherwise).
+        let draft_head = self.model.weights.grafted.as_ref().is_some_and(|g| g.draft.is_some());
+        let want = Wants { draft_stop: want.draft_stop && draft_head, ..want };
         let (pos, next_pos) = base::positions(batch, &self.next_pos);
         // Inputs that rewrite an entry in place keep its cell; the others take free ones.
         let rewrites: Vec<Option<usize>> = batch
@@ -445,10 +449,11 @@ impl<'m> Engine<'m> {
     /// Micro step `s` of the current macro step of each `(seq, token)`:
     /// feeds `token` (t_s) to the micro decoder and returns out_{s+1}'s
     /// outputs (what `want` asks for), in order. Step 0 first feeds the
-    /// features of the sequence's last base forward. With `want.draft_vocab`
-    /// and a model that has a draft vocabulary, the next token is drawn from
-    /// it alone: the argmax is mapped back to its token id, and the logits
-    /// are the full vocabulary's, minus infinity outside it.
+    /// features of the sequence's last base forward. With `want.drafts`, the
+    /// model's draft head runs where it has one; with `want.draft_vocab` and
+    /// a draft vocabulary the next token is drawn from it alone: the argmax
+    /// is mapped back to its token id, and the logits are the full
+    /// vocabulary's, minus infinity outside it.
     ///
     /// # Errors
     /// When `s` is beyond the micro cache, a sequence or token is unknown or
@@ -473,7 +478,13 @@ impl<'m> Engine<'m> {
             inputs.iter().map(|&(q, _)| q * per_seq + self.feature_row[q].unwrap_or_default()).collect();
         let (n_cols, n_cells) = (self.features.ne()[1] as usize, self.micro.n_cells());
         let draft_vocab = self.model.draft_vocab.as_ref();
-        let want = MicroWants { draft_vocab: want.draft_vocab && draft_vocab.is_some(), ..want };
+        // (One graph for both values of each where it changes nothing.)
+        let draft_head = self.model.weights.grafted.as_ref().is_some_and(|g| g.draft.is_some());
+        let want = MicroWants {
+            drafts: want.drafts && draft_head,
+            draft_vocab: want.draft_vocab && draft_vocab.is_some(),
+            ..want
+        };
         let layout = MicroLayout::new(hp, s, inputs, &slots, n_cols, n_cells, want);
         if s == 0 {
             inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use ggml::{Backend, Context, Tensor, Type};
 
 use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
-use super::{finish, merger, rms_norm, start, token_input, StepGraph};
+use super::{finish, merger, rms_norm, start, token_input, StepGraph, Stops};
 use crate::error::Result;
 use crate::memory::batch::Batch;
 use crate::memory::kv_cache::{KvCache, SeqId};
@@ -60,6 +60,8 @@ pub struct BaseShape {
     pub n_kv: usize,
     /// Whether to compute the stop head (not when the step length cannot depend on it).
     pub stop_head: bool,
+    /// Whether to compute the draft head's stop head too (see [`Wants::draft_stop`]).
+    pub draft_stop: bool,
     /// Whether to store the output rows' features (not when no micro step can follow).
     pub features: bool,
 }
@@ -80,6 +82,10 @@ impl BaseShape {
 pub struct Wants {
     /// out_0's stop probability (only when the step length can depend on it).
     pub stop_head: bool,
+    /// Also the draft head's stop probability, which self-verified
+    /// sequences' draft gates read (only where the model has a draft head;
+    /// the engine drops it otherwise).
+    pub draft_stop: bool,
     /// out_0's logits read back (for sampling or inspection).
     pub logits: bool,
     /// The output rows' features, which micro step 0 reads (only when a
@@ -178,6 +184,7 @@ impl BaseLayout {
                 permuted,
                 n_kv,
                 stop_head: want.stop_head,
+                draft_stop: want.draft_stop,
                 features: want.features,
             },
             tokens: embed_order.iter().flat_map(|&i| batch.tokens_of(&inputs[i]).iter().map(|&t| t as i32)).collect(),
@@ -290,7 +297,12 @@ pub fn build(
             gs.gf.expand(&g.set_rows(features, rows, &idx));
         }
     }
-    finish(gs, backends, w, w.lm_head(), &out, shape.stop_head, BaseInputs { tokens, perm, attn, feat_idx })
+    let grafted = w.grafted.as_ref();
+    let stops = Stops {
+        p_stop: grafted.filter(|_| shape.stop_head).map(|g| &g.head.stop),
+        p_stop_draft: grafted.and_then(|g| g.draft.as_ref()).filter(|_| shape.draft_stop).map(|d| &d.stop),
+    };
+    finish(gs, backends, w.lm_head(), &out, stops, BaseInputs { tokens, perm, attn, feat_idx })
 }
 
 #[cfg(test)]
@@ -318,7 +330,7 @@ mod tests {
     #[test]
     fn inputs_are_embedded_by_group_and_each_sequences_last_input_is_an_output_row() {
         let hp = small(4, 2, 4);
-        let want = Wants { stop_head: true, logits: false, features: true };
+        let want = Wants { stop_head: true, logits: false, features: true, draft_stop: false };
         let l = BaseLayout::new(
             &hp,
             &mixed_batch(),
@@ -345,6 +357,7 @@ mod tests {
             permuted: true,
             n_kv: 256,
             stop_head: true,
+            draft_stop: false,
             features: true,
         };
         assert_eq!(l.shape, shape);
@@ -355,7 +368,7 @@ mod tests {
     fn a_prompt_of_one_sequence_needs_no_permutation() {
         let mut b = Batch::new();
         b.push_tokens(2, &[1, 2, 3]);
-        let want = Wants { stop_head: false, logits: true, features: false };
+        let want = Wants { stop_head: false, logits: true, features: false, draft_stop: false };
         let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[0, 1, 2], 256, want, OutputRows::LastOfEachSequence);
         assert_eq!(l.perm, [0, 1, 2]);
         assert!(!l.shape.permuted && !l.shape.stop_head && !l.shape.features);
@@ -372,7 +385,7 @@ mod tests {
         b.push_tokens(1, &[5]);
         b.push_tokens(0, &[40]);
         b.push_output_rows(0, &[41, 42, 43]);
-        let want = Wants { stop_head: true, logits: false, features: true };
+        let want = Wants { stop_head: true, logits: false, features: true, draft_stop: false };
         let l = BaseLayout::new(
             &small(4, 2, 4),
             &b,
@@ -395,7 +408,7 @@ mod tests {
     fn scoring_makes_every_input_an_output_row_in_batch_order() {
         let mut b = Batch::new();
         b.push_tokens(1, &[7, 8, 9]);
-        let want = Wants { stop_head: false, logits: true, features: false };
+        let want = Wants { stop_head: false, logits: true, features: false, draft_stop: false };
         let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[4, 5, 6], 256, want, OutputRows::Every);
         assert_eq!(l.perm, [0, 1, 2]);
         assert_eq!((l.shape.n_out, l.shape.n_rows()), (3, 3));

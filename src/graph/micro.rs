@@ -11,7 +11,7 @@ use std::rc::Rc;
 use ggml::{Backend, Tensor, Type};
 
 use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
-use super::{finish, start, token_input, StepGraph};
+use super::{finish, start, token_input, StepGraph, Stops};
 use crate::error::Result;
 use crate::memory::kv_cache::{KvCache, SeqId};
 use crate::model::hparams::HParams;
@@ -33,7 +33,9 @@ pub struct MicroShape {
     pub n_kv: usize,
     /// Whether to compute the stop head.
     pub stop_head: bool,
-    /// Whether the logits are the draft vocabulary's ([`crate::model::draft_vocab`]).
+    /// Whether the sequences draft with the model's draft head ([`MicroWants::drafts`]).
+    pub drafts: bool,
+    /// Whether the logits are the draft vocabulary's ([`MicroWants::draft_vocab`]).
     pub draft_vocab: bool,
 }
 
@@ -45,8 +47,12 @@ pub struct MicroWants {
     pub stop_head: bool,
     /// The next token's logits read back (for sampling or inspection).
     pub logits: bool,
-    /// The next token drawn from the model's draft vocabulary, if it has
-    /// one: self-verified drafts, never a macro step's tokens.
+    /// Every sequence drafts for self-verified decoding (never a macro
+    /// step's tokens): the step runs the model's draft head (micro decoder
+    /// and stop head), where it has one.
+    pub drafts: bool,
+    /// The next token is drawn from the model's draft vocabulary, where it
+    /// has one: drafts that no grammar masks.
     pub draft_vocab: bool,
 }
 
@@ -94,6 +100,7 @@ impl MicroLayout {
                 n_seqs: inputs.len(),
                 n_kv,
                 stop_head: want.stop_head,
+                drafts: want.drafts,
                 draft_vocab: want.draft_vocab,
             },
             tokens: inputs.iter().map(|&(_, t)| t as i32).collect(),
@@ -155,14 +162,16 @@ pub fn build(
     let attn = AttnInputs::new(&g, cache, hp.n_embd_kv(), n_rows, shape.n_kv, flash);
     let lc = LayerCtx { hp, cache, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last = hp.n_micro_layer - 1;
-    for (il, lw) in w.grafted()?.micro.iter().enumerate() {
+    let micro_head = w.grafted()?.head_for(shape.drafts);
+    for (il, lw) in micro_head.micro.iter().enumerate() {
         x = decoder_layer(&g, &mut gs.gf, &lc, lw, il, &x, (il == last).then_some(shape.n_seqs));
     }
-    let head = match (&model.draft_vocab, shape.draft_vocab) {
+    let lm_head = match (&model.draft_vocab, shape.draft_vocab) {
         (Some(d), true) => &d.head,
         _ => w.lm_head(),
     };
-    finish(gs, backends, w, head, &x, shape.stop_head, MicroInputs { tokens, gather, attn })
+    let stops = Stops { p_stop: shape.stop_head.then_some(&micro_head.stop), p_stop_draft: None };
+    finish(gs, backends, lm_head, &x, stops, MicroInputs { tokens, gather, attn })
 }
 
 #[cfg(test)]
@@ -178,7 +187,7 @@ mod tests {
     fn step_0_feeds_each_sequences_features_then_its_tokens_in_its_own_cells() {
         let hp = small(4, 2, 4);
         assert_eq!(cells_per_seq(&hp), 5);
-        let want = MicroWants { stop_head: true, logits: false, draft_vocab: false };
+        let want = MicroWants { stop_head: true, logits: false, drafts: false, draft_vocab: false };
         // Sequence 1 reads feature slot 1, sequence 0 slot 2 (a kept verify row).
         let l = MicroLayout::new(&hp, 0, &[(1, 7), (0, 9)], &[1, 2], 8, 10, want);
         // Sequence q owns cells 5q..5q+5: features at positions 0 and 1, t_0 at 2.
@@ -186,17 +195,20 @@ mod tests {
         // Feature rows read columns slot * F + f; token rows the embeddings after the 8 feature columns.
         assert_eq!(l.gather, [2, 3, 4, 5, 8, 9]);
         assert_eq!(l.tokens, [7, 9]);
-        let shape = MicroShape { first: true, n_seqs: 2, n_kv: 10, stop_head: true, draft_vocab: false };
+        let shape = MicroShape { first: true, n_seqs: 2, n_kv: 10, stop_head: true, drafts: false, draft_vocab: false };
         assert_eq!(l.shape, shape);
     }
 
     #[test]
     fn a_later_step_feeds_one_token_per_sequence_at_its_step_position() {
         let hp = small(4, 2, 4);
-        let want = MicroWants { stop_head: false, logits: true, draft_vocab: true };
+        let want = MicroWants { stop_head: false, logits: true, drafts: true, draft_vocab: true };
         let l = MicroLayout::new(&hp, 2, &[(1, 7), (0, 9)], &[1, 0], 8, 10, want);
         assert_eq!(cells(&l), [(1, 4, 9), (0, 4, 4)]);
         assert!(l.gather.is_empty());
-        assert_eq!(l.shape, MicroShape { first: false, n_seqs: 2, n_kv: 10, stop_head: false, draft_vocab: true });
+        assert_eq!(
+            l.shape,
+            MicroShape { first: false, n_seqs: 2, n_kv: 10, stop_head: false, drafts: true, draft_vocab: true }
+        );
     }
 }

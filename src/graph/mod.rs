@@ -25,7 +25,7 @@ use ggml::{Backend, Context, Graph, RopeParams, Scheduler, Tensor, Type};
 
 use crate::error::Result;
 use crate::model::hparams::HParams;
-use crate::model::weights::{LayerWeights, Linear, StopHeadWeights, Weights};
+use crate::model::weights::{LayerWeights, Linear, StopHeadWeights};
 
 /// A built graph with the type that fills its inputs and its outputs, and the
 /// scheduler that allocated it: built once per shape, reused every step.
@@ -48,6 +48,20 @@ pub struct Outputs {
     argmax: Tensor,
     /// Stop probabilities `[n_out]` (f32), when the graph computes them.
     p_stop: Option<Tensor>,
+    /// The draft head's stop probabilities `[n_out]`, when a base forward
+    /// computes them beside the macro steps' (see [`Stops`]).
+    p_stop_draft: Option<Tensor>,
+}
+
+/// The stop heads a graph runs on its output rows: the one whose
+/// probability is `p_stop`, and a base forward's draft head beside it, whose
+/// probability self-verified sequences read ([`StepOut::p_stop_for`]).
+#[derive(Clone, Copy, Default)]
+pub struct Stops<'a> {
+    /// The stop head of `p_stop`, if the step length depends on it.
+    pub p_stop: Option<&'a StopHeadWeights>,
+    /// The draft head's stop head, computed beside it.
+    pub p_stop_draft: Option<&'a StopHeadWeights>,
 }
 
 /// The outputs of one graph run for one output position.
@@ -57,14 +71,30 @@ pub struct StepOut {
     pub argmax: u32,
     /// The stop probability (NaN when the step length does not depend on it).
     pub p_stop: f32,
+    /// A base forward's draft-head stop probability (NaN when the model has
+    /// no draft head, or it was not asked for).
+    pub p_stop_draft: f32,
     /// The logits, when they were read.
     pub logits: Option<Vec<f32>>,
+}
+
+impl StepOut {
+    /// The stop probability a sequence reads: a drafting one's from the
+    /// draft head where the forward computed it, else the step's own.
+    pub fn p_stop_for(&self, drafting: bool) -> f32 {
+        if drafting && !self.p_stop_draft.is_nan() {
+            self.p_stop_draft
+        } else {
+            self.p_stop
+        }
+    }
 }
 
 impl Outputs {
     /// The reads [`Outputs::read`] makes, and the bytes they copy.
     pub fn host_reads(&self, want_logits: bool) -> (u64, u64) {
-        let tensors = [Some(&self.argmax), self.p_stop.as_ref(), want_logits.then_some(&self.logits)];
+        let tensors =
+            [Some(&self.argmax), self.p_stop.as_ref(), self.p_stop_draft.as_ref(), want_logits.then_some(&self.logits)];
         tensors.iter().flatten().fold((0, 0), |(n, bytes), t| (n + 1, bytes + t.nbytes() as u64))
     }
 
@@ -76,16 +106,21 @@ impl Outputs {
         let n_out = self.argmax.ne()[0] as usize;
         let mut argmax = vec![0i32; n_out];
         self.argmax.read(&mut argmax)?;
-        let mut p_stop = vec![f32::NAN; n_out];
-        if let Some(t) = &self.p_stop {
-            t.read(&mut p_stop)?;
-        }
+        let read = |t: &Option<Tensor>| -> Result<Vec<f32>> {
+            let mut v = vec![f32::NAN; n_out];
+            if let Some(t) = t {
+                t.read(&mut v)?;
+            }
+            Ok(v)
+        };
+        let (p_stop, p_stop_draft) = (read(&self.p_stop)?, read(&self.p_stop_draft)?);
         let mut logits = if want_logits { Some(self.logits.to_vec_f32()?) } else { None };
         let n_vocab = self.logits.ne()[0] as usize;
         Ok((0..n_out)
             .map(|j| StepOut {
                 argmax: argmax[j] as u32,
                 p_stop: p_stop[j],
+                p_stop_draft: p_stop_draft[j],
                 logits: logits.as_mut().map(|l| l[j * n_vocab..(j + 1) * n_vocab].to_vec()),
             })
             .collect())
@@ -132,17 +167,17 @@ pub fn token_input(g: &Context, n: usize) -> Tensor {
 pub fn finish<I>(
     gs: GraphStart,
     backends: &[Rc<Backend>],
-    w: &Weights,
     head: &Tensor,
     out: &Tensor,
-    stop_head: bool,
+    stops: Stops,
     inputs: I,
 ) -> Result<StepGraph<I>> {
     let GraphStart { g, mut gf, size } = gs;
     let logits = g.mul_mat(head, out).named("logits"); // [V, n_out]
     let argmax = g.argmax(&logits).named("argmax"); // [n_out]
-    let p_stop = if stop_head { Some(stop_probability(&g, &w.grafted()?.stop, out)) } else { None };
-    for t in [Some(&logits), Some(&argmax), p_stop.as_ref()].into_iter().flatten() {
+    let p_stop = stops.p_stop.map(|w| stop_probability(&g, w, out).named("p_stop"));
+    let p_stop_draft = stops.p_stop_draft.map(|w| stop_probability(&g, w, out).named("p_stop_draft"));
+    for t in [Some(&logits), Some(&argmax), p_stop.as_ref(), p_stop_draft.as_ref()].into_iter().flatten() {
         t.set_output();
         gf.expand(t);
     }
@@ -162,7 +197,7 @@ pub fn finish<I>(
             buffers.join(", ")
         );
     }
-    Ok(StepGraph { graph: gf, sched, inputs, outputs: Outputs { logits, argmax, p_stop } })
+    Ok(StepGraph { graph: gf, sched, inputs, outputs: Outputs { logits, argmax, p_stop, p_stop_draft } })
 }
 
 /// `rms_norm(x) * w`.
@@ -198,5 +233,5 @@ pub fn stop_probability(g: &Context, w: &StopHeadWeights, x: &Tensor) -> Tensor 
     let h = g.silu(&linear(g, &w.fc1, x));
     let h = g.silu(&linear(g, &w.fc2, &h));
     let p = g.sigmoid(&linear(g, &w.out, &h)); // [1, n]
-    g.reshape(&p, &[x.ne()[1]]).named("p_stop")
+    g.reshape(&p, &[x.ne()[1]])
 }

@@ -298,9 +298,16 @@ impl HParams {
                 out.push((TensorName::Micro(il, lt), self.layer_shape(lt)));
             }
         }
+        for il in 0..self.n_micro_layer {
+            for lt in LayerTensor::ALL {
+                out.push((TensorName::DraftMicro(il, lt), self.layer_shape(lt)));
+            }
+        }
         for (st, n_out) in [(StopLinear::Fc1, d), (StopLinear::Fc2, d), (StopLinear::Out, 1)] {
-            out.push((TensorName::Stop(st, Part::Weight), vec![d, n_out]));
-            out.push((TensorName::Stop(st, Part::Bias), vec![n_out]));
+            for stop in [TensorName::Stop, TensorName::DraftStop] {
+                out.push((stop(st, Part::Weight), vec![d, n_out]));
+                out.push((stop(st, Part::Bias), vec![n_out]));
+            }
         }
         out.retain(|(name, _)| set.contains(*name));
         out

@@ -68,14 +68,35 @@ pub struct StopHeadWeights {
     pub out: Linear,
 }
 
-/// The modules grafted onto the base: absent from a base-only (llama) model.
-pub struct GraftedWeights {
+/// A micro decoder and its stop head: the macro steps' own, or a draft head's.
+pub struct MicroHead {
     /// Micro-step decoder layers.
     pub micro: Vec<LayerWeights>,
-    /// The merger.
-    pub merger: MergerWeights,
     /// The stop head.
     pub stop: StopHeadWeights,
+}
+
+/// The modules grafted onto the base: absent from a base-only (llama) model.
+pub struct GraftedWeights {
+    /// The micro decoder and stop head of macro steps (and of drafts, when
+    /// there is no draft head).
+    pub head: MicroHead,
+    /// The merger.
+    pub merger: MergerWeights,
+    /// The draft head (`draft.blk.N.*`, `draft_stop.*`), if the file has one:
+    /// self-verified decoding drafts with it, macro steps never read it.
+    pub draft: Option<MicroHead>,
+}
+
+impl GraftedWeights {
+    /// The micro decoder and stop head that `drafting` steps run (the draft
+    /// head where there is one), or that macro steps run.
+    pub fn head_for(&self, drafting: bool) -> &MicroHead {
+        match &self.draft {
+            Some(d) if drafting => d,
+            _ => &self.head,
+        }
+    }
 }
 
 /// All weights of a HAMburger model, or of its base alone.
@@ -223,23 +244,33 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
         w_down: take(f(LayerTensor::FfnDown)),
     };
     let layers = (0..hp.n_layer).map(|i| layer(&mut take, &|lt| TensorName::Base(i, lt))).collect();
+    let linear = |take: &mut dyn FnMut(TensorName) -> Tensor, p: &dyn Fn(Part) -> TensorName| Linear {
+        w: take(p(Part::Weight)),
+        b: take(p(Part::Bias)),
+    };
+    let head = |take: &mut dyn FnMut(TensorName) -> Tensor,
+                micro: fn(usize, LayerTensor) -> TensorName,
+                stop: fn(StopLinear, Part) -> TensorName| MicroHead {
+        micro: (0..hp.n_micro_layer).map(|i| layer(take, &|lt| micro(i, lt))).collect(),
+        stop: StopHeadWeights {
+            fc1: linear(take, &|p| stop(StopLinear::Fc1, p)),
+            fc2: linear(take, &|p| stop(StopLinear::Fc2, p)),
+            out: linear(take, &|p| stop(StopLinear::Out, p)),
+        },
+    };
     let grafted = (!base_only).then(|| {
-        let micro = (0..hp.n_micro_layer).map(|i| layer(&mut take, &|lt| TensorName::Micro(i, lt))).collect();
-        let pos = take(TensorName::MergerPos);
-        let mut linear = |p: fn(Part) -> TensorName| Linear { w: take(p(Part::Weight)), b: take(p(Part::Bias)) };
         let merger = MergerWeights {
-            q: linear(|p| TensorName::Merger(MergerLinear::Q, p)),
-            k: linear(|p| TensorName::Merger(MergerLinear::K, p)),
-            v: linear(|p| TensorName::Merger(MergerLinear::V, p)),
-            out: linear(|p| TensorName::Merger(MergerLinear::Out, p)),
-            pos,
+            q: linear(&mut take, &|p| TensorName::Merger(MergerLinear::Q, p)),
+            k: linear(&mut take, &|p| TensorName::Merger(MergerLinear::K, p)),
+            v: linear(&mut take, &|p| TensorName::Merger(MergerLinear::V, p)),
+            out: linear(&mut take, &|p| TensorName::Merger(MergerLinear::Out, p)),
+            pos: take(TensorName::MergerPos),
         };
-        let stop = StopHeadWeights {
-            fc1: linear(|p| TensorName::Stop(StopLinear::Fc1, p)),
-            fc2: linear(|p| TensorName::Stop(StopLinear::Fc2, p)),
-            out: linear(|p| TensorName::Stop(StopLinear::Out, p)),
-        };
-        GraftedWeights { micro, merger, stop }
+        GraftedWeights {
+            head: head(&mut take, TensorName::Micro, TensorName::Stop),
+            merger,
+            draft: set.draft_head.then(|| head(&mut take, TensorName::DraftMicro, TensorName::DraftStop)),
+        }
     });
     Ok(Weights {
         tok_embd: take(TensorName::TokenEmbd),

@@ -246,7 +246,7 @@ pub fn hamburger_verify<'m>(
     n_forwards: usize,
 ) -> Result<(Runner<'m>, Measurement)> {
     let mut engine = Engine::new(model, &EngineParams { n_ctx: n_context + k + 1, n_seq: 1, ..params.clone() })?;
-    let none = Wants { stop_head: false, logits: false, features: false };
+    let none = Wants { stop_head: false, logits: false, features: false, draft_stop: false };
     for chunk in random_tokens(n_context, model.hp.n_vocab, 1).chunks(params.n_batch) {
         let mut batch = Batch::new();
         batch.push_tokens(0, chunk);

@@ -76,6 +76,7 @@ fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_we
     fixture_work(&whole);
     fixture_work(&cut);
     run_ok(&mut stage("draft", &whole, &tiny_fixture(), &SCHEDULE));
+    macro_modules_kept_and_the_trained_ones_beside_them(&whole.join("draft/grafted.safetensors"));
 
     // The cache: one f16 feature row per answer token, 4 feature layers of 128.
     let meta: Value =
@@ -122,6 +123,33 @@ fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_we
         assert!((walked - forced).abs() < 1e-9, "{e}");
     }
     accept_measures_the_draft_head_on_the_verifiers_own_answers(&whole, dir.path());
+}
+
+/// The result holds the base's own micro decoder and stop head, which macro
+/// steps keep, and the trained ones beside them as the draft head
+/// (`draft_head.*`, the GGUF's `draft.blk.N.*` and `draft_stop.*`).
+fn macro_modules_kept_and_the_trained_ones_beside_them(grafted: &Path) {
+    let values = |t: safetensors::tensor::TensorView| -> Vec<f32> {
+        match t.dtype() {
+            safetensors::Dtype::F32 => t.data().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
+            safetensors::Dtype::BF16 => {
+                t.data().chunks(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)).collect()
+            }
+            other => panic!("a {other:?} tensor"),
+        }
+    };
+    let (out, base) =
+        (std::fs::read(grafted).unwrap(), std::fs::read(tiny_fixture().join("model.safetensors")).unwrap());
+    let (out, base) =
+        (safetensors::SafeTensors::deserialize(&out).unwrap(), safetensors::SafeTensors::deserialize(&base).unwrap());
+    let macro_keys: Vec<String> =
+        out.names().into_iter().filter(|k| k.starts_with("micro_step_decoder.")).map(str::to_string).collect();
+    assert!(!macro_keys.is_empty());
+    for k in &macro_keys {
+        assert_eq!(values(out.tensor(k).unwrap()), values(base.tensor(k).unwrap()), "{k} changed");
+        let draft = format!("draft_head.{}", k.strip_prefix("micro_step_decoder.").unwrap());
+        assert_eq!(out.tensor(&draft).unwrap().shape(), out.tensor(k).unwrap().shape(), "{draft}");
+    }
 }
 
 /// `accept` on three prompts: the verifier answers them (the teacher server

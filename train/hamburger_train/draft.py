@@ -28,8 +28,10 @@ Only the micro decoder and stop head train; the merger and the base stay as
 steps, with the rows seen and the CPU seconds spent); every `VAL_EVERY`
 steps `drafting.measure` on the work directory's first `VAL_ANSWERS`
 held-out answers gives the acceptance curve (`WORK/draft/history.json`).
-The result is `WORK/draft/grafted.safetensors`: `--init` with the new
-micro decoder and stop head.
+The result is `WORK/draft/grafted.safetensors`: `--init` unchanged, with
+the new micro decoder and stop head beside it as its draft head
+(`draft_head.*`; the GGUF's `draft.blk.N.*` and `draft_stop.*`): macro steps
+keep `--init`'s modules, self-verified decoding drafts with the new ones.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from . import data, features, records, segment
-from .drafting import DraftRule, measure, text_after, draftable, verifier
+from .drafting import DRAFT_HEAD, DraftRule, measure, text_after, draftable, verifier
 from .export import write_checkpoint, write_safetensors
 from .gate import GatedRule
 from .model import HAMburger
@@ -187,6 +189,9 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
         raise SystemExit(f"draft: --init {init} does not exist")
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
                           stdlib_from)
+    # What macro steps keep: `--init`'s file, else the base's own modules.
+    macro = load_file(str(init)) if init is not None else {
+        k: t.detach().clone() for k, t in model.original_state(grafted_only=True).items()}
     out = out or work / "draft"
     out.mkdir(parents=True, exist_ok=True)
     path = out / "state.pt"
@@ -263,7 +268,7 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
                 save()
             if stop.asked and step < steps:
                 raise SystemExit(f"draft: stopped at step {step} of {steps}, saved: run the same command to go on")
-    export(model, init, out / "grafted.safetensors")
+    export(model, macro, out / "grafted.safetensors")
     for a in (h for h in history if h["kind"] == "val" and h["step"] == step):
         print(f"draft: {a['rule']}: {a['accepted_per_forward']:.3f} accepted per base forward, "
               f"{a['accepted_per_verify_forward']:.3f} per verify forward ({a['drafted_per_forward']:.2f} drafted "
@@ -301,10 +306,13 @@ def load_head(model: HAMburger, head: dict[str, torch.Tensor]) -> None:
             own[k].copy_(t)
 
 
-def export(model: HAMburger, init: Path | None, path: Path) -> None:
-    """`init`'s grafted file (None: the model's grafted modules) with the
-    trained micro decoder and stop head, f16."""
-    sd = load_file(str(init)) if init is not None else model.original_state(grafted_only=True)
-    sd.update({k: v.detach().to(torch.float16) for k, v in head_state(model).items()})
+def export(model: HAMburger, macro: dict[str, torch.Tensor], path: Path) -> None:
+    """The grafted modules of macro steps `macro` unchanged, with the
+    trained micro decoder and stop head beside them as the draft head
+    (`draft_head.*`, f16): one file, and one GGUF, for macro steps (the
+    macro modules) and self-verified decoding (the draft head)."""
+    sd = dict(macro)
+    sd.update({DRAFT_HEAD + k.removeprefix("micro_step_decoder."): v.detach().to(torch.float16)
+               for k, v in head_state(model).items()})
     write_safetensors(sd, path)
     print(f"draft: {path}", file=sys.stderr)

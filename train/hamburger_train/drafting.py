@@ -35,16 +35,31 @@ from .gate import DraftGate, GatedRule, draft_cost
 from .model import HAMburger
 
 
+DRAFT_HEAD = "draft_head."
+"""Key prefix of a draft head in a `grafted.safetensors` (`draft.export`):
+a micro decoder and stop head for drafting alone, beside the macro steps'
+own (`micro_step_decoder.`), which the converter stores as the GGUF's
+`draft.blk.N.*` and `draft_stop.*`."""
+
+
+def drafting_modules(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`sd` with its draft head, if it has one, in place of the macro
+    steps' micro decoder and stop head: the modules that draft."""
+    head = {"micro_step_decoder." + k.removeprefix(DRAFT_HEAD): t for k, t in sd.items() if k.startswith(DRAFT_HEAD)}
+    return {k: t for k, t in sd.items() if not k.startswith(DRAFT_HEAD)} | head
+
+
 def verifier(base: Path, grafted: Path | None, stage: str) -> HAMburger:
     """The model that verifies and drafts: the base checkpoint `base` with
     what `grafted` (a `grafted.safetensors`; None: nothing) changes: its
     base layers and adapters (folded into the weights: the frozen verifying
     base) and its grafted modules (the micro decoder and stop head that
-    draft). A broken file is refused in one line naming it (`stage` first)."""
+    draft: its draft head where it has one). A broken file is refused in
+    one line naming it (`stage` first)."""
     model = HAMburger.from_checkpoint(base)
     try:
         if grafted is not None:
-            model.load_original(load_file(str(grafted)), grafted_only=True)
+            model.load_original(drafting_modules(load_file(str(grafted))), grafted_only=True)
     except (OSError, KeyError, RuntimeError, SafetensorError) as e:
         raise SystemExit(f"{stage}: {grafted}: {e}") from None
     model.merge_adapters()

@@ -41,8 +41,10 @@ struct InStep {
 
 /// Runs the micro loops of the sequences in `ready` (index, start), batched:
 /// at each micro step every sequence whose step continues (or drafts) feeds
-/// its token, and the step computes what `want` asks (drafts priced at
-/// `prices`); then records each sequence's step.
+/// its token, and the step computes the stop head and the logits where
+/// `stop_head` and `logits` ask, from the draft vocabulary where every
+/// sequence drafts (drafts priced at `prices`); then records each
+/// sequence's step.
 ///
 /// # Errors
 /// When a micro step fails.
@@ -51,13 +53,10 @@ pub(super) fn run(
     cfg: &DecodeConfig,
     seqs: &mut [&mut SeqGen],
     ready: Vec<(usize, Start)>,
-    want: MicroWants,
+    stop_head: bool,
+    logits: bool,
     prices: &Prices,
 ) -> Result<()> {
-    // Drafts come from the draft vocabulary when every sequence here drafts
-    // (a macro step's micro tokens are its output) and no grammar masks them.
-    let drafting = |i: usize| seqs[i].rule(cfg).draft.is_some() && seqs[i].constraint.is_none();
-    let want = MicroWants { draft_vocab: ready.iter().all(|&(i, _)| drafting(i)), ..want };
     let mut steps = Vec::with_capacity(ready.len());
     let mut current = Vec::with_capacity(ready.len());
     for (a, (index, start)) in ready.into_iter().enumerate() {
@@ -84,8 +83,7 @@ pub(super) fn run(
         if next.is_empty() {
             break;
         }
-        let inputs: Vec<(SeqId, u32)> = next.iter().map(|&(_, seq, t)| (seq, t)).collect();
-        let outs = engine.micro_step(s, &inputs, want)?;
+        let outs = micro_step(engine, cfg, seqs, &steps, s, &next, (stop_head, logits))?;
         current = next.iter().map(|&(a, _, _)| a).zip(outs.into_iter().map(Some)).collect();
     }
     for st in steps {
@@ -95,6 +93,48 @@ pub(super) fn run(
         sg.end_step(st.step, st.n_forced, cfg, engine);
     }
     Ok(())
+}
+
+/// Micro step `s` of the sequences of `next` (their step's index in
+/// `steps`, sequence, token), computing the stop head and the logits where
+/// `(stop_head, logits)` ask; their outputs in order. Drafting sequences
+/// run the model's draft head, when it has one, and macro steps their own
+/// modules: a step that has both runs as two groups. Drafts come from the
+/// draft vocabulary when every sequence of their group drafts (a macro
+/// step's micro tokens are its output) and no grammar masks them.
+fn micro_step(
+    engine: &mut Engine,
+    cfg: &DecodeConfig,
+    seqs: &[&mut SeqGen],
+    steps: &[InStep],
+    s: usize,
+    next: &[(usize, SeqId, u32)],
+    (stop_head, logits): (bool, bool),
+) -> Result<Vec<StepOut>> {
+    let sg = |a: usize| &seqs[steps[a].index];
+    let drafts = |a: usize| sg(a).rule(cfg).draft.is_some();
+    let draft_head = engine.model().weights.grafted.as_ref().is_some_and(|g| g.draft.is_some());
+    let groups: Vec<Vec<usize>> = if draft_head {
+        let (d, m): (Vec<usize>, Vec<usize>) = (0..next.len()).partition(|&j| drafts(next[j].0));
+        [d, m].into_iter().filter(|g| !g.is_empty()).collect()
+    } else {
+        vec![(0..next.len()).collect()]
+    };
+    let mut outs: Vec<Option<StepOut>> = vec![None; next.len()];
+    for group in groups {
+        let all = |f: &dyn Fn(usize) -> bool| group.iter().all(|&j| f(next[j].0));
+        let want = MicroWants {
+            stop_head,
+            logits,
+            drafts: all(&drafts),
+            draft_vocab: all(&|a| drafts(a) && sg(a).constraint.is_none()),
+        };
+        let inputs: Vec<(SeqId, u32)> = group.iter().map(|&j| (next[j].1, next[j].2)).collect();
+        for (&j, out) in group.iter().zip(engine.micro_step(s, &inputs, want)?) {
+            outs[j] = Some(out);
+        }
+    }
+    Ok(outs.into_iter().map(|o| o.expect("every sequence is in a group")).collect())
 }
 
 /// Macro steps: draws the step's next token from `out` (the base's for the

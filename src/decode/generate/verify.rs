@@ -55,7 +55,7 @@ pub(super) fn check(
             step.logprobs.push(lp);
         }
         step.tokens.push(token);
-        step.p_stop.push(out.p_stop);
+        step.p_stop.push(out.p_stop_for(true));
         if cfg.keep_logits {
             step.logits.push(out.logits.take().unwrap_or_default());
         }

@@ -115,6 +115,17 @@ pub enum StopLinear {
     Out,
 }
 
+impl StopLinear {
+    /// Its part of the tensor name.
+    fn suffix(self) -> &'static str {
+        match self {
+            StopLinear::Fc1 => "fc1",
+            StopLinear::Fc2 => "fc2",
+            StopLinear::Out => "out",
+        }
+    }
+}
+
 /// Every tensor of the format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TensorName {
@@ -136,6 +147,11 @@ pub enum TensorName {
     MergerPos,
     /// A stop-head layer.
     Stop(StopLinear, Part),
+    /// A draft head's micro-decoder layer tensor: the micro decoder that
+    /// self-verified decoding drafts with, when the file has one.
+    DraftMicro(usize, LayerTensor),
+    /// A draft head's stop-head layer: the gate's signal when drafting.
+    DraftStop(StopLinear, Part),
 }
 
 /// The module a tensor belongs to.
@@ -175,6 +191,8 @@ pub enum Presence {
     Optional,
     /// Absent when tied: the named tensor stands in for it.
     TiedTo(TensorName),
+    /// Part of the optional draft head: a file holds all of it or none.
+    DraftHead,
 }
 
 /// The facts of one tensor every reader of the format consults: the loader,
@@ -201,7 +219,7 @@ impl TensorInfo {
 impl TensorName {
     /// The tensor's facts: one table for the whole format.
     pub fn info(self) -> TensorInfo {
-        use Presence::{Optional, Required, TiedTo};
+        use Presence::{DraftHead, Optional, Required, TiedTo};
         use TensorUse::{Elementwise, Lookup, MatMul};
         let info = |module, per_layer, usage, presence| TensorInfo { module, per_layer, usage, presence };
         match self {
@@ -214,6 +232,8 @@ impl TensorName {
             TensorName::Merger(_, part) => info(Module::Merger, false, part.usage(), Required),
             TensorName::MergerPos => info(Module::Merger, false, Elementwise, Required),
             TensorName::Stop(_, part) => info(Module::StopHead, false, part.usage(), Required),
+            TensorName::DraftMicro(_, lt) => info(Module::Micro, true, lt.usage(), DraftHead),
+            TensorName::DraftStop(_, part) => info(Module::StopHead, false, part.usage(), DraftHead),
         }
     }
 
@@ -244,20 +264,22 @@ impl TensorName {
         }
         for s in [StopLinear::Fc1, StopLinear::Fc2, StopLinear::Out] {
             for p in parts {
-                if TensorName::Stop(s, p).to_string() == name {
-                    return Some(TensorName::Stop(s, p));
+                for t in [TensorName::Stop(s, p), TensorName::DraftStop(s, p)] {
+                    if t.to_string() == name {
+                        return Some(t);
+                    }
                 }
             }
         }
-        let (micro, rest) = match name.strip_prefix("micro.blk.") {
-            Some(rest) => (true, rest),
-            None => (false, name.strip_prefix("blk.")?),
-        };
+        type Stack = fn(usize, LayerTensor) -> TensorName;
+        let stacks: [(&str, Stack); 3] =
+            [("micro.blk.", TensorName::Micro), ("draft.blk.", TensorName::DraftMicro), ("blk.", TensorName::Base)];
+        let (stack, rest) = stacks.into_iter().find_map(|(prefix, stack)| Some((stack, name.strip_prefix(prefix)?)))?;
         let (layer, rest) = rest.split_once('.')?;
         let layer: usize = layer.parse().ok()?;
         let suffix = rest.strip_suffix(".weight")?;
         let lt = LayerTensor::ALL.into_iter().find(|t| t.suffix() == suffix)?;
-        Some(if micro { TensorName::Micro(layer, lt) } else { TensorName::Base(layer, lt) })
+        Some(stack(layer, lt))
     }
 }
 
@@ -271,6 +293,8 @@ pub struct TensorSet {
     pub rope_freqs: bool,
     /// Only the base model's tensors (a base-only llama export).
     pub base_only: bool,
+    /// The draft head (`draft.blk.N.*`, `draft_stop.*`) is present.
+    pub draft_head: bool,
 }
 
 impl TensorSet {
@@ -281,17 +305,23 @@ impl TensorSet {
             tied_output: !present(TensorName::Output),
             rope_freqs: present(TensorName::RopeFreqs),
             base_only: false,
+            // One of its tensors is enough: the rest are then expected, and
+            // a missing one is named.
+            draft_head: present(TensorName::DraftStop(StopLinear::Fc1, Part::Weight))
+                || present(TensorName::DraftMicro(0, LayerTensor::AttnNorm)),
         }
     }
 
     /// Whether the set holds tensor `name` (`rope_freqs.weight` is the
-    /// format's one optional tensor, `output.weight` its one tied one).
+    /// format's one optional tensor, the draft head its one optional group,
+    /// `output.weight` its one tied tensor).
     pub fn contains(&self, name: TensorName) -> bool {
         let info = name.info();
         let present = match info.presence {
             Presence::Required => true,
             Presence::TiedTo(_) => !self.tied_output,
             Presence::Optional => self.rope_freqs,
+            Presence::DraftHead => self.draft_head,
         };
         present && (info.module == Module::Base || !self.base_only)
     }
@@ -316,14 +346,9 @@ impl fmt::Display for TensorName {
                 write!(f, "merger.{m}.{}", p.suffix())
             }
             TensorName::MergerPos => f.write_str("merger.pos_embd.weight"),
-            TensorName::Stop(s, p) => {
-                let s = match s {
-                    StopLinear::Fc1 => "fc1",
-                    StopLinear::Fc2 => "fc2",
-                    StopLinear::Out => "out",
-                };
-                write!(f, "stop_head.{s}.{}", p.suffix())
-            }
+            TensorName::DraftMicro(i, t) => write!(f, "draft.blk.{i}.{}.weight", t.suffix()),
+            TensorName::Stop(s, p) => write!(f, "stop_head.{}.{}", s.suffix(), p.suffix()),
+            TensorName::DraftStop(s, p) => write!(f, "draft_stop.{}.{}", s.suffix(), p.suffix()),
         }
     }
 }
@@ -344,6 +369,7 @@ mod tests {
         for lt in LayerTensor::ALL {
             all.push(TensorName::Base(12, lt));
             all.push(TensorName::Micro(3, lt));
+            all.push(TensorName::DraftMicro(1, lt));
         }
         for m in [MergerLinear::Q, MergerLinear::K, MergerLinear::V, MergerLinear::Out] {
             all.push(TensorName::Merger(m, Part::Weight));
@@ -351,6 +377,7 @@ mod tests {
         }
         for s in [StopLinear::Fc1, StopLinear::Fc2, StopLinear::Out] {
             all.push(TensorName::Stop(s, Part::Bias));
+            all.push(TensorName::DraftStop(s, Part::Weight));
         }
         for t in all {
             assert_eq!(TensorName::parse(&t.to_string()), Some(t), "{t}");
@@ -386,8 +413,11 @@ mod tests {
         let merger = TensorName::Merger(MergerLinear::Q, Part::Weight);
         let all = TensorSet::of_file(|_| true);
         assert!(all.contains(TensorName::Output) && all.contains(TensorName::RopeFreqs) && all.contains(merger));
-        let tied = TensorSet::of_file(|t| t != TensorName::Output && t != TensorName::RopeFreqs);
-        assert_eq!(tied, TensorSet { tied_output: true, rope_freqs: false, base_only: false });
+        let draft = |t: TensorName| matches!(t, TensorName::DraftMicro(..) | TensorName::DraftStop(..));
+        let tied = TensorSet::of_file(|t| t != TensorName::Output && t != TensorName::RopeFreqs && !draft(t));
+        assert_eq!(tied, TensorSet { tied_output: true, rope_freqs: false, base_only: false, draft_head: false });
+        assert!(all.draft_head && all.contains(TensorName::DraftStop(StopLinear::Out, Part::Bias)));
+        assert!(!tied.contains(TensorName::DraftMicro(0, LayerTensor::AttnQ)));
         assert!(!tied.contains(TensorName::Output) && !tied.contains(TensorName::RopeFreqs));
         assert!(tied.contains(TensorName::TokenEmbd) && tied.contains(TensorName::Micro(0, LayerTensor::AttnQ)));
         let base = TensorSet { base_only: true, ..all };

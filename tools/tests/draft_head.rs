@@ -1,0 +1,104 @@
+//! A draft head in the same GGUF (`draft.blk.N.*` and `draft_stop.*`, from a
+//! checkpoint's `draft_head.*` tensors, as `hamburger-train draft` writes
+//! them): self-verified decoding drafts with it, macro steps never read it,
+//! and the output stays the base's. On the trained SmolLM2-HAMburger at Q8_0.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use safetensors::tensor::TensorView;
+use serde_json::Value;
+use testing::testmodel::{converted, smollm2_checkpoint, smollm2_trained_checkpoint};
+
+/// The trained checkpoint with a draft head copied from `head`'s macro
+/// micro decoder and stop head (a second shard beside the first, through a
+/// safetensors index), converted to Q8_0.
+fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> PathBuf {
+    let src = dir.join("ck");
+    std::fs::create_dir_all(&src).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "hamburger.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(ck.join(f), src.join(f)).unwrap();
+    }
+    let head_bytes = std::fs::read(head.join("model.safetensors")).unwrap();
+    let head_st = safetensors::SafeTensors::deserialize(&head_bytes).unwrap();
+    let draft: Vec<(String, TensorView)> = head_st
+        .tensors()
+        .into_iter()
+        .filter_map(|(k, t)| Some((format!("draft_head.{}", k.strip_prefix("micro_step_decoder.")?), t)))
+        .collect();
+    assert!(draft.len() > 9, "the micro decoder's and stop head's tensors");
+    std::fs::write(src.join("draft.safetensors"), safetensors::serialize(draft.clone(), None).unwrap()).unwrap();
+    let mut map = serde_json::Map::new();
+    for k in tensor_names(&ck.join("model.safetensors")) {
+        map.insert(k, "model.safetensors".into());
+    }
+    for (k, _) in &draft {
+        map.insert(k.clone(), "draft.safetensors".into());
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": map });
+    std::fs::write(src.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let out = dir.join("draft-head-q8_0.gguf");
+    let status = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+        .args([src.to_str().unwrap(), "--outtype", "q8_0", "--no-progress", "-o", out.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    out
+}
+
+/// The tensor names of a safetensors file, from its header.
+fn tensor_names(path: &Path) -> Vec<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).unwrap();
+    let mut header = vec![0u8; u64::from_le_bytes(n) as usize];
+    f.read_exact(&mut header).unwrap();
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&header).unwrap();
+    header.into_iter().map(|(k, _)| k).filter(|k| k != "__metadata__").collect()
+}
+
+/// Greedy decoding of one prompt (`spec`: the speculative flags): the `--json` report.
+fn decoded(model: &Path, spec: &[&str]) -> Value {
+    let prompt =
+        "Write a Python function `make_tarball(base_name, base_dir, compress, verbose, dry_run, owner, group)`. \
+                  Create a (possibly compressed) tar file from all the files under 'base_dir'.";
+    let out = Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
+        .args(["-m", model.to_str().unwrap(), "-p", prompt, "-n", "48", "--temp", "0", "-t", "2", "--json"])
+        .args(spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const FORCED: [&str; 6] = ["--spec-type", "draft-mtp", "--spec-draft-n-min", "3", "--spec-draft-n-max", "3"];
+
+/// Drafts accepted over the whole answer.
+fn accepted(report: &Value) -> usize {
+    let steps = report["macro_steps"].as_array().unwrap();
+    steps.iter().map(|s| s.as_array().unwrap().len() - 1).sum()
+}
+
+#[test]
+fn self_verified_decoding_drafts_with_the_draft_head_and_macro_steps_ignore_it() {
+    let ck = smollm2_trained_checkpoint().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plain = converted(&ck, "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
+    let (macro_steps, verified) = (decoded(&plain, &[]), decoded(&plain, &FORCED));
+    assert!(accepted(&verified) >= 8, "the trained drafts are accepted: {verified}");
+
+    // A draft head equal to the macro modules: the same drafts, accepted alike.
+    let same = with_draft_head(&dir.path().join("same"), &ck, &ck);
+    assert_eq!(decoded(&same, &FORCED)["macro_steps"], verified["macro_steps"]);
+
+    // The untrained (random) modules as the draft head: the drafts are the
+    // head's (hardly any accepted), the output the base's; macro steps run
+    // the trained modules as before.
+    let random = with_draft_head(&dir.path().join("random"), &ck, &smollm2_checkpoint().unwrap());
+    let drafted = decoded(&random, &FORCED);
+    assert_eq!(drafted["output_ids"], verified["output_ids"], "verification keeps the base's output");
+    assert!(accepted(&drafted) < accepted(&verified) / 2, "random drafts are rejected: {drafted}");
+    let m = decoded(&random, &[]);
+    assert_eq!((&m["output_ids"], &m["macro_steps"]), (&macro_steps["output_ids"], &macro_steps["macro_steps"]));
+}
