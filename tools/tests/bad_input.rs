@@ -3,6 +3,7 @@
 //! address space.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use ggml::gguf::{Array, Gguf, GgufBuilder, Value};
 use testing::testmodel::{converted, tiny_fixture};
@@ -75,6 +76,31 @@ fn missing_tensor() {
     assert_clean_error(
         &["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "4"],
         &["missing.gguf", "micro.blk.1.ffn_up.weight"],
+    );
+}
+
+#[test]
+fn a_draft_head_missing_a_tensor_or_misshapen_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = tiny_fixture();
+    let ck = testing::testmodel::draft_head::with_draft_head(dir.path(), &fixture, &fixture).unwrap();
+    let whole = dir.path().join("draft-head.gguf");
+    let c = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+        .args([ck.to_str().unwrap(), "--outtype", "f32", "--no-progress", "-o", whole.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    let run = |p: &Path| ["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "4"].map(String::from);
+    let (ok, ..) = cli(&run(&whole).each_ref().map(String::as_str));
+    assert!(ok, "the whole draft head loads");
+    let missing = dir.path().join("missing.gguf");
+    rewrite(&whole, &missing, Edit::Drop("draft.blk.1.ffn_up.weight"));
+    assert_clean_error(&run(&missing).each_ref().map(String::as_str), &["missing.gguf", "draft.blk.1.ffn_up.weight"]);
+    let shape = dir.path().join("shape.gguf");
+    rewrite(&whole, &shape, Edit::Reshape("draft.blk.0.attn_k.weight", vec![64, 128]));
+    assert_clean_error(
+        &run(&shape).each_ref().map(String::as_str),
+        &["shape.gguf", "draft.blk.0.attn_k.weight", "[128, 64]"],
     );
 }
 

@@ -6,37 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use safetensors::tensor::TensorView;
 use serde_json::Value;
 use testing::testmodel::{converted, smollm2_checkpoint, smollm2_trained_checkpoint};
 
 /// The trained checkpoint with a draft head copied from `head`'s macro
-/// micro decoder and stop head (a second shard beside the first, through a
-/// safetensors index), converted to Q8_0.
+/// micro decoder and stop head, converted to Q8_0.
 fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> PathBuf {
-    let src = dir.join("ck");
-    std::fs::create_dir_all(&src).unwrap();
-    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "hamburger.json", "model.safetensors"] {
-        std::os::unix::fs::symlink(ck.join(f), src.join(f)).unwrap();
-    }
-    let head_bytes = std::fs::read(head.join("model.safetensors")).unwrap();
-    let head_st = safetensors::SafeTensors::deserialize(&head_bytes).unwrap();
-    let draft: Vec<(String, TensorView)> = head_st
-        .tensors()
-        .into_iter()
-        .filter_map(|(k, t)| Some((format!("draft_head.{}", k.strip_prefix("micro_step_decoder.")?), t)))
-        .collect();
-    assert!(draft.len() > 9, "the micro decoder's and stop head's tensors");
-    std::fs::write(src.join("draft.safetensors"), safetensors::serialize(draft.clone(), None).unwrap()).unwrap();
-    let mut map = serde_json::Map::new();
-    for k in tensor_names(&ck.join("model.safetensors")) {
-        map.insert(k, "model.safetensors".into());
-    }
-    for (k, _) in &draft {
-        map.insert(k.clone(), "draft.safetensors".into());
-    }
-    let index = serde_json::json!({ "metadata": {}, "weight_map": map });
-    std::fs::write(src.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let src = testing::testmodel::draft_head::with_draft_head(dir, ck, head).unwrap();
     let out = dir.join("draft-head-q8_0.gguf");
     let status = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
         .args([src.to_str().unwrap(), "--outtype", "q8_0", "--no-progress", "-o", out.to_str().unwrap()])
@@ -44,18 +20,6 @@ fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> PathBuf {
         .unwrap();
     assert!(status.success());
     out
-}
-
-/// The tensor names of a safetensors file, from its header.
-fn tensor_names(path: &Path) -> Vec<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).unwrap();
-    let mut n = [0u8; 8];
-    f.read_exact(&mut n).unwrap();
-    let mut header = vec![0u8; u64::from_le_bytes(n) as usize];
-    f.read_exact(&mut header).unwrap();
-    let header: serde_json::Map<String, Value> = serde_json::from_slice(&header).unwrap();
-    header.into_iter().map(|(k, _)| k).filter(|k| k != "__metadata__").collect()
 }
 
 /// Greedy decoding of one prompt (`spec`: the speculative flags): the `--json` report.

@@ -7,6 +7,7 @@
 //! * [`random`]: random weights with the released 1B shapes (or SmolLM2's),
 //!   for speed measurements without the real weights.
 
+pub mod draft_head;
 pub mod from_gguf;
 pub mod random;
 mod writer;
