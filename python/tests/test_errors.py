@@ -2,6 +2,7 @@
 runtime's one-line message naming the argument, and the model stays usable."""
 
 import _thread
+import signal
 import threading
 
 import pytest
@@ -112,7 +113,17 @@ def _idle(llm):
     return False
 
 
-def test_keyboard_interrupt_stops_a_generation_and_the_model_stays_usable(smollm2):
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt, as in a terminal: a run started in
+    the background (`nohup ... &`, some CI runners) inherits SIGINT
+    ignored, and then `_thread.interrupt_main` does nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_keyboard_interrupt_stops_a_generation_and_the_model_stays_usable(smollm2, ctrl_c):
     timer = threading.Timer(1.0, _thread.interrupt_main)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
@@ -122,7 +133,7 @@ def test_keyboard_interrupt_stops_a_generation_and_the_model_stays_usable(smollm
     assert smollm2("Hello", max_tokens=4, temperature=0)["usage"]["completion_tokens"] == 4
 
 
-def test_keyboard_interrupt_stops_a_stream_and_the_model_stays_usable(smollm2):
+def test_keyboard_interrupt_stops_a_stream_and_the_model_stays_usable(smollm2, ctrl_c):
     chunks = 0
     with pytest.raises(KeyboardInterrupt):
         for _ in smollm2("Write a long story about a dragon.", max_tokens=1500, confidence=1.01,
