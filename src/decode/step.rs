@@ -73,6 +73,14 @@ impl StepParams {
                     Param::DraftNMin
                 ),
             )),
+            _ if self.draft.is_some() && model_max <= 1 => Err(ParamError::new(
+                &[Param::SpecType],
+                format!(
+                    "{} draft-mtp drafts with the model's micro decoder, and this model has none (a base-only \
+                     llama GGUF decodes one token per forward)",
+                    Param::SpecType
+                ),
+            )),
             _ => self.draft.map_or(Ok(()), |d| d.validate(self.cap(model_max))),
         }
     }

@@ -422,6 +422,7 @@ fn draft_model_flags_and_a_draft_of_another_vocabulary() {
         let args: Vec<&str> = ["-m", b, "--prompt-ids", "1,2,3", "-n", "4"].iter().chain(extra).copied().collect();
         assert_clean_error(&args, must);
     };
+    run(&["--spec-type", "draft-mtp"], &["--spec-type", "micro decoder", "base-only"]);
     run(&["-md", h, "--spec-draft-n-max", "0"], &["--spec-draft-n-max 0"]);
     run(
         &["-md", h, "--spec-draft-n-max", "2", "--spec-draft-n-min", "3"],
