@@ -370,8 +370,7 @@ impl<'m> Engine<'m> {
         self.check_tokens(batch.tokens())?;
         // The draft head's stop probability only where there is a draft head
         // (one graph for both values otherwise).
-        let draft_head = self.model.weights.grafted.as_ref().is_some_and(|g| g.draft.is_some());
-        let want = Wants { draft_stop: want.draft_stop && draft_head, ..want };
+        let want = Wants { draft_stop: want.draft_stop && self.model.weights.has_draft_head(), ..want };
         let (pos, next_pos) = base::positions(batch, &self.next_pos);
         // Inputs that rewrite an entry in place keep its cell; the others take free ones.
         let rewrites: Vec<Option<usize>> = batch
@@ -479,9 +478,8 @@ impl<'m> Engine<'m> {
         let (n_cols, n_cells) = (self.features.ne()[1] as usize, self.micro.n_cells());
         let draft_vocab = self.model.draft_vocab.as_ref();
         // (One graph for both values of each where it changes nothing.)
-        let draft_head = self.model.weights.grafted.as_ref().is_some_and(|g| g.draft.is_some());
         let want = MicroWants {
-            drafts: want.drafts && draft_head,
+            drafts: want.drafts && self.model.weights.has_draft_head(),
             draft_vocab: want.draft_vocab && draft_vocab.is_some(),
             ..want
         };

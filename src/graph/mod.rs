@@ -158,9 +158,9 @@ pub fn token_input(g: &Context, n: usize) -> Tensor {
 }
 
 /// Finishes a step graph: the logits of `head` (the lm_head `[D, V]`, or a
-/// draft vocabulary's rows of it), their argmax and (with `stop_head`: the
-/// step's length depends on it) the stop head on `out [D, n_out]`, all
-/// marked as outputs; then allocates the graph on a scheduler of its own.
+/// draft vocabulary's rows of it), their argmax and the stop heads of
+/// `stops` (where the step's length depends on them) on `out [D, n_out]`,
+/// all marked as outputs; then allocates the graph on a scheduler of its own.
 ///
 /// # Errors
 /// When the scheduler cannot be created or the graph allocated.

@@ -122,6 +122,11 @@ impl Weights {
         self.output.as_ref().unwrap_or(&self.tok_embd)
     }
 
+    /// Whether the model has a draft head (`draft.blk.N.*`, `draft_stop.*`).
+    pub fn has_draft_head(&self) -> bool {
+        self.grafted.as_ref().is_some_and(|g| g.draft.is_some())
+    }
+
     /// The grafted modules, which a merged input, a micro step or the stop
     /// head need.
     ///

@@ -113,8 +113,7 @@ fn micro_step(
 ) -> Result<Vec<StepOut>> {
     let sg = |a: usize| &seqs[steps[a].index];
     let drafts = |a: usize| sg(a).rule(cfg).draft.is_some();
-    let draft_head = engine.model().weights.grafted.as_ref().is_some_and(|g| g.draft.is_some());
-    let groups: Vec<Vec<usize>> = if draft_head {
+    let groups: Vec<Vec<usize>> = if engine.model().weights.has_draft_head() {
         let (d, m): (Vec<usize>, Vec<usize>) = (0..next.len()).partition(|&j| drafts(next[j].0));
         [d, m].into_iter().filter(|g| !g.is_empty()).collect()
     } else {
