@@ -135,7 +135,7 @@ impl DraftParams {
     pub fn rule(&self, model_max: usize) -> Result<DraftRule, ParamError> {
         self.validate(model_max)?;
         let n_max = self.n_max.unwrap_or(model_max.saturating_sub(1));
-        Ok(DraftRule { n_max, n_min: self.n_min, p_min: self.p_min })
+        Ok(DraftRule { n_max, n_min: self.n_min, p_min: self.p_min, by_model: false })
     }
 }
 
@@ -148,6 +148,12 @@ pub struct DraftRule {
     pub n_min: usize,
     /// Drafted tokens less likely than this under the micro decoder are dropped.
     pub p_min: f32,
+    /// The drafts come from a draft model (llama.cpp's `-md`), given before
+    /// each forward ([`crate::generate::SeqGen::set_draft`]), and are checked
+    /// as llama-server checks them: each row's token is sampled as a plain
+    /// decode samples it and a drafted token is kept where they agree. The
+    /// micro decoder drafts nothing and no gate decides.
+    pub by_model: bool,
 }
 
 impl DraftRule {
@@ -350,7 +356,7 @@ fn could_pay(prices: &Prices, n_max: usize) -> bool {
 mod tests {
     use super::*;
 
-    const RULE: DraftRule = DraftRule { n_max: 3, n_min: 0, p_min: 0.0 };
+    const RULE: DraftRule = DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false };
 
     #[test]
     fn spec_types_by_llama_cpps_names() {
@@ -365,7 +371,7 @@ mod tests {
     #[test]
     fn validation_names_the_parameter() {
         let ok = DraftParams::default();
-        assert_eq!(ok.rule(4), Ok(DraftRule { n_max: 3, n_min: 0, p_min: 0.0 }));
+        assert_eq!(ok.rule(4), Ok(DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false }));
         let e = DraftParams { n_max: Some(4), ..ok }.validate(4).unwrap_err();
         assert_eq!(e.params, [Param::DraftNMax]);
         assert_eq!(
@@ -391,7 +397,7 @@ mod tests {
     fn n_min_drafts_always_and_n_max_never_more() {
         let mut g = DraftGate::new();
         let dear = Prices::from_curve(&[1.0, 3.0, 5.0, 7.0], 1.0); // nothing is worth its cost
-        let rule = DraftRule { n_max: 2, n_min: 1, p_min: 0.9 };
+        let rule = DraftRule { n_max: 2, n_min: 1, p_min: 0.9, by_model: false };
         assert!(g.wants(&rule, 1, &[0.5], &dear));
         assert!(!g.wants(&DraftRule { n_max: 0, ..rule }, 1, &[0.5], &dear));
         assert!(rule.keeps(1, 0.0) && !rule.keeps(2, 0.5) && rule.keeps(2, 0.95));

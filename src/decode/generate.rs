@@ -11,6 +11,7 @@
 mod choose;
 mod inputs;
 mod micro_loop;
+mod model_drafts;
 mod verify;
 
 use std::borrow::BorrowMut;
@@ -32,6 +33,7 @@ use crate::sampling::Sampler;
 
 pub use inputs::Pending;
 use inputs::{feed, Fed};
+pub use model_drafts::SyntheticAcceptance;
 
 /// The settings of the decode loop (a sequence may bring its own [`StepRule`]).
 #[derive(Debug, Clone)]
@@ -96,6 +98,8 @@ pub struct SeqGen<'a> {
     draft: Draft,
     /// Self-verified: when drafts are worth computing.
     gate: Option<DraftGate>,
+    /// A draft model's drafts accepted at chosen rates (benchmarks).
+    synthetic: Option<SyntheticAcceptance>,
     prompt: Vec<u32>,
     fed: usize,
     /// Entries written again after the sequence was preempted, each ONE
@@ -141,6 +145,7 @@ impl<'a> SeqGen<'a> {
             pending: Pending::default(),
             draft: Draft::default(),
             gate: None,
+            synthetic: None,
             prompt: prompt.to_vec(),
             fed: 0,
             refeed: VecDeque::new(),
@@ -433,7 +438,7 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
         if sg.gen.timings.reached.is_empty() {
             sg.gen.timings.reached = vec![0; sg.rule(cfg).max_steps];
             sg.gen.timings.prompt_tokens = sg.prompt.len();
-            sg.gate = sg.rule(cfg).draft.map(|_| DraftGate::new());
+            sg.gate = sg.rule(cfg).draft.filter(|d| !d.by_model).map(|_| DraftGate::new());
         }
         let next_pos = engine.next_pos(sg.seq);
         fed.push(feed(sg, i, &mut batch, &mut budget, next_pos, cfg.n_batch));
@@ -450,7 +455,8 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
     let want_logits = cfg.keep_logits || running().any(|s| s.wants_logits());
     let stop_head = running().any(|s| s.rule(cfg).needs_stop_head() && s.may_draft(cfg, &prices));
     let features = running().any(|s| s.rule(cfg).may_continue() && s.may_draft(cfg, &prices));
-    let micro_logits = want_logits || running().any(|s| s.rule(cfg).draft.is_some_and(|d| d.p_min > 0.0));
+    let micro_logits =
+        want_logits || running().any(|s| s.rule(cfg).draft.is_some_and(|d| !d.by_model && d.p_min > 0.0));
     let drafting = running().any(|s| s.rule(cfg).draft.is_some() && s.may_draft(cfg, &prices));
     let want = Wants { stop_head, logits: want_logits, features, draft_stop: stop_head && drafting };
     let mut outs = engine.decode(&batch, want)?.into_iter();

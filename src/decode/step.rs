@@ -126,7 +126,7 @@ impl StepRule {
     /// anyway); self-verified, whether drafts may be gated by it.
     pub fn needs_stop_head(&self) -> bool {
         match self.draft {
-            Some(d) => d.n_max > d.n_min,
+            Some(d) => !d.by_model && d.n_max > d.n_min,
             None => !self.forced && self.may_continue(),
         }
     }
@@ -136,7 +136,7 @@ impl StepRule {
     /// the micro decoder may draft.
     pub fn may_continue(&self) -> bool {
         match self.draft {
-            Some(d) => d.n_max > 0,
+            Some(d) => !d.by_model && d.n_max > 0,
             None => self.max_steps > 1 && (self.forced || self.confidence <= 1.0),
         }
     }

@@ -4,8 +4,12 @@
 //! (speculative sampling, [`crate::sampling::Sampler::verify_draft`]; greedy: the
 //! tokens agree or the base's own token takes its place), and at the first
 //! rejection, or after the last draft, the base adds its own token. So every
-//! token is the base's, drawn as one token per forward would draw it. The
-//! rejected rows' KV entries go, and the next draft starts from the last
+//! token is the base's, drawn as one token per forward would draw it. A
+//! draft model's drafts ([`super::model_drafts`]) are checked as
+//! llama-server checks them: each row's token is drawn exactly as a plain
+//! decode draws it and a drafted token is kept where they agree, so the
+//! output does not depend on the drafts (or, benchmarking, kept at
+//! synthetic rates). The rejected rows' KV entries go, and the next draft starts from the last
 //! accepted row's features (`docs/model.md`). Before the first such
 //! sequence, [`fix_prices`] fixes the prices its draft gate weighs by.
 
@@ -36,11 +40,22 @@ pub(super) fn check(
     let draft = sg.take_draft();
     let drafted = draft.tokens.len();
     debug_assert_eq!(rows.len(), drafted + 1, "one output row per drafted token, and the verified one's");
+    let by_model = sg.rule(cfg).draft.is_some_and(|d| d.by_model);
     let mut step = MacroStep::default();
     let mut accepted = 0;
     for (j, mut out) in rows.into_iter().enumerate() {
         let p = sg.distribution(&out, true);
         let (token, agreed) = match draft.tokens.get(j) {
+            Some(&d) if by_model => {
+                // As llama-server: the row's token is drawn as a plain decode
+                // draws it, so the output is the same with drafts or without.
+                let t = sg.sampler.draw(&p);
+                let eog = sg.is_eog(cfg, d);
+                match sg.synthetic.as_mut().map(|s| s.keeps(j) && !eog) {
+                    Some(kept) => (if kept { d } else { t }, kept),
+                    None => (t, t == d),
+                }
+            }
             Some(&d) => match sg.sampler.verify_draft(&p, &draft.q[j], d) {
                 None => (d, true),
                 Some(t) => (t, false),
@@ -91,7 +106,7 @@ pub(super) fn fix_prices(engine: &mut Engine, cfg: &DecodeConfig, seqs: &[&mut S
         return Ok(());
     }
     let new = seqs.iter().filter(|s| !s.done && s.gen.timings.reached.is_empty());
-    let gated = new.filter_map(|s| s.rule(cfg).draft).filter(|d| d.n_min < d.n_max);
+    let gated = new.filter_map(|s| s.rule(cfg).draft).filter(|d| !d.by_model && d.n_min < d.n_max);
     let (Some(n_max), Some(free)) = (
         gated.map(|d| d.n_max).max(),
         (0..engine.n_seq()).find(|&q| engine.kv().n_cells_of(q) == 0 && engine.next_pos(q) == 0),

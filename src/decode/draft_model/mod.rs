@@ -20,14 +20,20 @@
 //!    each; the agreeing prefix is accepted and the target's token follows.
 //! 3. **Roll back**: the target drops the rows of rejected tokens; the
 //!    draft drops every entry that covers a rejected token (a macro entry
-//!    past the first rejection goes whole, `Engine::keep_prefix`), and its
-//!    accepted tokens after its last kept entry are fed again next time.
+//!    past the first rejection goes whole, `Engine::keep_prefix`) when it
+//!    drafts next, and its accepted tokens after its last kept entry are
+//!    fed again then ([`drafter`]).
+
+mod drafter;
+
+pub use drafter::{Draft, DraftPick, DraftTrack, Drafter};
 
 use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::decode::draft::DraftRule;
 use crate::decode::step::{Generation, MacroStep, StepParams, StepRule};
 use crate::engine::budget::EngineParams;
 use crate::engine::counters::EngineCounters;
@@ -35,8 +41,6 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::error::{Param, ParamError};
 use crate::graph::base::Wants;
-use crate::graph::micro::MicroWants;
-use crate::graph::StepOut;
 use crate::memory::batch::Batch;
 use crate::memory::kv_cache::SeqId;
 use crate::model::Model;
@@ -88,6 +92,20 @@ impl DraftModelParams {
     }
 }
 
+impl DraftModelParams {
+    /// The step rule of a sequence of a batched decode loop that a draft
+    /// model drafts for ([`crate::generate::SeqGen::set_draft`]): the target
+    /// decodes one token per forward, beside the drafted tokens it checks.
+    ///
+    /// # Errors
+    /// As [`DraftModelParams::validate`].
+    pub fn rule(&self) -> Result<StepRule, ParamError> {
+        self.validate()?;
+        let draft = DraftRule { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, by_model: true };
+        Ok(StepRule { max_steps: self.n_max + 1, confidence: 1.0, forced: false, draft: Some(draft) })
+    }
+}
+
 /// The settings of a [`DraftSession`].
 #[derive(Debug, Clone)]
 pub struct DraftSessionParams {
@@ -129,20 +147,14 @@ impl DraftStats {
     }
 }
 
-/// Tokens drafted for one verification, with the draft distribution each
-/// was drawn from (when sampling).
-#[derive(Default)]
-struct Draft {
-    tokens: Vec<u32>,
-    q: Vec<Vec<(u32, f32)>>,
-}
-
 /// A conversation decoded by a target model with a draft model's help.
 pub struct DraftSession<'t, 'd> {
     target: Engine<'t>,
     draft: Engine<'d>,
-    /// The draft's stop rule.
-    rule: StepRule,
+    /// Drafts with the draft model's macro steps.
+    drafter: Drafter,
+    /// What the draft's entries cover.
+    track: DraftTrack,
     params: DraftSessionParams,
     /// The output's distributions (the target's and, alike, the draft's).
     sampler: Sampler,
@@ -156,15 +168,6 @@ pub struct DraftSession<'t, 'd> {
     /// Tokens whose entries the target holds (all but the last, pending,
     /// once a generation has emitted one).
     target_fed: usize,
-    /// Tokens the draft's entries cover.
-    draft_fed: usize,
-    /// The draft feeds `context[draft_fed..merged_until]` merged: the
-    /// accepted tokens of its last macro step, which no kept entry covers
-    /// (a macro step is never longer than `max_steps`). Later tokens (the
-    /// target's own, prompts) go one per input: merged with drafted tokens
-    /// they would make an input the draft never made, which costs it
-    /// accuracy (a merge costs a base about a nat at the next token).
-    merged_until: usize,
 }
 
 impl<'t, 'd> DraftSession<'t, 'd> {
@@ -174,14 +177,8 @@ impl<'t, 'd> DraftSession<'t, 'd> {
     /// When the vocabularies differ (naming both sizes), a setting is out
     /// of range, or an engine cannot be made.
     pub fn new(target: &'t Model, draft: &'d Model, params: DraftSessionParams) -> Result<Self> {
-        if target.hp.n_vocab != draft.hp.n_vocab {
-            return Err(Error::VocabMismatch {
-                draft: draft.path.clone(),
-                draft_vocab: draft.hp.n_vocab,
-                target: target.path.clone(),
-                target_vocab: target.hp.n_vocab,
-            });
-        }
+        let eog = if params.ignore_eog { Vec::new() } else { target.vocab.eog.clone() };
+        let drafter = Drafter::new(target, draft, &params.step, params.engine.n_batch, eog.clone())?;
         let e = &params.engine;
         if e.n_seq != 1 {
             let message = format!("{} {}: a session holds 1 sequence", Param::NSeq, e.n_seq);
@@ -201,18 +198,17 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         params.sampling.validate()?;
         let seed = params.sampling.seed;
         let mut session = DraftSession {
-            rule: params.step.rule(draft.hp.max_steps)?,
+            drafter,
+            track: DraftTrack::new(SEQ),
             target: Engine::new(target, e)?,
             draft: Engine::new(draft, e)?,
             sampler: Sampler::new(params.sampling),
             rng: StdRng::seed_from_u64(seed),
             draft_rng: StdRng::seed_from_u64(seed),
-            eog: if params.ignore_eog { Vec::new() } else { target.vocab.eog.clone() },
+            eog,
             params,
             context: Vec::new(),
             target_fed: 0,
-            draft_fed: 0,
-            merged_until: 0,
         };
         session.restart(seed);
         Ok(session)
@@ -227,9 +223,9 @@ impl<'t, 'd> DraftSession<'t, 'd> {
     /// restarts the random draws from `seed`.
     pub fn restart(&mut self, seed: u64) {
         self.target.clear_seq(SEQ);
-        self.draft.clear_seq(SEQ);
+        Drafter::forget(&mut self.draft, &mut self.track);
         self.context.clear();
-        (self.target_fed, self.draft_fed, self.merged_until) = (0, 0, 0);
+        self.target_fed = 0;
         self.params.sampling.seed = seed;
         self.sampler = Sampler::new(self.params.sampling);
         self.rng = StdRng::seed_from_u64(seed);
@@ -308,12 +304,8 @@ impl<'t, 'd> DraftSession<'t, 'd> {
             stats.target_forwards += 1;
             stats.drafted += draft.tokens.len();
             stats.accepted += verdict.accepted;
-            // What covers a rejected token goes: the target's rows after the
-            // accepted ones, the draft's entries reaching past them.
-            let committed = self.context.len() + verdict.accepted;
-            self.target_fed = self.target.keep_prefix(SEQ, committed);
-            self.draft_fed = self.draft.keep_prefix(SEQ, committed);
-            self.merged_until = committed;
+            // The target's rows after the accepted ones go (the draft's, when it drafts next).
+            self.target_fed = self.target.keep_prefix(SEQ, self.context.len() + verdict.accepted);
             emitted = draft.tokens[..verdict.accepted].to_vec();
             emitted.push(verdict.next);
         }
@@ -323,7 +315,6 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         if n_predict > 0 {
             self.target_fed = self.target.keep_prefix(SEQ, last);
         }
-        self.draft_fed = self.draft.keep_prefix(SEQ, self.draft_fed.min(self.context.len()));
         let t = &mut gen.timings;
         t.gen_ms = gen_started.elapsed().as_secs_f64() * 1e3;
         t.gen_tokens = gen.output_ids.len();
@@ -352,87 +343,17 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         })
     }
 
-    /// Drafts up to `n_max` tokens: macro steps of the draft model, each
-    /// one forward, until `n_max` tokens, a token under `p_min`, or an
-    /// end of generation.
+    /// Drafts up to `n_max` tokens with the draft model ([`Drafter::draft`]).
     fn draft(&mut self, n_max: usize, stats: &mut DraftStats) -> Result<Draft> {
-        let mut d = Draft::default();
-        if n_max == 0 {
-            return Ok(d);
-        }
-        let logits = !self.greedy() || self.params.draft.p_min > 0.0;
-        let stop_head = self.rule.needs_stop_head();
-        let want = Wants { stop_head, logits, features: self.rule.may_continue(), draft_stop: false };
-        let mut out = self.feed_draft(want)?;
-        loop {
-            stats.draft_forwards += 1;
-            let mut step = Vec::new();
-            loop {
-                let Some(token) = self.pick_draft(&out, &mut d) else { return Ok(d) };
-                step.push(token);
-                if self.eog.contains(&token) || d.tokens.len() >= n_max {
-                    return Ok(d);
-                }
-                if self.rule.stops(step.len(), out.p_stop) {
-                    break;
-                }
-                let mut outs = self.draft.micro_step(
-                    step.len() - 1,
-                    &[(SEQ, token)],
-                    MicroWants { stop_head, logits, drafts: false, draft_vocab: false },
-                )?;
-                out = outs.pop().expect("one sequence, one output");
-            }
-            let mut batch = Batch::new();
-            batch.push_merged(SEQ, &step);
-            out = self.draft.decode(&batch, want)?.pop().expect("one sequence, one output").1;
-        }
-    }
-
-    /// Feeds the draft what its entries do not cover (the accepted tail of
-    /// its last macro step merged, at most `max_steps` per input; then one
-    /// token per input, `n_batch` inputs per forward) and returns the last
-    /// input's outputs.
-    fn feed_draft(&mut self, want: Wants) -> Result<StepOut> {
-        let n_batch = self.params.engine.n_batch;
-        let pending = &self.context[self.draft_fed..];
-        let (tail, mut singles) = pending.split_at(self.merged_until.saturating_sub(self.draft_fed).min(pending.len()));
-        let mut batch = Batch::new();
-        tail.chunks(self.rule.max_steps.max(1)).for_each(|m| batch.push_merged(SEQ, m));
-        let nothing = Wants { stop_head: false, logits: false, features: false, draft_stop: false };
-        while batch.inputs().len() + singles.len() > n_batch {
-            let (now, later) = singles.split_at(singles.len().min(n_batch - batch.inputs().len()));
-            batch.push_tokens(SEQ, now);
-            self.draft.decode(&std::mem::take(&mut batch), nothing)?;
-            singles = later;
-        }
-        batch.push_tokens(SEQ, singles);
-        let out = self.draft.decode(&batch, want)?.pop().expect("one sequence, one output").1;
-        self.draft_fed = self.context.len();
-        Ok(out)
-    }
-
-    /// The draft's token from `out`, added to `d`, or None when its draft
-    /// probability is under `p_min` (drafting stops before it).
-    fn pick_draft(&mut self, out: &StepOut, d: &mut Draft) -> Option<u32> {
-        let (token, p) = match (&out.logits, self.greedy()) {
-            (Some(logits), true) => (out.argmax, softmax_at(logits, out.argmax)),
-            (Some(logits), false) => {
-                let history: Vec<u32> = self.context.iter().chain(&d.tokens).copied().collect();
-                let q = self.sampler.distribution(logits, &history);
-                let token = draw(&q, self.draft_rng.random());
-                let p = q.iter().find(|&&(t, _)| t == token).map_or(0.0, |&(_, p)| p);
-                d.q.push(q);
-                (token, p)
-            }
-            (None, _) => (out.argmax, 1.0),
+        let pick = if self.greedy() {
+            DraftPick::Greedy
+        } else {
+            DraftPick::Sampled { sampler: &self.sampler, rng: &mut self.draft_rng }
         };
-        if p < self.params.draft.p_min {
-            d.q.truncate(d.tokens.len());
-            return None;
-        }
-        d.tokens.push(token);
-        Some(token)
+        let (context, p_min) = (&self.context, self.params.draft.p_min);
+        let d = self.drafter.draft(&mut self.draft, &mut self.track, context, n_max, p_min, pick)?;
+        stats.draft_forwards += d.forwards;
+        Ok(d)
     }
 
     /// One target forward over its pending token and the drafted ones,
@@ -457,11 +378,4 @@ impl<'t, 'd> DraftSession<'t, 'd> {
         }
         Ok(verify_sampled(&d.tokens, &d.q, &p, &mut self.rng))
     }
-}
-
-/// The softmax probability of `token` under `logits`.
-fn softmax_at(logits: &[f32], token: u32) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    (logits[token as usize] - max).exp() / sum
 }
