@@ -144,6 +144,7 @@ impl Engine {
             alias: None,
             n_predict: None,
             defaults: RequestDefaults { seed, n_ctx_seq: Some(per_seq), ..Default::default() },
+            draft: None,
         };
         let scheduler = py.detach(|| Scheduler::start(cfg)).map_err(|e| errors::start(&e))?;
         let rt = tokio::runtime::Builder::new_multi_thread()

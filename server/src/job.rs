@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use hamburger::chat::ChatTemplate;
 use hamburger::constraint::{Constraint, Grammars};
+use hamburger::draft_model::DraftModelParams;
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{SamplerParams, StepParams, StepRule, Timings, TokenLogprob};
 use tokio::sync::mpsc;
@@ -43,6 +44,11 @@ pub struct ModelInfo {
     pub max_steps: usize,
     /// The server's stop rule, whose `confidence` and `max_steps` a request may override.
     pub step: StepParams,
+    /// The drafts of the server's draft model (`-md`), when it has one: a
+    /// request's `speculative.*` fields may change them.
+    pub draft_model: Option<DraftModelParams>,
+    /// Benchmarks: its drafts accepted at these rates, not checked (`--spec-synth-rates`).
+    pub synthetic_rates: Option<Vec<f64>>,
     /// The embedded tokenizer.
     pub tokenizer: Tokenizer,
     /// The compiler of requests' constraints (None: the tokenizer cannot serve them).

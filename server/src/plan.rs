@@ -16,7 +16,7 @@ use tokio::sync::mpsc::Receiver;
 use crate::error::ApiError;
 use crate::job::{event_channel, Event, Job, JobParams, ModelInfo, RequestDefaults};
 use crate::protocol::{Common, Logprobs, OneOrMany};
-use crate::speculative::{self, SpecFields};
+use crate::speculative::{self, Decoding, SpecFields};
 use crate::tools::ToolRequest;
 
 /// The request field that sets the library's parameter `p` (the settings
@@ -179,12 +179,18 @@ fn sampler(common: &Common, info: &ModelInfo) -> Result<SamplerParams, ApiError>
     Ok(sampler)
 }
 
-/// The stop rule: the server's with the request's `confidence` and `max_steps`.
+/// The stop rule: the server's with the request's `confidence` and
+/// `max_steps`, or its drafts' ([`speculative::decoding`]).
 fn rule(common: &Common, info: &ModelInfo) -> Result<StepRule, ApiError> {
+    let draft = match speculative::decoding(spec_fields(common), info.step.draft, info.draft_model)? {
+        Decoding::DraftModel(d) => return d.rule().map_err(|e| refused(&e)),
+        Decoding::SelfVerified(d) => Some(d),
+        Decoding::Macro => None,
+    };
     let step = StepParams {
         confidence: as_f32(common.confidence).unwrap_or(info.step.confidence),
         max_steps: common.max_steps.map_or(info.step.max_steps, |s| usize::try_from(s).unwrap_or(usize::MAX)),
-        draft: speculative::draft(spec_fields(common), info.step.draft)?,
+        draft,
         ..info.step
     };
     step.rule(info.max_steps).map_err(|e| refused(&e))

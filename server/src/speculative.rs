@@ -1,11 +1,13 @@
 //! A request's decoding mode, in llama-server's `speculative.*` fields:
 //! `speculative.type` (`none`: HAMburger's macro steps; `draft-mtp`:
-//! self-verified, the micro decoder drafts and the base checks every token),
-//! and the drafts' `speculative.n_max`, `speculative.n_min` and
-//! `speculative.p_min`. A request that sets none decodes as the server's
-//! flags say (`--spec-type` and `--spec-draft-*`).
+//! self-verified, the micro decoder drafts and the base checks every token;
+//! `draft-simple`: the server's draft model (`-md`) drafts), and the drafts'
+//! `speculative.n_max`, `speculative.n_min` and `speculative.p_min`. A
+//! request that sets no type decodes as the server's flags say: with the
+//! draft model when it has one, else by `--spec-type` and `--spec-draft-*`.
 
 use hamburger::draft::SpecType;
+use hamburger::draft_model::DraftModelParams;
 use hamburger::DraftParams;
 
 use crate::error::ApiError;
@@ -23,44 +25,78 @@ pub struct SpecFields<'a> {
     pub p_min: Option<f64>,
 }
 
-/// The drafts `c` asks for, `default` (the server's) where it sets nothing:
-/// `None` decodes macro steps. Ranges are checked with the step rule.
+/// How a request decodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decoding {
+    /// HAMburger's macro steps.
+    Macro,
+    /// Self-verified: the micro decoder drafts.
+    SelfVerified(DraftParams),
+    /// The server's draft model drafts.
+    DraftModel(DraftModelParams),
+}
+
+/// How `c` asks to decode; where it sets nothing, as the server does: with
+/// its draft model (`draft_model`, its settings) when it has one, else
+/// self-verified with `default`'s drafts when that is set, else macro
+/// steps. Ranges are checked with the step rule.
 ///
 /// # Errors
-/// A 400 naming `speculative.type` for a type that does not apply or is
-/// unknown, or naming a draft field given for macro steps.
-pub fn draft(c: SpecFields, default: Option<DraftParams>) -> Result<Option<DraftParams>, ApiError> {
-    let verified = match c.spec_type.map(SpecType::parse) {
-        None => default.is_some(),
-        Some(Ok(SpecType::None)) => false,
-        Some(Ok(SpecType::SelfVerified)) => true,
-        Some(Ok(SpecType::DraftModel)) => {
-            return Err(ApiError::field(
-                "speculative.type",
-                "'speculative.type' draft-simple needs a draft model, which this server does not load",
-            ))
-        }
+/// A 400 naming `speculative.type` for a type that does not apply, is
+/// unknown, or needs a draft model the server has not loaded, or naming a
+/// draft field given for macro steps.
+pub fn decoding(
+    c: SpecFields,
+    default: Option<DraftParams>,
+    draft_model: Option<DraftModelParams>,
+) -> Result<Decoding, ApiError> {
+    let spec_type = match c.spec_type.map(SpecType::parse) {
+        None if draft_model.is_some() => SpecType::DraftModel,
+        None if default.is_some() => SpecType::SelfVerified,
+        None => SpecType::None,
+        Some(Ok(t)) => t,
         Some(Err(e)) => return Err(ApiError::field("speculative.type", format!("'speculative.type': {e}"))),
     };
-    let given = [
-        ("speculative.n_max", c.n_max.is_some()),
-        ("speculative.n_min", c.n_min.is_some()),
-        ("speculative.p_min", c.p_min.is_some()),
-    ];
-    if !verified {
-        if let Some((name, _)) = given.iter().find(|g| g.1) {
-            return Err(ApiError::field(
-                name,
-                format!("'{name}' applies to self-verified decoding: set 'speculative.type' to \"draft-mtp\""),
-            ));
-        }
-        return Ok(None);
-    }
-    let d = default.unwrap_or_default();
     let count = |v: Option<u64>| v.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    Ok(Some(DraftParams {
-        n_max: count(c.n_max).or(d.n_max),
-        n_min: count(c.n_min).unwrap_or(d.n_min),
-        p_min: c.p_min.map_or(d.p_min, |p| p as f32),
-    }))
+    let p_min = c.p_min.map(|p| p as f32);
+    match spec_type {
+        SpecType::DraftModel => {
+            let Some(d) = draft_model else {
+                return Err(ApiError::field(
+                    "speculative.type",
+                    "'speculative.type' draft-simple needs a draft model, which this server does not load (-md)",
+                ));
+            };
+            Ok(Decoding::DraftModel(DraftModelParams {
+                n_max: count(c.n_max).unwrap_or(d.n_max),
+                n_min: count(c.n_min).unwrap_or(d.n_min),
+                p_min: p_min.unwrap_or(d.p_min),
+            }))
+        }
+        SpecType::SelfVerified => {
+            let d = default.unwrap_or_default();
+            Ok(Decoding::SelfVerified(DraftParams {
+                n_max: count(c.n_max).or(d.n_max),
+                n_min: count(c.n_min).unwrap_or(d.n_min),
+                p_min: p_min.unwrap_or(d.p_min),
+            }))
+        }
+        SpecType::None => {
+            let given = [
+                ("speculative.n_max", c.n_max.is_some()),
+                ("speculative.n_min", c.n_min.is_some()),
+                ("speculative.p_min", c.p_min.is_some()),
+            ];
+            match given.iter().find(|g| g.1) {
+                Some((name, _)) => Err(ApiError::field(
+                    name,
+                    format!(
+                        "'{name}' applies to drafts: set 'speculative.type' to \"draft-mtp\" (or \"draft-simple\" \
+                         with a draft model)"
+                    ),
+                )),
+                None => Ok(Decoding::Macro),
+            }
+        }
+    }
 }

@@ -187,9 +187,6 @@ pub struct RefusedServerArgs {
     /// Not supported: built-in server tools and MCP.
     #[arg(long, hide = true)]
     pub tools: Option<String>,
-    /// Not supported here: a draft model (hamburger-cli's -md). Also -md.
-    #[arg(long, alias = "spec-draft-model", hide = true)]
-    pub model_draft: Option<String>,
 }
 
 impl RefusedServerArgs {
@@ -198,7 +195,7 @@ impl RefusedServerArgs {
     /// # Errors
     /// The first such flag.
     pub fn check(&self) -> anyhow::Result<()> {
-        let refused: [(bool, &str, &str); 14] = [
+        let refused: [(bool, &str, &str); 13] = [
             (self.no_cont_batching, "--no-cont-batching", "requests are always batched continuously"),
             (self.context_shift, "--context-shift", "a generation ends \"length\" when its context is full"),
             (self.embedding, "--embedding", "HAMburger models generate text; embeddings are not served"),
@@ -212,11 +209,6 @@ impl RefusedServerArgs {
             (self.sleep_idle_seconds.is_some(), "--sleep-idle-seconds", "the model stays loaded"),
             (self.hf_repo.is_some(), "--hf-repo", "nothing is downloaded: give a local GGUF with -m"),
             (self.tools.is_some(), "--tools", "built-in server tools are not supported"),
-            (
-                self.model_draft.is_some(),
-                "--model-draft (-md)",
-                "a draft model drafts in hamburger-cli; the server drafts with the model's own micro decoder (--spec-type draft-mtp)",
-            ),
         ];
         match refused.iter().find(|(given, ..)| *given) {
             Some((_, flag, why)) => anyhow::bail!("{flag} is not supported: {why}"),

@@ -134,6 +134,10 @@ fn bad_flags_fail_in_one_line() {
         &["-m", "x.gguf", "-np", "8", "-c", "10"],
         &["-m", "x.gguf", "--confidence", "nan"],
         &["-m", "x.gguf", "--forced-steps", "0"],
+        &["-m", "x.gguf", "--spec-synth-rates", "1,1,1"],
+        &["-m", "x.gguf", "-md", "x.gguf", "--spec-synth-rates", "1,1"],
+        &["-m", "x.gguf", "-md", "x.gguf", "--spec-synth-rates", "0.5,1,1"],
+        &["-m", "x.gguf", "-md", "x.gguf", "--spec-type", "draft-mtp"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hamburger-server")).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -143,14 +147,16 @@ fn bad_flags_fail_in_one_line() {
         if args.contains(&"10") {
             assert!(last.contains("-c 10") && last.contains("-np 8"), "a pool too small for its slots: {err}");
         }
+        if args.contains(&"--spec-synth-rates") {
+            assert!(last.contains("--spec-synth-rates"), "{args:?}: {err}");
+        }
     }
 }
 
 #[test]
 fn llama_server_flags_refused_by_design_say_why_in_one_line() {
     for (args, names) in [
-        (&["-md", "d.gguf"][..], &["--model-draft", "hamburger-cli", "draft-mtp"][..]),
-        (&["--embedding"], &["--embedding"]),
+        (&["--embedding"][..], &["--embedding"][..]),
         (&["--lora", "a.gguf"], &["--lora", "merge"]),
         (&["--context-shift"], &["--context-shift"]),
     ] {
@@ -172,6 +178,31 @@ fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
             testing::process::limited(env!("CARGO_BIN_EXE_hamburger-server"))
                 .args(["-m", gguf.to_str().unwrap(), "--port", "0"])
                 .args(&args),
+            &names,
+        );
+    }
+}
+
+/// A draft model (`-md`) that cannot draft for the model stops the server
+/// at start in one line: a missing file named, one of another vocabulary
+/// with both sizes.
+#[test]
+fn a_draft_model_that_cannot_draft_is_refused_in_one_line() {
+    let gguf = tiny();
+    let smol = converted(&testing::testmodel::smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, true).unwrap();
+    for (draft, names) in [
+        ("/nonexistent/draft.gguf", vec!["/nonexistent/draft.gguf"]),
+        (smol.to_str().unwrap(), vec!["49152", "512", "vocabulary"]),
+    ] {
+        testing::process::assert_one_line_error(
+            testing::process::limited(env!("CARGO_BIN_EXE_hamburger-server")).args([
+                "-m",
+                gguf.to_str().unwrap(),
+                "--port",
+                "0",
+                "-md",
+                draft,
+            ]),
             &names,
         );
     }

@@ -23,6 +23,7 @@ use hamburger::generate::{self, DecodeConfig};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
 
+use super::drafting::Drafting;
 use super::pool::Pool;
 use super::request::Request;
 use super::slot_board::SlotBoard;
@@ -64,6 +65,17 @@ pub(super) fn run(
         Ok(x) => x,
         Err(e) => return drop(ready.send(Err(StartError::Model(cfg.model.clone(), e)))),
     };
+    let draft_model = match cfg.draft.as_ref().map(|d| Model::open(&d.model, &cfg.load)).transpose() {
+        Ok(m) => m,
+        Err(e) => return drop(ready.send(Err(StartError::Open(e)))),
+    };
+    let drafting = match (&draft_model, &cfg.draft) {
+        (Some(draft), Some(d)) => match Drafting::new(draft, &model, &cfg.engine, d) {
+            Ok(x) => Some(x),
+            Err(e) => return drop(ready.send(Err(StartError::Model(d.model.clone(), e)))),
+        },
+        _ => None,
+    };
     let _ = ready.send(Ok(info.clone()));
     metrics::set(&m.kv_cells_total, engine.kv().n_cells() as u64);
     let mut lp = EngineLoop {
@@ -71,6 +83,7 @@ pub(super) fn run(
         m,
         engine,
         decode,
+        drafting,
         running: Vec::new(),
         preempted: VecDeque::new(),
         finishing: Vec::new(),
@@ -89,6 +102,9 @@ pub(super) fn run(
         }
         lp.deliver();
         if !lp.running.is_empty() {
+            if let Some(d) = &mut lp.drafting {
+                d.draft(&mut lp.running, &lp.engine, &lp.decode);
+            }
             lp.make_room();
             lp.step();
             lp.publish_prompts();
@@ -126,6 +142,8 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
             .ok(),
         max_steps: model.hp.max_steps,
         step: cfg.step,
+        draft_model: cfg.draft.as_ref().map(|d| d.params),
+        synthetic_rates: cfg.draft.as_ref().and_then(|d| d.synthetic_rates.clone()),
         tokenizer,
         chat_template,
         eog: model.vocab.eog.clone(),
@@ -142,6 +160,8 @@ pub(super) struct EngineLoop<'t, 'm> {
     pub(super) m: &'t Metrics,
     pub(super) engine: Engine<'m>,
     pub(super) decode: DecodeConfig,
+    /// The draft model, when the server has one (`-md`).
+    pub(super) drafting: Option<Drafting<'m>>,
     /// Requests decoding, each in its own sequence (at most `-np`).
     pub(super) running: Vec<Request<'t>>,
     /// Requests whose cells were taken back, oldest first: they resume

@@ -14,6 +14,8 @@
 //!   back; `prefix_cache`: the cached entries by the tokens they cover,
 //!   shared by every sequence that starts with them, least recently used
 //!   taken back first;
+//! * `drafting`: the draft model (`-md`), which drafts for the running
+//!   requests before each macro step;
 //! * `request`: one running request, the single owner of its generation,
 //!   its text (`answer_text`: cut at stop strings, searched incrementally)
 //!   and its bounded event channel;
@@ -22,6 +24,7 @@
 
 mod admission;
 mod answer_text;
+mod drafting;
 mod engine_loop;
 #[cfg(test)]
 pub(crate) mod fault;
@@ -40,6 +43,8 @@ use std::thread::JoinHandle;
 
 use hamburger::{EngineParams, LoadOptions, StepParams};
 use tokio::sync::watch;
+
+pub use drafting::DraftModelConfig;
 
 use crate::job::{Job, ModelInfo};
 use crate::metrics::{self, Metrics};
@@ -72,6 +77,9 @@ pub struct SchedulerConfig {
     pub n_predict: Option<usize>,
     /// What a request that sets nothing gets (sampling, seed, its context).
     pub defaults: crate::job::RequestDefaults,
+    /// A draft model (llama-server's `-md`) that drafts for the requests
+    /// that set no other `speculative.type`.
+    pub draft: Option<DraftModelConfig>,
 }
 
 impl SchedulerConfig {

@@ -7,7 +7,7 @@
 use std::borrow::{Borrow, BorrowMut};
 use std::time::Instant;
 
-use hamburger::generate::{Pending, SeqGen};
+use hamburger::generate::{Pending, SeqGen, SyntheticAcceptance};
 use hamburger::kv_cache::SeqId;
 use hamburger::{Engine, Sampler, Timings, TokenLogprob};
 use tokio::sync::mpsc::Sender;
@@ -109,6 +109,11 @@ impl<'t> Request<'t> {
         }
         if let Some(c) = &p.constraint {
             gen = gen.constrained(c.start());
+        }
+        let by_model = p.rule.draft.is_some_and(|d| d.by_model);
+        let rates = info.synthetic_rates.as_deref().filter(|_| by_model);
+        if let Some(s) = rates.and_then(|r| SyntheticAcceptance::new(r, p.sampler.seed).ok()) {
+            gen = gen.with_synthetic_acceptance(s);
         }
         Request {
             task,

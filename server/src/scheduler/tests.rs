@@ -34,6 +34,7 @@ fn scheduler() -> Scheduler {
         alias: None,
         n_predict: None,
         defaults: Default::default(),
+        draft: None,
     };
     Scheduler::start(cfg).unwrap()
 }

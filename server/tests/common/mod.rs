@@ -46,6 +46,18 @@ impl TestServer {
         step: StepParams,
         chat_template: Option<String>,
     ) -> TestServer {
+        TestServer::from_config(TestServer::config(n_slots, n_ctx_slot, queue, step, chat_template), api_key)
+    }
+
+    /// The configuration [`TestServer::start_with`] serves (SmolLM2-HAMburger
+    /// in F32, an F32 cache, flash attention, 2 threads).
+    pub fn config(
+        n_slots: usize,
+        n_ctx_slot: usize,
+        queue: usize,
+        step: StepParams,
+        chat_template: Option<String>,
+    ) -> SchedulerConfig {
         let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
         let engine = EngineParams {
             n_ctx: n_ctx_slot * n_slots,
@@ -55,7 +67,7 @@ impl TestServer {
             n_threads: 2,
             ..Default::default()
         };
-        let cfg = SchedulerConfig {
+        SchedulerConfig {
             model,
             load: LoadOptions::default(),
             engine,
@@ -66,7 +78,12 @@ impl TestServer {
             alias: None,
             n_predict: None,
             defaults: Default::default(),
-        };
+            draft: None,
+        }
+    }
+
+    /// Starts a server of `cfg`, its HTTP side as [`TestServer::start_with`]'s.
+    pub fn from_config(cfg: SchedulerConfig, api_key: Option<&str>) -> TestServer {
         let scheduler = Scheduler::start(cfg).unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

@@ -57,6 +57,15 @@ struct Args {
     /// (none) or self-verified (draft-mtp), and the drafts' defaults.
     #[command(flatten)]
     spec: tools::decode_flags::SpecArgs,
+    /// A draft model (-md) that drafts for every request that sets no other
+    /// `speculative.type`; -m checks the drafts, so answers are -m's own.
+    #[command(flatten)]
+    draft: tools::decode_flags::DraftModelArgs,
+    /// Benchmarks: the draft model's drafts are accepted at these rates
+    /// (comma-separated, one per --spec-draft-n-max position, not
+    /// increasing) instead of checked, so answers are NOT the model's.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    spec_synth_rates: Option<Vec<f64>>,
     /// Requests that may wait for a slot; more are answered 503.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -102,6 +111,35 @@ async fn shutdown_signal() {
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
     log::info!("stopping: no new requests; finishing the ones in flight");
+}
+
+/// The draft model `-md` names, with its drafts (`--spec-draft-*`) and
+/// `--spec-synth-rates`; `None` without `-md`.
+fn draft_model(
+    draft: &tools::decode_flags::DraftModelArgs,
+    spec: &tools::decode_flags::SpecArgs,
+    rates: Option<Vec<f64>>,
+) -> Result<Option<server::scheduler::DraftModelConfig>> {
+    let (Some(model), Some(params)) = (&draft.model_draft, draft.params(spec)?) else {
+        if rates.is_some() {
+            anyhow::bail!("--spec-synth-rates needs a draft model (-md, --model-draft)");
+        }
+        return Ok(None);
+    };
+    if let Some(r) = &rates {
+        hamburger::generate::SyntheticAcceptance::new(r, 0).map_err(|e| anyhow::anyhow!("--spec-synth-rates: {e}"))?;
+        if r.len() != params.n_max {
+            anyhow::bail!(
+                "--spec-synth-rates: {} rates for --spec-draft-n-max {}: give one per position",
+                r.len(),
+                params.n_max
+            );
+        }
+    }
+    // A HAMburger draft drafts at the confidence its file recommends.
+    let confidence = hamburger::model::recommended_confidence_of(model).ok().flatten();
+    let step = StepParams { confidence: confidence.unwrap_or(StepParams::default().confidence), ..Default::default() };
+    Ok(Some(server::scheduler::DraftModelConfig { model: model.clone(), params, step, synthetic_rates: rates }))
 }
 
 /// Slots `-np -1` (auto) gives, as llama-server's auto.
@@ -157,7 +195,10 @@ fn run(mut args: Args) -> Result<()> {
         model: args.model,
         load: args.placement.load_options(),
         engine,
-        step: StepParams { draft: args.spec.draft(false)?, ..args.decode.step_params(args.forced_steps) },
+        step: StepParams {
+            draft: args.spec.draft(args.draft.model_draft.is_some())?,
+            ..args.decode.step_params(args.forced_steps)
+        },
         queue: args.queue,
         chat_template: args.template.source()?,
         template_isolation: Some(tools::cli::template_isolation()?),
@@ -170,9 +211,14 @@ fn run(mut args: Args) -> Result<()> {
             verbose: args.llama.verbose,
             template_kwargs: args.llama.template_kwargs(),
         },
+        draft: draft_model(&args.draft, &args.spec, args.spec_synth_rates)?,
     };
     let confidence = cfg.step.confidence;
-    let mode = if cfg.step.draft.is_some() { "self-verified (draft-mtp)" } else { "macro steps" };
+    let mode = match (&cfg.draft, cfg.step.draft) {
+        (Some(d), _) => format!("drafted by {} (draft-simple)", d.model.display()),
+        (None, Some(_)) => "self-verified (draft-mtp)".into(),
+        (None, None) => "macro steps".into(),
+    };
     let scheduler = Scheduler::start(cfg)?;
     let info = &scheduler.info;
     log::info!(
