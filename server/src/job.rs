@@ -35,6 +35,9 @@ pub struct ModelInfo {
     pub n_ctx_seq: usize,
     /// What a request that sets nothing gets.
     pub defaults: RequestDefaults,
+    /// Inputs per forward, all sequences together (`-b`): a verify forward
+    /// takes a request's drafts and one more.
+    pub n_batch: usize,
     /// The engine's slots (sequences decoded together, `-np`): also the most
     /// choices one prompt's `n` may ask for.
     pub n_slots: usize,

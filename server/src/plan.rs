@@ -183,7 +183,7 @@ fn sampler(common: &Common, info: &ModelInfo) -> Result<SamplerParams, ApiError>
 /// `max_steps`, or its drafts' ([`speculative::decoding`]).
 fn rule(common: &Common, info: &ModelInfo) -> Result<StepRule, ApiError> {
     let draft = match speculative::decoding(spec_fields(common), info.step.draft, info.draft_model)? {
-        Decoding::DraftModel(d) => return d.rule().map_err(|e| refused(&e)),
+        Decoding::DraftModel(d) => return d.rule(info.n_batch).map_err(|e| refused(&e)),
         Decoding::SelfVerified(d) => Some(d),
         Decoding::Macro => None,
     };

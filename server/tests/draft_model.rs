@@ -110,6 +110,9 @@ fn requests_choose_their_drafts_and_slots_draft_side_by_side() {
     let (status, e) = s.post("/v1/completions", &completion(PROMPTS[2], json!({"speculative.n_min": 5})));
     assert_eq!(status, 400, "{e}");
     assert!(e.to_string().contains("speculative.n_min"), "{e}");
+    let (status, e) = s.post("/v1/completions", &completion(PROMPTS[2], json!({"speculative.n_max": 1u64 << 40})));
+    assert_eq!(status, 400, "{e}");
+    assert!(e.to_string().contains("speculative.n_max"), "more drafts than a forward holds: {e}");
     let (status, e) = s.post("/v1/completions", &completion(PROMPTS[2], json!({"speculative.type": "draft-eagle3"})));
     assert_eq!(status, 400, "{e}");
     let (status, _) = s.post("/v1/completions", &completion(PROMPTS[2], json!({})));

@@ -120,11 +120,16 @@ pub struct DraftModelArgs {
 
 impl DraftModelArgs {
     /// The draft model's settings (`None`: no draft model), from `spec`'s
-    /// `--spec-draft-*` flags with llama.cpp's defaults (3, 0, 0).
+    /// `--spec-draft-*` flags with llama.cpp's defaults (3, 0, 0), for
+    /// forwards of `n_batch` inputs.
     ///
     /// # Errors
     /// A value out of range, or `--spec-type draft-mtp` beside `-md`.
-    pub fn params(&self, spec: &SpecArgs) -> anyhow::Result<Option<hamburger::draft_model::DraftModelParams>> {
+    pub fn params(
+        &self,
+        spec: &SpecArgs,
+        n_batch: usize,
+    ) -> anyhow::Result<Option<hamburger::draft_model::DraftModelParams>> {
         if self.model_draft.is_none() {
             return Ok(None);
         }
@@ -139,7 +144,7 @@ impl DraftModelArgs {
             n_min: spec.spec_draft_n_min.unwrap_or(d.n_min),
             p_min: spec.spec_draft_p_min.unwrap_or(d.p_min),
         };
-        p.validate()?;
+        p.validate(n_batch)?;
         Ok(Some(p))
     }
 }

@@ -136,6 +136,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         n_ctx_seq: cfg.n_ctx_seq(),
         defaults: cfg.defaults.clone(),
         n_slots: cfg.engine.n_seq,
+        n_batch: cfg.engine.n_batch,
         n_vocab: model.hp.n_vocab,
         grammars: Grammars::new(&tokenizer, &model.vocab.eog)
             .inspect_err(|e| log::warn!("structured output is off: {e}"))

@@ -72,13 +72,23 @@ impl Default for DraftModelParams {
 }
 
 impl DraftModelParams {
-    /// Checks the ranges.
+    /// Checks the ranges for verify forwards of at most `n_batch` inputs.
     ///
     /// # Errors
-    /// Naming the parameter: `n_max` 0, `n_min` above `n_max`, `p_min` outside 0..=1.
-    pub fn validate(&self) -> Result<(), ParamError> {
+    /// Naming the parameter: `n_max` 0 or not below `n_batch` (a verify
+    /// forward takes the drafted tokens and one more), `n_min` above
+    /// `n_max`, `p_min` outside 0..=1.
+    pub fn validate(&self, n_batch: usize) -> Result<(), ParamError> {
         if self.n_max == 0 {
             return Err(ParamError::new(&[Param::DraftNMax], format!("{} 0: expected at least 1", Param::DraftNMax)));
+        }
+        if self.n_max >= n_batch {
+            let (max, nb) = (Param::DraftNMax, Param::NBatch);
+            let message = format!(
+                "{max} {} does not fit {nb} {n_batch}: a verify forward takes the drafted tokens and one more",
+                self.n_max
+            );
+            return Err(ParamError::new(&[max, nb], message));
         }
         if self.n_min > self.n_max {
             let message = format!("{} {} exceeds {} {}", Param::DraftNMin, self.n_min, Param::DraftNMax, self.n_max);
@@ -93,14 +103,15 @@ impl DraftModelParams {
 }
 
 impl DraftModelParams {
-    /// The step rule of a sequence of a batched decode loop that a draft
-    /// model drafts for ([`crate::generate::SeqGen::set_draft`]): the target
-    /// decodes one token per forward, beside the drafted tokens it checks.
+    /// The step rule of a sequence of a batched decode loop, of `n_batch`
+    /// inputs per forward, that a draft model drafts for
+    /// ([`crate::generate::SeqGen::set_draft`]): the target decodes one
+    /// token per forward, beside the drafted tokens it checks.
     ///
     /// # Errors
     /// As [`DraftModelParams::validate`].
-    pub fn rule(&self) -> Result<StepRule, ParamError> {
-        self.validate()?;
+    pub fn rule(&self, n_batch: usize) -> Result<StepRule, ParamError> {
+        self.validate(n_batch)?;
         let draft = DraftRule { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, by_model: true };
         Ok(StepRule { max_steps: self.n_max + 1, confidence: 1.0, forced: false, draft: Some(draft) })
     }
@@ -184,17 +195,7 @@ impl<'t, 'd> DraftSession<'t, 'd> {
             let message = format!("{} {}: a session holds 1 sequence", Param::NSeq, e.n_seq);
             return Err(ParamError::new(&[Param::NSeq], message).into());
         }
-        params.draft.validate()?;
-        if params.draft.n_max >= e.n_batch {
-            let message = format!(
-                "{} {} does not fit {} {}: a verify forward takes the drafted tokens and one more",
-                Param::DraftNMax,
-                params.draft.n_max,
-                Param::NBatch,
-                e.n_batch
-            );
-            return Err(ParamError::new(&[Param::DraftNMax, Param::NBatch], message).into());
-        }
+        params.draft.validate(e.n_batch)?;
         params.sampling.validate()?;
         let seed = params.sampling.seed;
         let mut session = DraftSession {

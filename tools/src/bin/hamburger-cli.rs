@@ -179,7 +179,7 @@ fn check(args: &Args) -> Result<()> {
     if args.draft.model_draft.is_some() && args.grammar.is_set() {
         bail!("-md with a grammar or JSON schema is not supported: the draft model's tokens are not constrained");
     }
-    args.draft.params(&args.spec)?;
+    args.draft.params(&args.spec, args.n_batch())?;
     Ok(())
 }
 
@@ -238,7 +238,7 @@ fn run(mut args: Args) -> Result<()> {
     // The stop rule's flags apply to the model that runs macro steps: the draft, if any.
     args.decode.default_from_model(draft.as_ref().unwrap_or(&model).recommended_confidence);
     let params = session_params(&args, &model)?;
-    let mut decoder = match (&draft, args.draft.params(&args.spec)?) {
+    let mut decoder = match (&draft, args.draft.params(&args.spec, args.n_batch())?) {
         (Some(d), Some(drafting)) => {
             let SessionParams { engine, step, sampling, ignore_eog, .. } = params;
             let p = DraftSessionParams { engine, step, sampling, draft: drafting, ignore_eog };

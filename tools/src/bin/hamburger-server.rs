@@ -119,8 +119,9 @@ fn draft_model(
     draft: &tools::decode_flags::DraftModelArgs,
     spec: &tools::decode_flags::SpecArgs,
     rates: Option<Vec<f64>>,
+    n_batch: usize,
 ) -> Result<Option<server::scheduler::DraftModelConfig>> {
-    let (Some(model), Some(params)) = (&draft.model_draft, draft.params(spec)?) else {
+    let (Some(model), Some(params)) = (&draft.model_draft, draft.params(spec, n_batch)?) else {
         if rates.is_some() {
             anyhow::bail!("--spec-synth-rates needs a draft model (-md, --model-draft)");
         }
@@ -191,6 +192,7 @@ fn run(mut args: Args) -> Result<()> {
     // A file that cannot be read leaves the library's default: the engine
     // thread's opening of the model reports why.
     args.decode.default_from_model(hamburger::model::recommended_confidence_of(&args.model).ok().flatten());
+    let draft = draft_model(&args.draft, &args.spec, args.spec_synth_rates.take(), engine.n_batch)?;
     let cfg = SchedulerConfig {
         model: args.model,
         load: args.placement.load_options(),
@@ -211,7 +213,7 @@ fn run(mut args: Args) -> Result<()> {
             verbose: args.llama.verbose,
             template_kwargs: args.llama.template_kwargs(),
         },
-        draft: draft_model(&args.draft, &args.spec, args.spec_synth_rates)?,
+        draft,
     };
     let confidence = cfg.step.confidence;
     let mode = match (&cfg.draft, cfg.step.draft) {
