@@ -19,7 +19,7 @@ ckpt=$("$bin/hamburger-testmodel" smollm2 --grafted "$grafted" --out "$cache/smo
 # macro step in its own colour, and the statistics after the answer give
 # tokens per step. Confidence 0.9: where this model stays closest to its base
 # (docs/training.md). It was trained on Python-documentation prompts, so on
-# general chat it still merges little (about 1.02 tokens per step here) and
+# general chat it still merges little (1.01 tokens per step at 0.9 on held-out chats) and
 # a merge it does make can garble a word; docs/training.md has its numbers
 # on held-out ShareGPT chats and how general-chat training goes on.
 echo "Give me three tips for sleeping better." |
