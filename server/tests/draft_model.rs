@@ -120,10 +120,20 @@ fn requests_choose_their_drafts_and_slots_draft_side_by_side() {
 }
 
 #[test]
-fn synthetic_acceptance_keeps_every_draft_at_rate_one() {
+fn synthetic_acceptance_keeps_every_draft_at_rate_one_and_none_at_zero() {
+    let body = completion(PROMPTS[0], json!({"temperature": 0.8, "seed": 3}));
     let s = drafted(Some(vec![1.0; 3]));
-    let (status, a) = s.post("/v1/completions", &completion(PROMPTS[0], json!({"temperature": 0.8, "seed": 3})));
+    let (status, a) = s.post("/v1/completions", &body);
     assert_eq!(status, 200, "{a}");
     assert!(timing(&a, "draft_n") > 0, "{a}");
     assert_eq!(timing(&a, "draft_n_accepted"), timing(&a, "draft_n"), "{a}");
+    drop(s);
+    // At rate 0 every draft is replaced by the target's token, which is
+    // mostly the drafted one here (the draft is the target): drafting goes
+    // on after each such forward, whose entries the draft already holds.
+    let s = drafted(Some(vec![0.0; 3]));
+    let (status, a) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(timing(&a, "draft_n_accepted"), 0, "{a}");
+    assert!(timing(&a, "verify_forwards") > 8, "drafting goes on: {a}");
 }

@@ -138,6 +138,9 @@ fn bad_flags_fail_in_one_line() {
         &["-m", "x.gguf", "-md", "x.gguf", "--spec-synth-rates", "1,1"],
         &["-m", "x.gguf", "-md", "x.gguf", "--spec-synth-rates", "0.5,1,1"],
         &["-m", "x.gguf", "-md", "x.gguf", "--spec-type", "draft-mtp"],
+        &["-m", "x.gguf", "--spec-synth-len", "2"],
+        &["-m", "x.gguf", "-md", "x.gguf", "--spec-synth-len", "9"],
+        &["-m", "x.gguf", "-md", "x.gguf", "--spec-synth-len", "2", "--spec-synth-rates", "1,1,1"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hamburger-server")).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -147,8 +150,10 @@ fn bad_flags_fail_in_one_line() {
         if args.contains(&"10") {
             assert!(last.contains("-c 10") && last.contains("-np 8"), "a pool too small for its slots: {err}");
         }
-        if args.contains(&"--spec-synth-rates") {
-            assert!(last.contains("--spec-synth-rates"), "{args:?}: {err}");
+        for flag in ["--spec-synth-rates", "--spec-synth-len"] {
+            if args.contains(&flag) {
+                assert!(last.contains(flag), "{args:?}: {err}");
+            }
         }
     }
 }

@@ -131,6 +131,13 @@ impl Drafter {
     ) -> Result<Draft> {
         let seq = track.seq;
         self.catch_up(engine, track, context);
+        if track.fed >= context.len() {
+            // Every token has its entry (a draft the check rejected although
+            // the target's token is the same, as synthetic acceptance does):
+            // the last is fed again, for the outputs drafting starts from.
+            track.fed = engine.keep_prefix(seq, context.len().saturating_sub(1));
+            track.merged_until = track.fed;
+        }
         let mut d = Draft::default();
         if n_max == 0 {
             return Ok(d);

@@ -50,6 +50,41 @@ impl SyntheticAcceptance {
         Ok(SyntheticAcceptance { keep: keep.collect(), rng: StdRng::seed_from_u64(seed) })
     }
 
+    /// The rates of llama.cpp's `--spec-synth-len`: `p^(i+1)` at depth i,
+    /// `p` chosen so that a verify forward yields `length` tokens on average
+    /// (its accepted drafts, of `n_max`, and the target's own token).
+    ///
+    /// # Errors
+    /// A length that is not finite or outside 1..=n_max + 1, or no drafts.
+    pub fn rates_for_length(length: f64, n_max: usize) -> Result<Vec<f64>, String> {
+        if n_max == 0 {
+            return Err("expected at least one drafted token".into());
+        }
+        let most = n_max as f64 + 1.0;
+        if !(length.is_finite() && (1.0..=most).contains(&length)) {
+            return Err(format!("{length}: expected a length from 1 to {most} (the drafts and the target's token)"));
+        }
+        // Accepted drafts expected at p: p + p^2 + ... + p^n_max, rising in p.
+        let accepted = |p: f64| (1..=n_max as i32).map(|i| p.powi(i)).sum::<f64>();
+        let p = if length >= most {
+            1.0
+        } else if length <= 1.0 {
+            0.0
+        } else {
+            let (mut lo, mut hi) = (0.0_f64, 1.0_f64);
+            for _ in 0..60 {
+                let mid = 0.5 * (lo + hi);
+                if accepted(mid) < length - 1.0 {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            0.5 * (lo + hi)
+        };
+        Ok((1..=n_max as i32).map(|i| p.powi(i)).collect())
+    }
+
     /// How many drafts the rates cover.
     pub fn len(&self) -> usize {
         self.keep.len()
@@ -106,5 +141,28 @@ impl SeqGen<'_> {
     /// how many fit) for the next forward to check.
     pub fn set_draft(&mut self, tokens: Vec<u32>) {
         self.draft.tokens = tokens;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mean_length_gives_geometric_rates_that_reach_it() {
+        let rates = SyntheticAcceptance::rates_for_length(2.5, 4).unwrap();
+        assert_eq!(rates.len(), 4);
+        assert!((rates.iter().sum::<f64>() - 1.5).abs() < 1e-9, "{rates:?}");
+        assert!((rates[1] - rates[0] * rates[0]).abs() < 1e-12, "{rates:?}");
+        assert_eq!(SyntheticAcceptance::rates_for_length(5.0, 4).unwrap(), vec![1.0; 4]);
+        assert_eq!(SyntheticAcceptance::rates_for_length(1.0, 2).unwrap(), vec![0.0; 2]);
+        assert!(SyntheticAcceptance::rates_for_length(5.5, 4).unwrap_err().contains("from 1 to 5"));
+        assert!(SyntheticAcceptance::rates_for_length(f64::NAN, 4).is_err());
+        // Rates are kept at each depth given the one before: all of them at 1, none at 0.
+        let mut all = SyntheticAcceptance::new(&[1.0, 1.0], 7).unwrap();
+        assert!(all.keeps(0) && all.keeps(1));
+        let mut none = SyntheticAcceptance::new(&[0.0, 0.0], 7).unwrap();
+        assert!(!none.keeps(0));
+        assert!(SyntheticAcceptance::new(&[0.5, 0.9], 7).unwrap_err().contains("increase"));
     }
 }

@@ -64,8 +64,13 @@ struct Args {
     /// Benchmarks: the draft model's drafts are accepted at these rates
     /// (comma-separated, one per --spec-draft-n-max position, not
     /// increasing) instead of checked, so answers are NOT the model's.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, conflicts_with = "spec_synth_len")]
     spec_synth_rates: Option<Vec<f64>>,
+    /// Benchmarks: as --spec-synth-rates, the rates geometric with this
+    /// mean length of a verify forward's output (its accepted drafts and
+    /// the model's token, 1 to --spec-draft-n-max + 1).
+    #[arg(long, allow_negative_numbers = true)]
+    spec_synth_len: Option<f64>,
     /// Requests that may wait for a slot; more are answered 503.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -113,19 +118,38 @@ async fn shutdown_signal() {
     log::info!("stopping: no new requests; finishing the ones in flight");
 }
 
+/// Benchmarks' synthetic acceptance, as the flags give it.
+struct Synthetic {
+    /// `--spec-synth-rates`.
+    rates: Option<Vec<f64>>,
+    /// `--spec-synth-len`.
+    length: Option<f64>,
+}
+
 /// The draft model `-md` names, with its drafts (`--spec-draft-*`) and
-/// `--spec-synth-rates`; `None` without `-md`.
+/// synthetic acceptance; `None` without `-md`.
 fn draft_model(
     draft: &tools::decode_flags::DraftModelArgs,
     spec: &tools::decode_flags::SpecArgs,
-    rates: Option<Vec<f64>>,
+    synthetic: Synthetic,
     n_batch: usize,
 ) -> Result<Option<server::scheduler::DraftModelConfig>> {
     let (Some(model), Some(params)) = (&draft.model_draft, draft.params(spec, n_batch)?) else {
-        if rates.is_some() {
-            anyhow::bail!("--spec-synth-rates needs a draft model (-md, --model-draft)");
+        if let Some(flag) =
+            [("--spec-synth-rates", synthetic.rates.is_some()), ("--spec-synth-len", synthetic.length.is_some())]
+                .iter()
+                .find_map(|(f, given)| given.then_some(f))
+        {
+            anyhow::bail!("{flag} needs a draft model (-md, --model-draft)");
         }
         return Ok(None);
+    };
+    let rates = match synthetic.length {
+        Some(l) => Some(
+            hamburger::generate::SyntheticAcceptance::rates_for_length(l, params.n_max)
+                .map_err(|e| anyhow::anyhow!("--spec-synth-len {e}"))?,
+        ),
+        None => synthetic.rates,
     };
     if let Some(r) = &rates {
         hamburger::generate::SyntheticAcceptance::new(r, 0).map_err(|e| anyhow::anyhow!("--spec-synth-rates: {e}"))?;
@@ -192,7 +216,8 @@ fn run(mut args: Args) -> Result<()> {
     // A file that cannot be read leaves the library's default: the engine
     // thread's opening of the model reports why.
     args.decode.default_from_model(hamburger::model::recommended_confidence_of(&args.model).ok().flatten());
-    let draft = draft_model(&args.draft, &args.spec, args.spec_synth_rates.take(), engine.n_batch)?;
+    let synthetic = Synthetic { rates: args.spec_synth_rates.take(), length: args.spec_synth_len };
+    let draft = draft_model(&args.draft, &args.spec, synthetic, engine.n_batch)?;
     let cfg = SchedulerConfig {
         model: args.model,
         load: args.placement.load_options(),
