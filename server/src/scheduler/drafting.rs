@@ -74,7 +74,7 @@ impl<'m> Drafting<'m> {
         for (seq, slot) in self.slots.iter_mut().enumerate() {
             let holder = slot.as_ref().map(|s| s.task);
             if holder.is_some() && !running.iter().any(|r| Some(r.task()) == holder && r.seq() == seq) {
-                Drafter::forget(&mut self.engine, &mut DraftTrack::new(seq));
+                self.engine.clear_seq(seq);
                 *slot = None;
             }
         }

@@ -85,16 +85,6 @@ impl SyntheticAcceptance {
         Ok((1..=n_max as i32).map(|i| p.powi(i)).collect())
     }
 
-    /// How many drafts the rates cover.
-    pub fn len(&self) -> usize {
-        self.keep.len()
-    }
-
-    /// Whether the rates cover no draft (never: [`SyntheticAcceptance::new`] refuses none).
-    pub fn is_empty(&self) -> bool {
-        self.keep.is_empty()
-    }
-
     /// Whether the draft at `depth` (0 first) is kept.
     pub(super) fn keeps(&mut self, depth: usize) -> bool {
         let p = self.keep.get(depth).copied().unwrap_or(0.0);
