@@ -84,3 +84,38 @@ fn log_probabilities_of_every_token_of_a_step() {
         }
     }
 }
+
+/// A seed draws what llama.cpp draws with it: on the same logits, our
+/// sampler and libllama's chain as llama-server builds it (top-k, top-p,
+/// min-p, temperature, `dist`) pick the same tokens, step after step, so a
+/// sampled answer is llama-server's own where the logits agree.
+#[test]
+fn seeded_sampling_draws_what_llama_cpp_draws() {
+    use rand::{seq::SliceRandom, SeedableRng};
+    let mut gen = rand::rngs::StdRng::seed_from_u64(1);
+    let n_vocab = 49_152;
+    let d = SamplerParams::default();
+    for (top_k, top_p, min_p, temp, seed) in [
+        (d.top_k, d.top_p, d.min_p, d.temp, 42),
+        (d.top_k, d.top_p, d.min_p, d.temp, 7),
+        (0, 1.0, 0.0, 1.5, 42),
+        (100, 0.5, 0.0, 1.0, 3),
+        (0, 1.0, 0.2, 0.7, 42),
+        (1, 1.0, 0.0, 0.8, 42),
+    ] {
+        let ours = SamplerParams { top_k, top_p, min_p, temp, seed, ..d };
+        let mut ours = Sampler::new(ours);
+        let settings = ggml::llama::ChainSettings { top_k: top_k as i32, top_p, min_p, temp, seed: seed as u32 };
+        let mut theirs = ggml::llama::LlamaSampler::chain(settings).unwrap();
+        let mut distinct = std::collections::HashSet::new();
+        for step in 0..300 {
+            // Distinct logits (llama.cpp's sort orders ties its own way), in random order.
+            let mut logits: Vec<f32> = (0..n_vocab).map(|i| (i as f32 / n_vocab as f32).powi(4) * 12.0).collect();
+            logits.shuffle(&mut gen);
+            let (a, b) = (ours.sample(&logits, &[]), theirs.sample_logits(&logits));
+            assert_eq!(a, b, "step {step} of {settings:?}");
+            distinct.insert(a);
+        }
+        assert!(top_k == 1 || distinct.len() > 10, "{settings:?}: the draws vary ({distinct:?})");
+    }
+}

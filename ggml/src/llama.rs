@@ -379,7 +379,7 @@ impl<'m> LlamaContext<'m> {
     ) -> Result<(Vec<i32>, Vec<Vec<f32>>)> {
         self.clear();
         self.decode(prompt)?;
-        let sampler = GreedySampler::new()?;
+        let sampler = LlamaSampler::greedy()?;
         let (mut out, mut logits) = (Vec::with_capacity(n), Vec::new());
         for _ in 0..n {
             if keep_logits {
@@ -398,20 +398,95 @@ impl<'m> LlamaContext<'m> {
     }
 }
 
-/// libllama's greedy sampler, freed on drop.
-struct GreedySampler(NonNull<sys::llama_sampler>);
+/// A libllama sampler (a chain or one sampler), freed on drop: greedy for
+/// the baseline's decodes, or llama-server's default chain, the reference
+/// our own sampler is tested against.
+pub struct LlamaSampler(NonNull<sys::llama_sampler>);
 
-impl GreedySampler {
-    fn new() -> Result<GreedySampler> {
+/// The settings of llama-server's default sampler chain that
+/// [`LlamaSampler::chain`] applies (its other samplers are off at their
+/// defaults: penalties, DRY, top-n-sigma, typical, XTC).
+#[derive(Debug, Clone, Copy)]
+pub struct ChainSettings {
+    /// Keep the k most likely tokens (0: all).
+    pub top_k: i32,
+    /// Nucleus sampling's p (1: off).
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely (0: off).
+    pub min_p: f32,
+    /// Temperature.
+    pub temp: f32,
+    /// Seed of the final `dist` sampler.
+    pub seed: u32,
+}
+
+impl LlamaSampler {
+    fn wrap(p: *mut sys::llama_sampler, what: &str) -> Result<LlamaSampler> {
+        NonNull::new(p).map(LlamaSampler).ok_or_else(|| Error::Llama(format!("cannot create the {what} sampler")))
+    }
+
+    /// libllama's greedy sampler.
+    ///
+    /// # Errors
+    /// When libllama cannot create it.
+    pub fn greedy() -> Result<LlamaSampler> {
         // SAFETY: no arguments; a null return is handled.
-        let p = unsafe { sys::llama_sampler_init_greedy() };
-        NonNull::new(p).map(GreedySampler).ok_or_else(|| Error::Llama("cannot create the greedy sampler".into()))
+        Self::wrap(unsafe { sys::llama_sampler_init_greedy() }, "greedy")
+    }
+
+    /// llama-server's chain for `s`: top-k, top-p, min-p, temperature, then
+    /// a seeded draw (`common_sampler_init`'s order, min_keep 0).
+    ///
+    /// # Errors
+    /// When libllama cannot create a sampler.
+    pub fn chain(s: ChainSettings) -> Result<LlamaSampler> {
+        backend_init();
+        // SAFETY: default parameters by value; a null return is handled.
+        let chain =
+            Self::wrap(unsafe { sys::llama_sampler_chain_init(sys::llama_sampler_chain_default_params()) }, "chain")?;
+        // SAFETY: plain values in, a new sampler (or null) out.
+        let parts = unsafe {
+            [
+                sys::llama_sampler_init_top_k(s.top_k),
+                sys::llama_sampler_init_top_p(s.top_p, 0),
+                sys::llama_sampler_init_min_p(s.min_p, 0),
+                sys::llama_sampler_init_temp_ext(s.temp, 0.0, 1.0),
+                sys::llama_sampler_init_dist(s.seed),
+            ]
+        };
+        for p in parts {
+            let part = Self::wrap(p, "chain's")?;
+            // SAFETY: both live; the chain takes ownership of `part`, which
+            // is therefore not dropped here.
+            unsafe { sys::llama_sampler_chain_add(chain.0.as_ptr(), std::mem::ManuallyDrop::new(part).0.as_ptr()) };
+        }
+        Ok(chain)
+    }
+
+    /// The token this sampler picks from `logits` (one per vocabulary
+    /// token), advancing its random state as llama-server's does.
+    pub fn sample_logits(&mut self, logits: &[f32]) -> u32 {
+        let mut data: Vec<sys::llama_token_data> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &logit)| sys::llama_token_data { id: i as i32, logit, p: 0.0 })
+            .collect();
+        let mut cur =
+            sys::llama_token_data_array { data: data.as_mut_ptr(), size: data.len(), selected: -1, sorted: false };
+        // SAFETY: `cur` points at `data`, alive and `size` long; the samplers
+        // reorder and shrink it in place.
+        unsafe { sys::llama_sampler_apply(self.0.as_ptr(), &mut cur) };
+        let Some(i) = usize::try_from(cur.selected).ok().filter(|&i| i < cur.size) else { return 0 };
+        // SAFETY: `selected` indexes the `size` candidates at `cur.data`
+        // (our buffer, or one the chain owns), alive until the next apply.
+        unsafe { (*cur.data.add(i)).id as u32 }
     }
 }
 
-impl Drop for GreedySampler {
+impl Drop for LlamaSampler {
     fn drop(&mut self) {
-        // SAFETY: created by llama_sampler_init_greedy and freed once, here.
+        // SAFETY: created by a llama_sampler_init_* call and freed once, here
+        // (a chain frees its parts).
         unsafe { sys::llama_sampler_free(self.0.as_ptr()) }
     }
 }

@@ -10,14 +10,16 @@
 //! * here, token sampling, applied to every micro token: logit biases, then
 //!   the repeat, frequency and presence penalties over the last
 //!   `repeat_last_n` tokens, then greedy or top-k / top-p / min-p /
-//!   temperature, llama.cpp's order. Also the log-probabilities a client may
-//!   ask for beside each token.
+//!   temperature, llama.cpp's order and arithmetic, drawn with llama.cpp's
+//!   random numbers ([`llama_rng`]). Also the log-probabilities a client
+//!   may ask for beside each token.
 
 pub mod constraint;
 pub mod gbnf;
+pub mod llama_rng;
 pub mod speculative;
 
-use rand::{Rng, SeedableRng};
+use llama_rng::LlamaRng;
 
 use crate::error::{Param, ParamError};
 
@@ -99,13 +101,13 @@ pub struct Sampler {
     p: SamplerParams,
     /// Added to the logits of these tokens before anything else (OpenAI's `logit_bias`).
     logit_bias: Vec<(u32, f32)>,
-    rng: rand::rngs::StdRng,
+    rng: LlamaRng,
 }
 
 impl Sampler {
     /// A sampler with settings `p`.
     pub fn new(p: SamplerParams) -> Sampler {
-        Sampler { p, logit_bias: Vec::new(), rng: rand::rngs::StdRng::seed_from_u64(p.seed) }
+        Sampler { p, logit_bias: Vec::new(), rng: LlamaRng::new(p.seed) }
     }
 
     /// Adds `bias` to the logit of each token listed (`-inf` bans a token).
@@ -161,31 +163,48 @@ impl Sampler {
         if self.p.top_k > 0 {
             cand.truncate(self.p.top_k);
         }
-        let probs = softmax(&cand, 1.0);
         if self.p.top_p < 1.0 {
             let mut acc = 0.0;
-            let keep = probs.iter().position(|&p| {
+            let keep = softmax(&cand).iter().position(|&p| {
                 acc += p;
                 acc >= self.p.top_p
             });
             cand.truncate(keep.map_or(cand.len(), |i| i + 1));
         }
         if self.p.min_p > 0.0 {
-            let max = probs[0];
-            let keep = probs.iter().take(cand.len()).take_while(|&&p| p >= self.p.min_p * max).count().max(1);
+            // On logits, as llama.cpp compares: p >= min_p * p_max.
+            let min_logit = cand[0].1 + self.p.min_p.ln();
+            let keep = 1 + cand[1..].iter().take_while(|c| c.1 >= min_logit).count();
             cand.truncate(keep);
         }
-        let probs = softmax(&cand, self.p.temp);
-        cand.iter().zip(probs).map(|(c, p)| (c.0, p)).collect()
+        // The temperature divides the logits, then llama.cpp's `dist`
+        // normalises exp(l - max) with a sum in f64.
+        for c in &mut cand {
+            c.1 /= self.p.temp;
+        }
+        let max = cand[0].1;
+        let e: Vec<f32> = cand.iter().map(|c| (c.1 - max).exp()).collect();
+        let sum: f64 = e.iter().map(|&x| f64::from(x)).sum();
+        cand.iter().zip(e).map(|(c, x)| (c.0, (f64::from(x) / sum) as f32)).collect()
     }
 
     /// Draws a token from `dist` (a [`Sampler::distribution`]): the first
-    /// when greedy (no random number drawn), else by one uniform draw.
+    /// when greedy (no random number drawn), else by one uniform draw of
+    /// llama.cpp's (one per token, even from a single candidate), so that a
+    /// seed draws what it draws in llama-server.
     pub fn draw(&mut self, dist: &[(u32, f32)]) -> u32 {
         if self.p.temp <= 0.0 {
             return dist.first().map_or(0, |c| c.0);
         }
-        crate::sampling::speculative::draw(dist, self.rng.random())
+        let r = self.rng.uniform();
+        if self.p.top_k == 0 && self.p.top_p >= 1.0 {
+            // No truncation sorted llama.cpp's candidates: it draws them in
+            // token order.
+            let mut by_token = dist.to_vec();
+            by_token.sort_unstable_by_key(|c| c.0);
+            return crate::sampling::speculative::draw(&by_token, r);
+        }
+        crate::sampling::speculative::draw(dist, r)
     }
 
     /// Speculative sampling's check of a drafted token `draft`, drawn from
@@ -263,9 +282,11 @@ impl TokenLogprob {
     }
 }
 
-fn softmax(cand: &[(u32, f32)], temp: f32) -> Vec<f32> {
+/// llama.cpp's softmax of sorted candidates (`llama_sampler_softmax_impl`):
+/// exp(l - max), summed and divided in f32.
+fn softmax(cand: &[(u32, f32)]) -> Vec<f32> {
     let max = cand.first().map_or(0.0, |c| c.1);
-    let e: Vec<f32> = cand.iter().map(|c| ((c.1 - max) / temp).exp()).collect();
+    let e: Vec<f32> = cand.iter().map(|c| (c.1 - max).exp()).collect();
     let s: f32 = e.iter().sum();
     e.into_iter().map(|x| x / s).collect()
 }

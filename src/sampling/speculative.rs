@@ -86,14 +86,17 @@ pub fn check_draft(p: &Distribution, q: &Distribution, x: u32, rng: &mut impl Rn
     Some(if r.is_empty() { draw(p, rng.random()) } else { draw(&r, rng.random()) })
 }
 
-/// The token of `dist` (probabilities in order, summing to 1) at which the
-/// cumulative probability passes `r` in 0..1: a draw, given a uniform `r`.
-pub fn draw(dist: &[(u32, f32)], mut r: f32) -> u32 {
+/// The token of `dist` (probabilities in order) at which the cumulative
+/// probability first reaches `r` (in 0..1) times the total: a draw, given a
+/// uniform `r`, summed in f64 as llama.cpp's `dist` sampler sums.
+pub fn draw(dist: &[(u32, f32)], r: f64) -> u32 {
+    let target = r * dist.iter().map(|c| f64::from(c.1)).sum::<f64>();
+    let mut acc = 0.0;
     for &(t, p) in dist {
-        if r < p {
+        acc += f64::from(p);
+        if acc >= target {
             return t;
         }
-        r -= p;
     }
     dist.last().map_or(0, |c| c.0)
 }
