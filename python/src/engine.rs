@@ -140,6 +140,7 @@ impl Engine {
             step,
             queue: QUEUE,
             chat_template,
+            no_jinja: false,
             template_isolation: None,
             alias: None,
             n_predict: None,

@@ -48,7 +48,8 @@ pub struct ChatMessage {
 /// The roles a chat template knows.
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
-/// The chat messages as the template wants them.
+/// The chat messages as the template wants them, a message's text parts
+/// joined as llama-server joins them.
 ///
 /// # Errors
 /// A 400 for no message, an unknown role, a null content (but beside an
@@ -106,8 +107,10 @@ pub fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError>
                         )),
                     })
                     .collect::<Result<Vec<_>, _>>()?
-                    // As llama-server joins a message's text parts.
-                    .join("\n\n"),
+                    // As llama-server joins a message's text parts: with a
+                    // newline, but a final assistant message's (the start
+                    // of the answer) with two.
+                    .join(if i + 1 == messages.len() && m.role == "assistant" { "\n\n" } else { "\n" }),
             };
             // OpenAI's newer name of the system role, which templates do not know.
             let role = if m.role == "developer" { "system" } else { m.role.as_str() };

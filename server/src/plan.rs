@@ -335,20 +335,26 @@ fn fan_out(
     Ok((jobs, events))
 }
 
-/// One prompt of a request: its ids, and its text when the answer starts with it (`echo`).
+/// One prompt of a request: its ids, and the text its answer starts with:
+/// the prompt itself (`echo`), or the assistant message a chat continues.
 pub struct Prompted {
     /// The prompt's token ids.
     pub ids: Vec<u32>,
     /// The prompt's text (as sent, or its ids decoded), when echoed.
     pub echo: Option<String>,
+    /// The final assistant message a chat's prompt continues (a prefill),
+    /// which the answer starts with, as llama-server's does.
+    pub prefill: Option<String>,
 }
 
-/// A prompt echoed at the start of its choices' answers (`echo`).
+/// The text at the start of a prompt's choices' answers: the prompt echoed
+/// (`echo`) or a chat's prefill.
 pub struct Echo {
-    /// The prompt's text (as sent, or its ids decoded).
+    /// The prompt's text (as sent, or its ids decoded), or the prefill.
     pub text: String,
-    /// Its first token, which `logprobs` lists with no log-probability.
-    pub first: u32,
+    /// An echoed prompt's first token, which `logprobs` lists with no
+    /// log-probability (`None` for a prefill, not the prompt's text).
+    pub first: Option<u32>,
 }
 
 /// A request planned into jobs.
@@ -390,11 +396,13 @@ pub fn plan(
     let n = n_choices(common, info.n_slots)?;
     let mut jobs = Vec::with_capacity(prompts.len());
     let mut echoes = Vec::new();
-    for Prompted { ids, echo } in prompts {
+    for Prompted { ids, echo, prefill } in prompts {
         check_vocab(info, "prompt", &ids)?;
         let params = job_params(common, info, ids.len(), echo.is_some())?;
         if let Some(text) = echo {
-            echoes.push(Echo { text, first: ids[0] });
+            echoes.push(Echo { text, first: Some(ids[0]) });
+        } else if let Some(text) = prefill {
+            echoes.push(Echo { text, first: None });
         }
         jobs.push((ids, params));
     }

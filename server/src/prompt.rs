@@ -13,6 +13,15 @@ use crate::error::ApiError;
 use crate::job::ModelInfo;
 use crate::protocol::ChatRequest;
 
+/// A chat rendered: the prompt text, and the final assistant message it
+/// continues (its last part), which llama-server's answer starts with.
+pub struct Rendered {
+    /// The prompt, the prefill included.
+    pub text: String,
+    /// The final assistant message's text, when the prompt continues it.
+    pub prefill: Option<String>,
+}
+
 /// The prompt text of `req` (its `tools` as the template takes them, and
 /// `tool_prompt`, the tools offered in text, added to its system message).
 ///
@@ -24,7 +33,7 @@ pub fn render(
     req: &ChatRequest,
     tools: &[Value],
     tool_prompt: Option<&str>,
-) -> Result<String, ApiError> {
+) -> Result<Rendered, ApiError> {
     let mut messages = crate::messages::chat_messages(&req.messages)?;
     if let Some(text) = tool_prompt {
         match messages.first_mut() {
@@ -67,5 +76,5 @@ pub fn render(
     let text = template
         .render_with_kwargs(&messages, tools, add_generation_prompt, &kwargs)
         .map_err(|e| ApiError::field("messages", e.to_string()))?;
-    Ok(text + prefill.as_deref().unwrap_or(""))
+    Ok(Rendered { text: text + prefill.as_deref().unwrap_or(""), prefill })
 }

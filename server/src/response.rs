@@ -354,6 +354,11 @@ impl Answer {
                 (0..n).map(|i| self.native_end(i, &texts[i], &ends[i], &each[i], &lps[i])).collect();
             return Ok(if n == 1 { list.remove(0) } else { Value::Array(list) });
         }
+        if matches!(self.kind, Kind::Chat) {
+            // A chat answer drops an incomplete character at its end, as
+            // llama-server's do (its completions keep it as U+FFFD).
+            texts.iter_mut().for_each(drop_incomplete_end);
+        }
         let list: Vec<Value> = (0..n)
             .map(|i| {
                 let mut c = self.kind.choice(i, Some(&texts[i]), Some(finish_reason(ends[i].reason)), false);
@@ -362,7 +367,7 @@ impl Answer {
                     c["finish_reason"] = json!("tool_calls");
                 }
                 let all: Vec<TokenLogprob> = prompt_lps[i].drain(..).chain(lps[i].drain(..)).collect();
-                self.set_logprobs(&mut c, self.echo_of(i).map(|e| e.first), &all, &mut 0);
+                self.set_logprobs(&mut c, self.echo_of(i).and_then(|e| e.first), &all, &mut 0);
                 c
             })
             .collect();
@@ -412,10 +417,15 @@ impl Answer {
             let mut held = vec![String::new(); choices.len()];
             let mut totals = Totals::new(choices.per_prompt());
             loop {
-                let event = tokio::select! {
+                let mut event = tokio::select! {
                     e = choices.next() => e,
                     () = tx.closed() => return,
                 };
+                // An incomplete character ending an answer (only an answer's
+                // last text can end in U+FFFD) is not streamed, as llama-server streams.
+                if let Ok((_, Event::Text { text, .. })) = &mut event {
+                    drop_incomplete_end(text);
+                }
                 let (v, last, usage) = match event {
                     Ok((i, Event::Text { text, tokens, logprobs, ids, timings: so_far, .. }))
                         if matches!(a.kind, Kind::Native) =>
@@ -501,5 +511,14 @@ impl Answer {
             }
         });
         out
+    }
+}
+
+/// Drops the U+FFFD that an incomplete UTF-8 character at the end of an
+/// answer decodes to (one, as a lossy decode makes one of an incomplete
+/// sequence; others stand for invalid bytes the model wrote, and stay).
+fn drop_incomplete_end(text: &mut String) {
+    if let Some(rest) = text.strip_suffix('\u{FFFD}') {
+        text.truncate(rest.len());
     }
 }

@@ -2,7 +2,7 @@
 //! own: the ones it honours as llama-server does (sampling defaults,
 //! `--seed`, `--slots`, `--metrics`, `--kv-unified`, `--cors-origins`,
 //! `--alias a,b`, `--tags`, ...), the ones that ask for what is already so
-//! here (`--cont-batching`, `--offline`, `--no-jinja`, ...), and the ones
+//! here (`--cont-batching`, `--offline`, ...), and the ones
 //! refused by design, each refusal one line naming the flag and why.
 
 use crate::cli::finite;
@@ -41,7 +41,9 @@ pub struct LlamaServerArgs {
     /// Accepted: nothing is ever downloaded.
     #[arg(long)]
     pub offline: bool,
-    /// Accepted: chat templates always render as Jinja.
+    /// Render the chat template as the built-in template (chatml, llama2,
+    /// llama3, command-r) llama.cpp detects it as, not as Jinja; a template
+    /// that is none of them is refused.
     #[arg(long)]
     pub no_jinja: bool,
     /// Accepted: no model here has sliding-window attention.

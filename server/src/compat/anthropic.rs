@@ -184,11 +184,13 @@ fn stop_reason(finish: &Value) -> &'static str {
     }
 }
 
-/// Anthropic's usage of an OpenAI `usage`.
+/// Anthropic's usage of an OpenAI `usage`: the prompt's tokens read from
+/// the cache apart from the others, which alone are `input_tokens`
+/// (Anthropic's split, and llama-server's).
 fn usage(u: &Value) -> Value {
     let cached = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
     json!({
-        "input_tokens": u["prompt_tokens"].as_u64().unwrap_or(0),
+        "input_tokens": u["prompt_tokens"].as_u64().unwrap_or(0).saturating_sub(cached),
         "output_tokens": u["completion_tokens"].as_u64().unwrap_or(0),
         "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,

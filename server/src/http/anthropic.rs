@@ -14,7 +14,6 @@ use super::state::{body, AppState};
 use super::{chat_of, queue, rewritten_stream, Queued};
 use crate::compat::anthropic::{self, EventStream};
 use crate::error::ApiError;
-use crate::plan::Prompted;
 use crate::response::Kind;
 
 /// The routes of this module.
@@ -25,9 +24,8 @@ pub(super) fn routes() -> Router<AppState> {
 /// `POST /v1/messages`: Anthropic's message, or its events streamed.
 async fn messages(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (common, tools, prompt) = chat_of(&s, anthropic::chat_request(&body(b)?)?.to_string().as_bytes()).await?;
-    let input_tokens = prompt.len();
-    let Queued { answer, choices } =
-        queue(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], &common, tools, None).await?;
+    let input_tokens = prompt.ids.len();
+    let Queued { answer, choices } = queue(&s, Kind::Chat, vec![prompt], &common, tools, None).await?;
     if !common.stream() {
         return Ok(Json(anthropic::message(&answer.collect(choices).await?)).into_response());
     }
@@ -38,5 +36,5 @@ async fn messages(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt's tokens.
 async fn count_tokens(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let (_, _, prompt) = chat_of(&s, anthropic::chat_request(&body(b)?)?.to_string().as_bytes()).await?;
-    Ok(Json(json!({"input_tokens": prompt.len()})))
+    Ok(Json(json!({"input_tokens": prompt.ids.len()})))
 }

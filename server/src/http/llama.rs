@@ -79,7 +79,7 @@ async fn apply_template(State(s): State<AppState>, b: Result<Bytes, BytesRejecti
     let req: ChatRequest = protocol::parse(&body(b)?)?;
     let tools: Vec<Value> = req.tools.iter().flatten().filter_map(|t| serde_json::to_value(t).ok()).collect();
     let info = s.info.clone();
-    let prompt = blocking(move || crate::prompt::render(&info, &req, &tools, None)).await?;
+    let prompt = blocking(move || crate::prompt::render(&info, &req, &tools, None)).await?.text;
     Ok(Json(json!({"prompt": prompt})))
 }
 
@@ -96,7 +96,10 @@ async fn native_completion(
     }
     let (pieces, info) = (req.prompts()?, s.info.clone());
     let prompts = blocking(move || {
-        pieces.into_iter().map(|p| Ok(Prompted { ids: native::tokenize(&info, p)?, echo: None })).collect()
+        pieces
+            .into_iter()
+            .map(|p| Ok(Prompted { ids: native::tokenize(&info, p)?, echo: None, prefill: None }))
+            .collect()
     })
     .await?;
     let native = Native { return_tokens: req.return_tokens.unwrap_or(false), fields: req.response_fields };

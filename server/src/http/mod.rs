@@ -207,12 +207,12 @@ async fn chat(
 ) -> Result<Response, ApiError> {
     let (common, tools, prompt) = chat_of(&s, &body(b)?).await?;
     let conversation = resume::conversation_id(&headers);
-    generate(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], common, tools, None, conversation).await
+    generate(&s, Kind::Chat, vec![prompt], common, tools, None, conversation).await
 }
 
 /// A chat request's body (`/v1/chat/completions`', or another API's body
 /// rewritten into one): its settings, tools and prompt, checked and rendered.
-async fn chat_of(s: &AppState, chat: &[u8]) -> Result<(Common, Option<ToolRequest>, Vec<u32>), ApiError> {
+async fn chat_of(s: &AppState, chat: &[u8]) -> Result<(Common, Option<ToolRequest>, Prompted), ApiError> {
     let (req, common) = protocol::parse_request::<ChatRequest>(chat)?;
     let tools = ToolRequest::of_request(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format, &common)?;
     let prompt = chat_prompt(s, &req, tools.as_ref()).await?;
@@ -240,14 +240,17 @@ fn rewritten_stream(
     Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response()
 }
 
-/// The token ids of a chat's prompt ([`crate::prompt::render`]), its tools given to the template.
-async fn chat_prompt(s: &AppState, req: &ChatRequest, tools: Option<&ToolRequest>) -> Result<Vec<u32>, ApiError> {
+/// A chat's prompt ([`crate::prompt::render`]), its tools given to the
+/// template, as token ids, with the prefill its answer starts with.
+async fn chat_prompt(s: &AppState, req: &ChatRequest, tools: Option<&ToolRequest>) -> Result<Prompted, ApiError> {
     let template_tools = tools.map(|t| t.for_template().to_vec()).unwrap_or_default();
     let tool_prompt = tools.and_then(ToolRequest::instructions).map(str::to_string);
     let (info, req) = (s.info.clone(), req.clone());
     blocking(move || {
-        let text = crate::prompt::render(&info, &req, &template_tools, tool_prompt.as_deref())?;
-        info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("messages", e.to_string()))
+        let rendered = crate::prompt::render(&info, &req, &template_tools, tool_prompt.as_deref())?;
+        let ids =
+            info.tokenizer.encode(&rendered.text, true).map_err(|e| ApiError::field("messages", e.to_string()))?;
+        Ok(Prompted { ids, echo: None, prefill: rendered.prefill })
     })
     .await
 }
@@ -258,7 +261,7 @@ async fn chat_input_tokens(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let (_, _, prompt) = chat_of(&s, &body(b)?).await?;
-    Ok(Json(json!({"input_tokens": prompt.len()})))
+    Ok(Json(json!({"input_tokens": prompt.ids.len()})))
 }
 
 async fn completions(
@@ -276,13 +279,13 @@ async fn completions(
                 OnePrompt::Ids(ids) if echo => {
                     plan::check_vocab(&info, "prompt", &ids)?;
                     let text = info.tokenizer.decode(&ids);
-                    Ok(Prompted { ids, echo: Some(text) })
+                    Ok(Prompted { ids, echo: Some(text), prefill: None })
                 }
-                OnePrompt::Ids(ids) => Ok(Prompted { ids, echo: None }),
+                OnePrompt::Ids(ids) => Ok(Prompted { ids, echo: None, prefill: None }),
                 OnePrompt::Text(text) => {
                     let ids =
                         info.tokenizer.encode(&text, true).map_err(|e| ApiError::field("prompt", e.to_string()))?;
-                    Ok(Prompted { ids, echo: echo.then_some(text) })
+                    Ok(Prompted { ids, echo: echo.then_some(text), prefill: None })
                 }
             })
             .collect()

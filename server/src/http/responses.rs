@@ -13,7 +13,6 @@ use super::state::{body, AppState};
 use super::{chat_of, queue, rewritten_stream, Queued};
 use crate::compat::responses::{self, EventStream, ResponseIds};
 use crate::error::ApiError;
-use crate::plan::Prompted;
 use crate::response::Kind;
 
 /// The routes of this module.
@@ -24,8 +23,7 @@ pub(super) fn routes() -> Router<AppState> {
 /// `POST /v1/responses`: the response object, or its events streamed.
 async fn create(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let (common, tools, prompt) = chat_of(&s, responses::chat_request(&body(b)?)?.to_string().as_bytes()).await?;
-    let Queued { answer, choices } =
-        queue(&s, Kind::Chat, vec![Prompted { ids: prompt, echo: None }], &common, tools, None).await?;
+    let Queued { answer, choices } = queue(&s, Kind::Chat, vec![prompt], &common, tools, None).await?;
     let ids = ResponseIds::new();
     if !common.stream() {
         return Ok(Json(responses::of_chat(&ids, &answer.collect(choices).await?)).into_response());

@@ -67,6 +67,10 @@ pub struct SchedulerConfig {
     /// Jinja source of the chat template to use instead of the model's
     /// (llama-server's `--chat-template-file`).
     pub chat_template: Option<String>,
+    /// Render the chat template (the model's or `chat_template`) as the
+    /// built-in template llama.cpp detects it as, as llama-server does
+    /// with `--no-jinja` (the suite's default).
+    pub no_jinja: bool,
     /// Render the model's chat template in child processes (see `hamburger::chat::Isolation`).
     pub template_isolation: Option<hamburger::chat::Isolation>,
     /// The name `/v1/models` and every answer report (llama-server's

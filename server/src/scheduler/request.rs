@@ -97,7 +97,9 @@ impl<'t> Request<'t> {
         let mut gen = SeqGen::new(seq, rest, p.n_predict, sampler)
             .continuing(Pending::default(), before.to_vec())
             .with_rule(p.rule);
-        gen = gen.with_cell_limit(info.n_ctx_seq);
+        // llama-server ends an answer when its next token would fill the
+        // slot's context: one cell stays free.
+        gen = gen.with_cell_limit(info.n_ctx_seq.saturating_sub(1));
         if p.ignore_eos {
             gen = gen.ignoring_eog();
         }

@@ -30,6 +30,7 @@ fn scheduler() -> Scheduler {
         step,
         queue: 8,
         chat_template: None,
+        no_jinja: false,
         template_isolation: None,
         alias: None,
         n_predict: None,

@@ -74,6 +74,7 @@ impl TestServer {
             step,
             queue,
             chat_template,
+            no_jinja: false,
             template_isolation: None,
             alias: None,
             n_predict: None,

@@ -24,3 +24,68 @@ pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + messa
 pub fn built_in(name: &str) -> Option<&'static str> {
     BUILT_IN.iter().find(|(n, _)| *n == name).map(|(_, source)| *source)
 }
+
+/// The markers of templates llama.cpp detects before Command R's and Llama
+/// 3's (Phi-3, GLM, Zephyr, Gemma, Orca, OpenChat, Vicuna, DeepSeek Coder
+/// and others), each a set that must all be present.
+const OTHERS_FIRST: [&[&str]; 11] = [
+    &["<|assistant|>", "<|end|>"],
+    &["[gMASK]<sop>"],
+    &["<|assistant|>", "<|user|>"],
+    &["<|{{ item['role'] }}|>", "<|begin_of_image|>"],
+    &["<|user|>", "<|endoftext|>"],
+    &["bos_token + message['role']"],
+    &["<start_of_turn>"],
+    &["'\\n\\nAssistant: ' + eos_token"],
+    &["GPT4 Correct "],
+    &["USER: ", "ASSISTANT: "],
+    &["### Instruction:", "<|EOT|>"],
+];
+
+/// The built-in template llama.cpp renders a chat template as when Jinja is
+/// off (llama-server's `--no-jinja`): a built-in name as itself, else what
+/// the source's markers say (`llm_chat_detect_template`'s rules for the
+/// templates here). `None`: none of these, or a variant llama.cpp renders
+/// otherwise (Phi-4's and SmolVLM's ChatML, Mistral's and Llama 2's
+/// `[INST]` variants).
+pub fn detect_built_in(source: &str) -> Option<&'static str> {
+    let has = |marker: &str| source.contains(marker);
+    let name = if let Some((name, _)) = BUILT_IN.iter().find(|(n, _)| *n == source) {
+        name
+    } else if has("<|im_start|>") {
+        if has("<|im_sep|>") || has("<end_of_utterance>") {
+            return None;
+        }
+        "chatml"
+    } else if source.starts_with("mistral")
+        || has("[INST]")
+        || OTHERS_FIRST.iter().any(|markers| markers.iter().all(|m| has(m)))
+    {
+        return None;
+    } else if has("<|START_OF_TURN_TOKEN|>") && has("<|USER_TOKEN|>") {
+        "command-r"
+    } else if has("<|start_header_id|>") && has("<|end_header_id|>") {
+        "llama3"
+    } else {
+        return None;
+    };
+    Some(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_follows_llama_cpp_markers() {
+        let smollm2 = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+        assert_eq!(detect_built_in(smollm2), Some("chatml"));
+        assert_eq!(detect_built_in("llama3"), Some("llama3"));
+        assert_eq!(detect_built_in(LLAMA3), Some("llama3"));
+        assert_eq!(detect_built_in(COMMAND_R), Some("command-r"));
+        let gemma_with_header = "<start_of_turn><|start_header_id|><|end_header_id|>";
+        for other in ["<|im_start|>{{ x }}<|im_sep|>", "[INST] {{ x }} [/INST]", "{{ messages }}", gemma_with_header] {
+            assert_eq!(detect_built_in(other), None, "{other}");
+        }
+    }
+}

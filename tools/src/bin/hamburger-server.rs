@@ -228,6 +228,7 @@ fn run(mut args: Args) -> Result<()> {
         },
         queue: args.queue,
         chat_template: args.template.source()?,
+        no_jinja: args.llama.no_jinja,
         template_isolation: Some(tools::cli::template_isolation()?),
         alias: aliases.first().cloned(),
         n_predict: usize::try_from(args.n_predict).ok(),
