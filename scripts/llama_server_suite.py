@@ -23,11 +23,19 @@ design) and `not-yet.txt` (what it still lacks), each test there with its
 reason. A test of expected-pass.txt must pass; a test of expected-fail.txt
 must pass or fail where llama-server's did: most of those check an answer's
 text against the suite's own tiny model, after the checks of status and
-fields that both servers pass. It prints one cargo-style `test result:`
-line and exits non-zero when a test did neither.
+fields that both servers pass.
+
+The answers themselves are compared too: a pytest plugin
+(llama_suite_answers.py) records every answer's text per test, and each
+test's texts must be llama-server's on the same model
+(`llama-server-answers.json`, recorded with `--record-answers` against
+llama-server), but for `answers-differ.txt` (by design, each with why) and
+a couple of near-ties. It prints one cargo-style `test result:` line and
+exits non-zero when a test did neither.
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -36,6 +44,7 @@ import sys
 import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +90,17 @@ DESELECTED = [
                                              "test_completion_without_tool_call_slow", "test_weather",
                                              "test_calc_result", "test_thoughts", "test_hello_world")
 ]
+# The answers llama-server gave, per test, on the same model (recorded with
+# --record-answers), and the tests whose answers differ by design, each
+# with why (a test id, or a pattern whose '*' stands for any text).
+ANSWERS = LISTS / "llama-server-answers.json"
+ANSWERS_DIFFER = LISTS / "answers-differ.txt"
+# Answers that may part from llama-server's unexplained: a near-tie of two
+# tokens (greedy) or of a draw and a cumulative probability (sampled) turns
+# on the last bits of the logits, which differ between the two engines and
+# between CPUs. A regression (a sampler's order, its random numbers, a
+# template) parts dozens.
+NEAR_TIES_ALLOWED = 2
 HUB_FLAGS = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "-hf": 1, "-hff": 1}
 
 
@@ -195,9 +215,11 @@ def run(a: argparse.Namespace) -> int:
     py = venv_python()
     tests = suite / "tools/server/tests"
     junit = Path(a.junit).resolve() if a.junit else Path(tempfile.mkdtemp()) / "suite.xml"
+    answers_file = Path(a.record_answers).resolve() if a.record_answers else junit.with_suffix(".answers.json")
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(Path(__file__).resolve()),
            "SUITE_SERVER": str(Path(a.server).resolve()), "SUITE_MODEL": str(Path(a.model).resolve()),
-           "HF_HUB_OFFLINE": "1", "PORT": str(a.port)}
+           "HF_HUB_OFFLINE": "1", "PORT": str(a.port), "SUITE_ANSWERS": str(answers_file),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")])}
     # test_speculative.py's draft model, which its own code would download
     # from the hub into tests/tmp: the same local model stands in.
     draft = tests / "tmp" / DRAFT_MODEL
@@ -206,7 +228,7 @@ def run(a: argparse.Namespace) -> int:
     draft.symlink_to(Path(a.model).resolve())
     files = [f"unit/{f}" for f in (a.files or SUITE_FILES)]
     deselect = [arg for t in DESELECTED if t.split("::")[0] in files for arg in ("--deselect", t)]
-    cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files, *deselect, *a.pytest]
+    cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "llama_suite_answers", f"--junitxml={junit}", *files, *deselect, *a.pytest]
     subprocess.run(cmd, cwd=tests, env=env, stdout=None if a.verbose else subprocess.DEVNULL)
     if not junit.exists():
         fail("pytest wrote no report")
@@ -237,11 +259,44 @@ def run(a: argparse.Namespace) -> int:
             print(f"now passes, drop it from refused.txt / not-yet.txt: {t}")
     alike = len([t for t in failing if t not in excused and outcome(t)[0] == "failed" and t not in unlike])
     n_ok = len([t for t in expected if t not in excused]) - len(missing)
-    bad = len(missing) + len(unlike)
+    bad = len(missing) + len(unlike) + compare_answers(answers_file, excused)
     # (The totals of scripts/test.sh count "N passed" and "N failed": the tests
     # that fail where llama-server fails are said otherwise.)
     print(f"test result: {'ok' if not bad else 'FAILED'}. {n_ok} passed; {bad} failed; {alike} as llama-server, where it fails (llama-server's suite)")
     return 1 if bad else 0
+
+
+def where_parted(ours: str, theirs: str) -> str:
+    """The two texts around the first character where they part."""
+    k = next((i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y), min(len(ours), len(theirs)))
+    return f"at character {k}: ours {ours[max(0, k - 20):k + 30]!r}, llama-server's {theirs[max(0, k - 20):k + 30]!r}"
+
+
+def compare_answers(answers_file: Path, excused: dict[str, str]) -> int:
+    """Compares each test's answer texts with llama-server's on the same model
+    (ANSWERS, as a multiset: parallel requests finish in any order), but for
+    the tests of ANSWERS_DIFFER and `excused`; prints each test
+    whose answers part and returns 1 when more than NEAR_TIES_ALLOWED do."""
+    theirs = json.loads(ANSWERS.read_text())
+    ours = json.loads(answers_file.read_text()) if answers_file.exists() else {}
+    differ = read_list(ANSWERS_DIFFER)
+    # A pattern's '*' stands for any text; its brackets are the test ids' own.
+    patterns = [re.compile(".*".join(map(re.escape, p.split("*")))) for p in differ]
+    known = lambda t: t in excused or any(p.fullmatch(t) for p in patterns)
+    compared = [t for t in sorted(set(theirs) | set(ours)) if not known(t)]
+    parted = [t for t in compared if Counter(ours.get(t, [])) != Counter(theirs.get(t, []))]
+    for t in parted:
+        a, b = Counter(ours.get(t, [])), Counter(theirs.get(t, []))
+        only_ours, only_theirs = list((a - b).elements()), list((b - a).elements())
+        if only_ours and only_theirs:
+            what = where_parted(only_ours[0], only_theirs[0])
+        else:
+            what = f"{len(only_ours)} answers of ours, {len(only_theirs)} of llama-server's unmatched"
+        print(f"answer unlike llama-server's: {t}: {what}")
+    ok = len(parted) <= NEAR_TIES_ALLOWED
+    print(f"answers: {len(compared) - len(parted)} of {len(compared)} tests answer llama-server's text "
+          f"({len(parted)} part, {NEAR_TIES_ALLOWED} near-ties allowed; {len(differ)} differ by design: {ANSWERS_DIFFER.name})")
+    return 0 if ok else 1
 
 
 def main() -> None:
@@ -257,6 +312,7 @@ def main() -> None:
     r.add_argument("--files", nargs="*", help="suite files to run (default: SUITE_FILES)")
     r.add_argument("--record", help="write the passing tests' ids here (for expected-pass.txt)")
     r.add_argument("--record-failures", help="write the failing tests' ids and where they failed here (for expected-fail.txt)")
+    r.add_argument("--record-answers", help="write every test's answer texts here (for llama-server-answers.json)")
     r.add_argument("--check", action="store_true", help="compare with expected-pass.txt less refused.txt")
     r.add_argument("--verbose", action="store_true", help="show pytest's output")
     r.add_argument("pytest", nargs="*", help="after --: pytest's own arguments")
