@@ -59,8 +59,8 @@ fn specs(tools: &[Tool]) -> Result<Vec<ToolSpec>, ApiError> {
 impl ToolRequest {
     /// The tools a chat request uses, whose template's model calls them in
     /// `format` (None: the template renders no tools): `None` when it gives
-    /// none or `tool_choice` is "none" (no tools reach the template, no call
-    /// is made).
+    /// none or `tool_choice` is "none" (no call is made; the template may
+    /// still show them: [`ToolRequest::shown_only`]).
     ///
     /// # Errors
     /// A 400 naming the field: a tool without a name or with a non-object
@@ -108,6 +108,22 @@ impl ToolRequest {
             None => (CallFormat::GENERIC, Some(CallFormat::GENERIC.instructions(&tools))),
         };
         Ok(Some(ToolRequest { tools, callable, rule, format, instructions }))
+    }
+
+    /// The tools a request with `tool_choice` "none" still shows its
+    /// template, as llama-server does, when the template renders tools
+    /// (`format`): no call is made, no answer constrained. Empty otherwise.
+    pub fn shown_only(
+        tools: Option<&[Tool]>,
+        tool_choice: Option<&ToolChoice>,
+        format: Option<CallFormat>,
+    ) -> Vec<Value> {
+        match (tools, tool_choice, format) {
+            (Some(tools), Some(ToolChoice::Mode(ToolMode::None)), Some(_)) => {
+                tools.iter().map(|t| serde_json::to_value(t).unwrap_or_default()).collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// The `tools` entries for the chat template (none when it renders none).

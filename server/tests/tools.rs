@@ -122,6 +122,10 @@ fn required_and_named_tool_calls_follow_the_tools_schemas_at_forced_k4() {
     let (status, v) = s.post("/v1/chat/completions", &request(ask("hi"), json!("none")));
     assert_eq!(status, 200, "{v}");
     assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+    // "none" makes no call, but the template still shows the tools (as llama-server's does).
+    let (_, bare) = s.post("/v1/chat/completions", &json!({"messages": ask("hi"), "max_tokens": 1}));
+    let prompt_tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens(&v) > prompt_tokens(&bare) + 50, "{v} against {bare}");
 
     for (body, field) in [
         (request(ask("hi"), json!({"type": "function", "function": {"name": "book_hotel"}})), "tool_choice"),

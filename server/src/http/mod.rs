@@ -243,7 +243,10 @@ fn rewritten_stream(
 /// A chat's prompt ([`crate::prompt::render`]), its tools given to the
 /// template, as token ids, with the prefill its answer starts with.
 async fn chat_prompt(s: &AppState, req: &ChatRequest, tools: Option<&ToolRequest>) -> Result<Prompted, ApiError> {
-    let template_tools = tools.map(|t| t.for_template().to_vec()).unwrap_or_default();
+    let template_tools = match tools {
+        Some(t) => t.for_template().to_vec(),
+        None => ToolRequest::shown_only(req.tools.as_deref(), req.tool_choice.as_ref(), s.tool_format),
+    };
     let tool_prompt = tools.and_then(ToolRequest::instructions).map(str::to_string);
     let (info, req) = (s.info.clone(), req.clone());
     blocking(move || {
