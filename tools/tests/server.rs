@@ -188,6 +188,28 @@ fn slots_and_context_beyond_the_machine_are_refused_before_allocating() {
     }
 }
 
+/// `--no-jinja` with a template that is none of llama.cpp's built-in ones
+/// (it would render it as nothing llama-server renders) stops the server at
+/// start in one line naming the flag.
+#[test]
+fn no_jinja_with_a_template_llama_cpp_cannot_render_without_jinja_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("plain.jinja");
+    std::fs::write(&template, "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+    testing::process::assert_one_line_error(
+        testing::process::limited(env!("CARGO_BIN_EXE_hamburger-server")).args([
+            "-m",
+            tiny().to_str().unwrap(),
+            "--port",
+            "0",
+            "--no-jinja",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ]),
+        &["--no-jinja", "built-in"],
+    );
+}
+
 /// A draft model (`-md`) that cannot draft for the model stops the server
 /// at start in one line: a missing file named, one of another vocabulary
 /// with both sizes.

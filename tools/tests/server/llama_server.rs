@@ -24,6 +24,19 @@ fn llama_server_flags_keep_their_meaning() {
     assert_eq!(v["usage"]["completion_tokens"], 9, "a request's max_tokens wins: {v}");
 }
 
+/// `--no-jinja` (which llama-server's suite starts every server with)
+/// renders the template as the built-in one llama.cpp detects it as:
+/// SmolLM2's ChatML without the default system message its Jinja adds, a
+/// message's text parts joined with a newline, as llama-server renders it.
+#[test]
+fn no_jinja_renders_the_built_in_template_llama_cpp_detects() {
+    let s = Served::smollm2(&["-np", "1", "-c", "512", "--no-jinja"]);
+    let parts = json!([{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]);
+    let (status, v) = s.post("/apply-template", &json!({"messages": [{"role": "user", "content": parts}]}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["prompt"], "<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n", "{v}");
+}
+
 /// llama-server's operations routes: `/props` tells the settings, slots,
 /// model path and template; `/apply-template` renders a chat; `/completion`
 /// answers in llama-server's native shape; the metrics are also under
