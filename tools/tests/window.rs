@@ -28,28 +28,35 @@ fn run_ok(c: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// ShareGPT's layout: a JSON array of `{id, conversations: [{from, value}]}`,
-/// cut in the middle of its last entry. `toy2` hashes into the held-out split.
-fn sharegpt_file(path: &Path) {
-    let chat = |id: &str, turns: &[&str]| {
-        let conv: Vec<Value> = turns
-            .iter()
-            .enumerate()
-            .map(|(i, t)| json!({"from": if i % 2 == 0 { "human" } else { "gpt" }, "value": t}))
-            .collect();
-        json!({"id": id, "conversations": conv})
-    };
-    let entries = [
-        chat("toy1", &["Give me three tips for sleeping better.", "Keep a schedule.", "Why a schedule?"]),
-        chat("toy2", &["Explain recursion to a ten-year-old."]),
-        chat("toy3", &["Write a haiku about autumn leaves."]),
-        chat("toy4", &["give me three tips for sleeping   better."]), // a duplicate, folded
-        chat("toy5", &["What is the capital of France?"]),
-    ];
+/// A ShareGPT entry: `{id, conversations: [{from, value}]}`, human turns first.
+fn chat(id: &str, turns: &[&str]) -> Value {
+    let conv: Vec<Value> = turns
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"from": if i % 2 == 0 { "human" } else { "gpt" }, "value": t}))
+        .collect();
+    json!({"id": id, "conversations": conv})
+}
+
+/// ShareGPT's layout: a JSON array of `entries`, cut in the middle of a last one.
+fn sharegpt_file(path: &Path, entries: &[Value]) {
     let mut text = serde_json::to_string(&entries).unwrap();
     text.truncate(text.len() - 1);
     text.push_str(", {\"id\": \"toy6\", \"conversations\": [{\"from\": \"human\", \"val");
     std::fs::write(path, text).unwrap();
+}
+
+/// `hamburger-train pack` of `entries` (as a ShareGPT file) and the
+/// standard library's prompts, by `mix`, in folders of 40 MiB under `d/pack`.
+fn pack_chats(d: &Path, entries: &[Value], mix: &[&str]) -> PathBuf {
+    sharegpt_file(&d.join("sharegpt.json"), entries);
+    let pack = d.join("pack");
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "2", "pack", "--work"]).arg(d.join("work")).arg("--bin").arg(bin_dir());
+    c.args(mix).arg("--sharegpt").arg(d.join("sharegpt.json"));
+    c.arg("--out").arg(&pack).args(["--room-mib", "40"]);
+    run_ok(&mut c);
+    pack
 }
 
 /// `window.sh` from `folder` with the pack, work and output folders of `dir`.
@@ -59,6 +66,25 @@ fn window_sh(dir: &Path, folder: &Path, args: &[&str]) -> Command {
     c.env("HAMBURGER_PACK", dir.join("staged")).env("HAMBURGER_WORK", dir.join("device-work"));
     c.env("OUT", dir.join("out")).env("PYTHON", repo().join("train/.venv/bin/python"));
     c
+}
+
+/// Stages every folder of `pack` as on the GPU machine, runs the window from
+/// the last with the toy flags and `extra`, and returns its `window.json`.
+fn stage_and_run(d: &Path, pack: &Path, extra: &[&str]) -> Value {
+    let mut folders: Vec<PathBuf> =
+        std::fs::read_dir(pack).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    folders.sort();
+    for f in &folders[..folders.len() - 1] {
+        run_ok(&mut window_sh(d, f, &["stage"]));
+    }
+    run_ok(&mut window_sh(d, folders.last().unwrap(), &[&["run"], &TOY[..], extra].concat()));
+    serde_json::from_str(&std::fs::read_to_string(d.join("out/window.json")).unwrap()).unwrap()
+}
+
+/// Whether the window's returned history records a calibration of the stop head.
+fn calibrated(out: &Path) -> bool {
+    let history: Value = serde_json::from_str(&std::fs::read_to_string(out.join("history.json")).unwrap()).unwrap();
+    history.as_array().unwrap().iter().any(|h| h["kind"] == "calibration")
 }
 
 fn gz_lines(path: &Path) -> Vec<Value> {
@@ -87,13 +113,15 @@ const TOY: [&str; 14] = [
 fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    sharegpt_file(&d.join("sharegpt.json"));
-    let pack = d.join("pack");
-    let mut c = Command::new(repo().join("train/hamburger-train"));
-    c.args(["-t", "2", "pack", "--work"]).arg(d.join("work")).arg("--bin").arg(bin_dir());
-    c.args(["--prompts", "8", "--sharegpt-share", "0.75", "--sharegpt"]).arg(d.join("sharegpt.json"));
-    c.arg("--out").arg(&pack).args(["--room-mib", "40"]);
-    run_ok(&mut c);
+    // `toy2` hashes into the held-out split.
+    let entries = [
+        chat("toy1", &["Give me three tips for sleeping better.", "Keep a schedule.", "Why a schedule?"]),
+        chat("toy2", &["Explain recursion to a ten-year-old."]),
+        chat("toy3", &["Write a haiku about autumn leaves."]),
+        chat("toy4", &["give me three tips for sleeping   better."]), // a duplicate, folded
+        chat("toy5", &["What is the capital of France?"]),
+    ];
+    let pack = pack_chats(d, &entries, &["--prompts", "8", "--sharegpt-share", "0.75"]);
 
     let prompts: Vec<Value> = std::fs::read_to_string(d.join("work/prompts.jsonl"))
         .unwrap()
@@ -121,16 +149,12 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
         let size: u64 = std::fs::read_dir(f).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
         assert!(size <= 40 << 20 | 8192, "{} holds {size} bytes", f.display());
     }
-    for f in &folders[..folders.len() - 1] {
-        run_ok(&mut window_sh(d, f, &["stage"]));
-    }
-    run_ok(&mut window_sh(d, folders.last().unwrap(), &[&["run"], &TOY[..]].concat()));
-
+    let summary = stage_and_run(d, &pack, &[]);
     let out = d.join("out");
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("window.json")).unwrap()).unwrap();
     assert_eq!(summary["done"], true, "{summary}");
     assert_eq!(summary["answered"], 8, "{summary}");
     assert_eq!(summary["steps"], 2, "{summary}");
+    assert!(calibrated(&out), "calibrated on toy2's held-out answer");
     let answers = gz_lines(&out.join("answers.jsonl.gz"));
     assert_eq!(answers.len(), 8);
     for a in &answers {
@@ -185,13 +209,7 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     run_ok(&mut c);
     std::fs::remove_dir_all(d.join("staged")).unwrap();
     std::fs::remove_dir_all(d.join("device-work")).unwrap();
-    let mut folders: Vec<PathBuf> =
-        std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
-    folders.sort();
-    for f in &folders[..folders.len() - 1] {
-        run_ok(&mut window_sh(d, f, &["stage"]));
-    }
-    run_ok(&mut window_sh(d, folders.last().unwrap(), &[&["run"], &TOY[..], &["--answer-share", "0"]].concat()));
+    stage_and_run(d, &pack, &["--answer-share", "0"]);
     let again = gz_lines(&out.join("answers.jsonl.gz"));
     let key = |v: &Vec<Value>| {
         let mut k: Vec<String> = v.iter().map(|a| format!("{}={}", a["id"], a["answer"])).collect();
@@ -223,4 +241,27 @@ fn a_missing_or_broken_data_package_or_answers_file_is_one_line_naming_it() {
     c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
     c.arg("--bin").arg(bin_dir()).arg("--answers").arg(d.join("answers.jsonl.gz")).arg("--out").arg(d.join("pack"));
     assert_one_line_error(&mut c, &["--answers", "answers.jsonl.gz"]);
+}
+
+/// A window whose held-out answers are all evaluation prompts (which
+/// calibration never fits on) still exports its trained modules, uncalibrated.
+#[test]
+fn a_window_with_only_evaluation_prompts_held_out_exports_uncalibrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // `ltqfPQc_0#0` is the first prompt of train/sharegpt-heldout.jsonl, the general evaluation set.
+    let entries = [
+        chat("ltqfPQc_0", &["please help me plan a 5-day Kyoto trip."]),
+        chat("toy3", &["Write a haiku about autumn leaves."]),
+        chat("toy5", &["What is the capital of France?"]),
+    ];
+    let pack = pack_chats(d, &entries, &["--prompts", "3", "--sharegpt-share", "1"]);
+    let prompts = std::fs::read_to_string(d.join("work/prompts.jsonl")).unwrap();
+    assert!(prompts.contains(r#""id": "sharegpt:ltqfPQc_0#0""#) && prompts.contains("heldout"), "{prompts}");
+
+    let summary = stage_and_run(d, &pack, &[]);
+    assert_eq!(summary["done"], true, "{summary}");
+    assert!(!calibrated(&d.join("out")), "nothing to calibrate on");
+    let log = std::fs::read_to_string(d.join("out/window.log")).unwrap();
+    assert!(log.contains("not calibrated"), "{log}");
 }

@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 
 from . import calibrate, export, generate, gguf, records, segment, train
 from .model import HAMburger
-from .state import load_segments, train_dir
+from .state import train_dir
 
 SIDE_FILES = export.SIDE_FILES
 PART_BYTES = 15 * 1024 * 1024
@@ -141,10 +141,11 @@ def run(pack: Path, work: Path, out: Path, minutes: float, answer_share: float, 
     train.run(work, base, deadline=end - EXPORT_RESERVE_S, **train_args)
     st = torch.load(train_dir(work) / "state.pt", weights_only=False, map_location="cpu")
     note(steps=st["step"], seen_tokens=st["history"][-1]["seen_tokens"] if st["history"] else 0)
-    if load_segments(work, "heldout"):
+    if calibrate.calibration_rows(work):
         calibrate.run(work, base, refit=False)
     else:
-        print("window: no held-out answers, so the stop head is not calibrated", file=sys.stderr)
+        print("window: no held-out answers outside the evaluation prompts, so the stop head is not calibrated",
+              file=sys.stderr)
     export.run(work, base, work / "export")
     note(parts=[p.name for p in split_file(work / "export" / "grafted.safetensors", out)])
     shutil.copyfile(train_dir(work) / "history.json", out / "history.json")
