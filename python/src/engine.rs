@@ -111,10 +111,9 @@ impl Engine {
         let chat_template = match (chat_template, chat_format) {
             (Some(jinja), _) => Some(jinja),
             (None, Some(name)) => Some(hamburger::chat::built_in(name).map(str::to_string).ok_or_else(|| {
-                let names: Vec<&str> = hamburger::chat::BUILT_IN.iter().map(|(n, _)| *n).collect();
                 PyValueError::new_err(format!(
                     "chat_format '{name}': expected one of {} (or chat_template, a Jinja template)",
-                    names.join(", ")
+                    hamburger::chat::built_in_names()
                 ))
             })?),
             (None, None) => None,

@@ -199,9 +199,14 @@ impl Sampler {
         let r = self.rng.uniform();
         if self.p.top_k == 0 && self.p.top_p >= 1.0 {
             // No truncation sorted llama.cpp's candidates: it draws them in
-            // token order.
-            let mut by_token = dist.to_vec();
-            by_token.sort_unstable_by_key(|c| c.0);
+            // token order, which laying the probabilities out by token gives
+            // without a second sort of the vocabulary.
+            let mut dense = vec![0f32; dist.iter().map(|c| c.0 as usize + 1).max().unwrap_or(0)];
+            for &(t, p) in dist {
+                dense[t as usize] = p;
+            }
+            let by_token: Vec<(u32, f32)> =
+                dense.into_iter().enumerate().filter(|c| c.1 > 0.0).map(|(t, p)| (t as u32, p)).collect();
             return crate::sampling::speculative::draw(&by_token, r);
         }
         crate::sampling::speculative::draw(dist, r)

@@ -273,8 +273,10 @@ impl ChatTemplateArgs {
         if t.contains("{%") || t.contains("{{") {
             return Ok(Some(t.to_string()));
         }
-        let names: Vec<&str> = hamburger::chat::BUILT_IN.iter().map(|(name, _)| *name).collect();
-        anyhow::bail!("--chat-template {t}: not a built-in template ({}) nor Jinja source", names.join(", "))
+        anyhow::bail!(
+            "--chat-template {t}: not a built-in template ({}) nor Jinja source",
+            hamburger::chat::built_in_names()
+        )
     }
 }
 

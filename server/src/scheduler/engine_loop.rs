@@ -121,15 +121,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
     let tokenizer = Tokenizer::from_model(model)?;
     let source = cfg.chat_template.as_deref().or(model.vocab.chat_template.as_deref());
     let source = match source {
-        Some(s) if cfg.no_jinja => Some(hamburger::chat::detect_built_in(s).and_then(hamburger::chat::built_in).ok_or_else(
-            || {
-                let names: Vec<&str> = hamburger::chat::BUILT_IN.iter().map(|(n, _)| *n).collect();
-                hamburger::Error::Template(format!(
-                    "--no-jinja: the chat template is none of the built-in templates ({}) that llama.cpp renders without Jinja; drop --no-jinja to render it as Jinja",
-                    names.join(", ")
-                ))
-            },
-        )?),
+        Some(s) if cfg.no_jinja => Some(hamburger::chat::without_jinja(s)?),
         other => other,
     };
     let chat_template = source.map(|s| ChatTemplate::for_model(s, model, &tokenizer)).transpose()?;

@@ -1,9 +1,11 @@
 //! llama.cpp's built-in chat templates, by name.
 
+use crate::error::{Error, Result};
+
 /// llama.cpp's built-in templates that a name selects instead of the
 /// model's own (`--chat-template NAME`, the Python package's `chat_format`),
 /// as Jinja: ChatML, Llama 2's, Llama 3's and Command R's turns.
-pub const BUILT_IN: [(&str, &str); 4] =
+const BUILT_IN: [(&str, &str); 4] =
     [("chatml", CHATML), ("llama2", LLAMA2), ("llama3", LLAMA3), ("command-r", COMMAND_R)];
 
 /// Llama 2's turns (`--chat-template llama2`): a system message folded into
@@ -23,6 +25,25 @@ pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + messa
 /// The Jinja source of the built-in template `name`, if there is one.
 pub fn built_in(name: &str) -> Option<&'static str> {
     BUILT_IN.iter().find(|(n, _)| *n == name).map(|(_, source)| *source)
+}
+
+/// The built-in templates' names, comma-separated, for the messages that list them.
+pub fn built_in_names() -> String {
+    BUILT_IN.map(|(name, _)| name).join(", ")
+}
+
+/// The built-in template's source that llama.cpp renders `source` as when
+/// Jinja is off (llama-server's `--no-jinja`: the template it detects by
+/// `llm_chat_detect_template`'s markers), or an error naming the flag when
+/// it renders none of them.
+pub fn without_jinja(source: &str) -> Result<&'static str> {
+    detect_built_in(source).and_then(built_in).ok_or_else(|| {
+        Error::Template(format!(
+            "--no-jinja: the chat template is none of the built-in templates ({}) that llama.cpp renders \
+             without Jinja; drop --no-jinja to render it as Jinja",
+            built_in_names()
+        ))
+    })
 }
 
 /// The markers of templates llama.cpp detects before Command R's and Llama
@@ -48,7 +69,7 @@ const OTHERS_FIRST: [&[&str]; 11] = [
 /// templates here). `None`: none of these, or a variant llama.cpp renders
 /// otherwise (Phi-4's and SmolVLM's ChatML, Mistral's and Llama 2's
 /// `[INST]` variants).
-pub fn detect_built_in(source: &str) -> Option<&'static str> {
+fn detect_built_in(source: &str) -> Option<&'static str> {
     let has = |marker: &str| source.contains(marker);
     let name = if let Some((name, _)) = BUILT_IN.iter().find(|(n, _)| *n == source) {
         name

@@ -12,7 +12,7 @@ use std::io;
 use minijinja::{context, Environment};
 use serde::{Deserialize, Serialize};
 
-pub use built_in::{built_in, detect_built_in, BUILT_IN, CHATML};
+pub use built_in::{built_in, built_in_names, without_jinja, CHATML};
 pub use child::{serve_if_child, Isolation, CHILD_ENV};
 pub use tool_call::{CallFormat, CallRule, ToolCall, ToolSpec};
 
