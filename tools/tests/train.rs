@@ -157,7 +157,8 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     assert!(!keys("model.safetensors").iter().any(|k| k.contains(".lora_")), "adapters left unfolded");
 
     // A new run started from the export goes on from where this one ended
-    // (here on the data's tokens alone: the hard-target path).
+    // (here on the data's tokens alone: the hard-target path), with the
+    // tuned layers and the adapters frozen as the export left them.
     let again = dir.path().join("again");
     std::fs::create_dir_all(&again).unwrap();
     fixture_work(&again, false);
@@ -170,12 +171,22 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
             .arg(&fx)
             .arg("--init")
             .arg(out.join("grafted.safetensors"))
-            .args(["--steps", "5", "--batch", "4", "--lr", "2e-3"]),
+            .args(["--steps", "5", "--batch", "4", "--lr", "2e-3", "--lora-rank", "2", "--base-lr-scale", "0"]),
     );
     let resumed: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(again.join("train/history.json")).unwrap()).unwrap();
     let first = resumed.iter().find(|h| h["kind"] == "train").unwrap()["ce"].as_f64().unwrap();
     assert!(first < ce[0] * 0.95, "--init did not start from the trained weights: CE {first} vs {}", ce[0]);
+    let frozen = dir.path().join("frozen");
+    run_ok(train_tool().arg("export").arg("--work").arg(&again).arg("--base").arg(&fx).arg("--out").arg(&frozen));
+    let (before, after) = (tensors(&out.join("grafted.safetensors")), tensors(&frozen.join("grafted.safetensors")));
+    assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
+    let (base, grafted): (Vec<_>, Vec<_>) = before.keys().partition(|k| k.starts_with("model.model.layers."));
+    assert!(base.iter().any(|k| k.ends_with(".lora_A")) && base.iter().any(|k| k.ends_with("mlp.up_proj.weight")));
+    for k in base {
+        assert!(before[k] == after[k], "{k} moved under --base-lr-scale 0");
+    }
+    assert!(grafted.iter().any(|k| before[*k] != after[*k]), "the grafted modules did not learn");
 
     calibration_is_fitted_on_held_out_answers_and_folded_in(dir.path(), &work);
     diagnosis_gates_micro_tokens_by_the_stop_head(&dir.path().join("cal"));
@@ -220,6 +231,13 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
         let g = decisions_of(got_steps.iter().map(|s| (&s[..], &[][..], Vec::new())), &rule);
         assert_agree(&g, &w, 0.1, 5e-3, &format!("confidence {conf}"));
     }
+}
+
+/// A safetensors file's tensors by name, as raw bytes.
+fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors().into_iter().map(|(k, v)| (k, v.data().to_vec())).collect()
 }
 
 /// `calibrate` on a copy of the trained state, with every other fixture

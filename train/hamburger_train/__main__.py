@@ -125,6 +125,9 @@ def train_flags(p: argparse.ArgumentParser) -> None:
                    help="rank of low-rank adapters on the base layers not tuned (0: none)")
     p.add_argument("--plain-weight", type=float, default=0.0,
                    help="weight of the plain-input distillation (one answer per step fed token by token; 0: none)")
+    p.add_argument("--base-lr-scale", type=share, default=1.0, metavar="F",
+                   help="the tuned base layers' and the adapters' learning rates times F, between 0 and 1 (0: they "
+                        "stay as --init left them and only the grafted modules learn; default 1)")
     p.add_argument("--micro-windows", action="store_true", help="the micro decoder and stop head learn the up to 3 "
                    "tokens after every step's first, not only the step's own (the stop head then ends steps)")
     p.add_argument("--init", type=Path, help="start from this grafted.safetensors (e.g. the shipped model's)")
@@ -248,7 +251,8 @@ def parser() -> Parser:
 def train_args(a: argparse.Namespace) -> dict:
     """`train.run`'s schedule and shape from the train flags."""
     return {"steps": a.steps, "batch": a.batch, "lr": a.lr, "seed": a.seed, "tuned_layers": a.tune_layers,
-            "lora_rank": a.lora_rank, "plain_weight": a.plain_weight, "windows": a.micro_windows}
+            "lora_rank": a.lora_rank, "plain_weight": a.plain_weight, "windows": a.micro_windows,
+            "base_lr_scale": a.base_lr_scale}
 
 
 def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:

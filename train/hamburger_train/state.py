@@ -66,10 +66,11 @@ def snapshot_path(work: Path, step: int) -> Path:
 
 
 def save_state(path: Path, model: HAMburger, opt: torch.optim.Optimizer, step: int, history: list,
-               windows: bool) -> None:
+               windows: bool, base_lr_scale: float) -> None:
     """Writes the training state atomically, with the settings a resumed run keeps."""
     write_state(path, {"grafted": model.trained_state(), "opt": opt.state_dict(), "step": step, "history": history,
-                       "tuned_layers": model.tuned_layers, "lora_rank": model.lora_rank, "windows": windows})
+                       "tuned_layers": model.tuned_layers, "lora_rank": model.lora_rank, "windows": windows,
+                       "base_lr_scale": base_lr_scale})
 
 
 def write_state(path: Path, state: dict) -> None:

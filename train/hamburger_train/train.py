@@ -116,26 +116,36 @@ def plot(history: list, path: Path) -> None:
     plt.close(fig)
 
 
-def optimizer(model: HAMburger, lr: float) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+def optimizer(model: HAMburger, lr: float, base_lr_scale: float = 1.0) -> tuple[torch.optim.Optimizer,
+                                                                              list[torch.nn.Parameter]]:
     """AdamW over what trains (the grafted modules at `lr`, the tuned layers
-    and the adapters at their scales of it), and those parameters."""
-    groups = [{"params": list(model.grafted_parameters()), "scale": 1.0},
-              {"params": list(model.tuned_parameters()), "scale": TUNED_LR_SCALE},
-              {"params": [p for p in model.adapter_parameters() if p.requires_grad], "scale": ADAPTER_LR_SCALE}]
+    and the adapters at their scales of it, times `base_lr_scale`), and those
+    parameters. With `base_lr_scale` 0 the tuned layers and the adapters stay
+    as loaded (frozen, no gradients): only the grafted modules learn."""
+    base = [p for p in model.tuned_parameters()] + [p for p in model.adapter_parameters() if p.requires_grad]
+    if base_lr_scale == 0:
+        for p in base:
+            p.requires_grad_(False)
+    groups = [{"params": list(model.grafted_parameters()), "scale": 1.0}]
+    if base_lr_scale > 0:
+        groups += [{"params": list(model.tuned_parameters()), "scale": TUNED_LR_SCALE * base_lr_scale},
+                   {"params": [p for p in model.adapter_parameters() if p.requires_grad],
+                    "scale": ADAPTER_LR_SCALE * base_lr_scale}]
     params = [p for g in groups for p in g["params"]]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), weight_decay=0.01), params
 
 
 def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
         init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0, windows: bool = False,
-        dtype: str = "f32", deadline: float | None = None) -> None:
+        base_lr_scale: float = 1.0, dtype: str = "f32", deadline: float | None = None) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
     A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
     shipped model: training goes on from it on new data) instead of
     `init_grafted`'s starting point. With `plain_weight` > 0 every step also
     distils one of its answers on plain inputs (`plain_loss`), at that weight.
     With `windows` the micro decoder and the stop head learn every step's
-    window (`sequence_loss`). The passes run under `device.autocast(dtype)`;
+    window (`sequence_loss`). `base_lr_scale` scales the tuned layers' and
+    the adapters' rates (0: they stay as `init` left them). The passes run under `device.autocast(dtype)`;
     at `deadline` (time.monotonic()) the run saves its state and stops, to
     go on when run again."""
     out = train_dir(work)
@@ -148,12 +158,12 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     st = torch.load(path, weights_only=False, map_location=torch.get_default_device()) if path.exists() else None
     if st is not None:  # a run resumes with the settings it started with
         tuned_layers, lora_rank = st.get("tuned_layers", tuned_layers), st.get("lora_rank", lora_rank)
-        windows = st.get("windows", False)
+        windows, base_lr_scale = st.get("windows", False), st.get("base_lr_scale", 1.0)
     model = HAMburger.from_checkpoint(base, tuned_layers, lora_rank)
     init_grafted(model, seed)
     if init is not None:
         model.load_original(load_file(str(init)), grafted_only=True)
-    opt, params = optimizer(model, lr)
+    opt, params = optimizer(model, lr, base_lr_scale)
     step, history = 0, []
     if st is not None:
         model.load_original(st["grafted"], grafted_only=True)
@@ -174,7 +184,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     plains: list[float] = []
     while step < steps:
         if deadline is not None and time.monotonic() > deadline:
-            save_state(path, model, opt, step, history, windows)
+            save_state(path, model, opt, step, history, windows, base_lr_scale)
             write_history(work, history)
             print(f"train: stopped at the deadline, step {step} of {steps} (saved)", file=sys.stderr)
             return
@@ -209,7 +219,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
             if held:
                 with torch.no_grad():
                     history.append(history_entry("val", step, seen, validate(model, held, plain_weight, windows)))
-            save_state(path, model, opt, step, history, windows)
+            save_state(path, model, opt, step, history, windows, base_lr_scale)
             if step % SNAPSHOT_EVERY == 0:
                 snapshot_path(work, step).parent.mkdir(exist_ok=True)
                 torch.save({"grafted": model.trained_state(), "step": step, "seen_tokens": seen},
