@@ -122,15 +122,14 @@ def optimizer(model: HAMburger, lr: float, base_lr_scale: float = 1.0) -> tuple[
     and the adapters at their scales of it, times `base_lr_scale`), and those
     parameters. With `base_lr_scale` 0 the tuned layers and the adapters stay
     as loaded (frozen, no gradients): only the grafted modules learn."""
-    base = [p for p in model.tuned_parameters()] + [p for p in model.adapter_parameters() if p.requires_grad]
-    if base_lr_scale == 0:
-        for p in base:
-            p.requires_grad_(False)
     groups = [{"params": list(model.grafted_parameters()), "scale": 1.0}]
-    if base_lr_scale > 0:
-        groups += [{"params": list(model.tuned_parameters()), "scale": TUNED_LR_SCALE * base_lr_scale},
-                   {"params": [p for p in model.adapter_parameters() if p.requires_grad],
-                    "scale": ADAPTER_LR_SCALE * base_lr_scale}]
+    for ps, scale in ((list(model.tuned_parameters()), TUNED_LR_SCALE),
+                      ([p for p in model.adapter_parameters() if p.requires_grad], ADAPTER_LR_SCALE)):
+        if base_lr_scale > 0:
+            groups.append({"params": ps, "scale": scale * base_lr_scale})
+        else:
+            for p in ps:
+                p.requires_grad_(False)
     params = [p for g in groups for p in g["params"]]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(0.9, 0.95), weight_decay=0.01), params
 
@@ -145,9 +144,9 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     distils one of its answers on plain inputs (`plain_loss`), at that weight.
     With `windows` the micro decoder and the stop head learn every step's
     window (`sequence_loss`). `base_lr_scale` scales the tuned layers' and
-    the adapters' rates (0: they stay as `init` left them). The passes run under `device.autocast(dtype)`;
-    at `deadline` (time.monotonic()) the run saves its state and stops, to
-    go on when run again."""
+    the adapters' rates (0: they stay as `init` left them). The passes run
+    under `device.autocast(dtype)`; at `deadline` (time.monotonic()) the run
+    saves its state and stops, to go on when run again."""
     out = train_dir(work)
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
