@@ -3,12 +3,15 @@
 # can run: Vulkan on Mesa's lavapipe (a Vulkan device on the CPU, which
 # scripts/install-vulkan.sh installs; on Debian 12 Mesa 25's, unpacked into
 # .vulkan-sdk/lavapipe, since Mesa 22's crashes), and CUDA where the machine
-# has an NVIDIA GPU. .ci/run runs it after the CPU tests.
+# has an NVIDIA GPU. Its own command, beside scripts/test.sh (which CI runs):
+# the second, `vulkan` build and lavapipe's shaders took 25 minutes on a
+# 2-core AVX2 machine (docs/gpu.md).
 #
-#   bash scripts/install-vulkan.sh && bash scripts/gpu-tests.sh
+#   bash scripts/gpu-tests.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
+bash scripts/install-vulkan.sh || status=$?
 
 # The golden cases at -ngl 0, part and all in F32 and F16 (tests/gpu.rs; `$2`
 # filters them), and the tools and the server on the device, built with the

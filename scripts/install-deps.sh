@@ -7,9 +7,9 @@
 # test (Debian's chromium and chromium-driver, and selenium in its own
 # environment, .venv-browser), lm-eval's API models (.venv-lm-eval), the
 # training tool's environment (train/.venv: PyTorch on the CPU), which its
-# tests run, and, through install-vulkan.sh, what the `vulkan` feature
-# builds with and the GPU tests run on (Mesa's lavapipe). Building and
-# chatting need none of these.
+# tests run. Building and chatting need none of these. (The GPU tests'
+# own, the `vulkan` build's packages and Mesa's lavapipe, come with
+# scripts/gpu-tests.sh, through install-vulkan.sh.)
 set -euo pipefail
 trap 'echo "install-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
@@ -53,6 +53,3 @@ lm_eval_venv="$(dirname "$0")/../.venv-lm-eval"
 }
 # hamburger-train's environment (does nothing when already complete).
 bash "$(dirname "$0")/../train/install.sh"
-# The Vulkan build's packages and lavapipe, for .ci/run's GPU stage (does
-# nothing when already installed).
-bash "$(dirname "$0")/install-vulkan.sh"
