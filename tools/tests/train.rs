@@ -148,11 +148,7 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     }
     // The adapters ship as factors beside the grafted modules; the full
     // checkpoint has them folded into the weights (the original layout).
-    let keys = |f: &str| {
-        let bytes = std::fs::read(out.join(f)).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        st.names().into_iter().map(String::from).collect::<Vec<_>>()
-    };
+    let keys = |f: &str| tensors(&out.join(f)).into_keys().collect::<Vec<_>>();
     assert!(keys("grafted.safetensors").iter().any(|k| k.ends_with(".lora_A")), "no adapters shipped");
     assert!(!keys("model.safetensors").iter().any(|k| k.contains(".lora_")), "adapters left unfolded");
 
@@ -357,6 +353,22 @@ fn micro_windows_teach_every_token_after_a_steps_first_and_a_resumed_run_keeps_t
     let tokens: Vec<f64> =
         history.iter().filter(|h| h["kind"] == "train").map(|h| h["tokens"].as_f64().unwrap()).collect();
     assert_eq!(tokens, vec![window_tokens(dir.path()); 2], "{history:?}");
+}
+
+/// The plain-input loss trains only the tuned layers and adapters, so with
+/// them frozen it is refused in one line naming both flags.
+#[test]
+fn train_refuses_the_plain_loss_with_the_base_frozen_naming_both_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    fixture_work(dir.path(), true);
+    let mut c = train_tool();
+    c.arg("train").arg("--work").arg(dir.path()).arg("--base").arg(tiny_fixture());
+    let out = c.args(["--steps", "1", "--plain-weight", "1", "--base-lr-scale", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains("--plain-weight") && err.contains("--base-lr-scale 0"), "{err}");
+    assert!(!dir.path().join("train/state.pt").exists(), "a refused run saved a state");
 }
 
 #[test]

@@ -158,6 +158,9 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     if st is not None:  # a run resumes with the settings it started with
         tuned_layers, lora_rank = st.get("tuned_layers", tuned_layers), st.get("lora_rank", lora_rank)
         windows, base_lr_scale = st.get("windows", False), st.get("base_lr_scale", 1.0)
+    if plain_weight > 0 and base_lr_scale == 0:
+        raise SystemExit("train: --plain-weight holds the tuned layers and adapters to the base, and "
+                         "--base-lr-scale 0 freezes them, so it would train nothing: drop one of the two")
     model = HAMburger.from_checkpoint(base, tuned_layers, lora_rank)
     init_grafted(model, seed)
     if init is not None:
