@@ -4,7 +4,7 @@
 # scripts/install-vulkan.sh installs; on Debian 12 Mesa 25's, unpacked into
 # .vulkan-sdk/lavapipe, since Mesa 22's crashes), and CUDA where the machine
 # has an NVIDIA GPU. Its own command, beside scripts/test.sh (which CI runs):
-# the second, `vulkan` build and lavapipe's shaders took 25 minutes on a
+# the second, `vulkan` build and lavapipe's shaders took 15 minutes on a
 # 2-core AVX2 machine (docs/gpu.md).
 #
 #   bash scripts/gpu-tests.sh

@@ -7,7 +7,7 @@
 # one line totalling every test binary's results: "tests: N passed, N
 # failed". Exits non-zero when any test failed. The GPU tests are their own
 # command (scripts/gpu-tests.sh: a second, `vulkan` build and Mesa's
-# lavapipe, 25 minutes on a 2-core AVX2 machine, which CI's time limit
+# lavapipe, 15 minutes alone on a 2-core AVX2 machine, which CI's time limit
 # does not hold beside the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
