@@ -21,10 +21,10 @@ llama-server did on the same model and the same kind of CPU
 fails, each with where: the line of the test file it failed at and the
 exception, recorded with `--record-failures`), less `refused.txt` (what
 hamburger-server refuses by design) and `not-yet.txt` (what it still
-lacks), each test there with its reason. A test of expected-pass.txt must pass; a test of expected-fail.txt
-must pass or fail where llama-server's did: most of those check an answer's
-text against the suite's own tiny model, after the checks of status and
-fields that both servers pass.
+lacks), each test there with its reason. A test of expected-pass.txt must
+pass; a test of expected-fail.txt must pass or fail where llama-server's
+did: most of those check an answer's text against the suite's own tiny
+model, after the checks of status and fields that both servers pass.
 
 The answers themselves are compared too: a pytest plugin
 (llama_suite_answers.py) records every answer's text per test, and each
@@ -238,6 +238,8 @@ def read_list(path: Path) -> dict[str, str]:
 
 
 def run(a: argparse.Namespace) -> int:
+    # Known before the suite runs: a kind with nothing to compare with is refused at once.
+    recording = recorded() if a.check else None
     suite = unpack_suite()
     py = venv_python()
     tests = suite / "tools/server/tests"
@@ -269,9 +271,8 @@ def run(a: argparse.Namespace) -> int:
         failed = sorted(f"{t}  {where}" for t, (o, where) in got.items() if o == "failed")
         Path(a.record_failures).write_text("".join(f + "\n" for f in failed))
         print(f"wrote {a.record_failures}")
-    if not a.check:
+    if recording is None:
         return 0
-    recording = recorded()
     expected = read_list(recording / "expected-pass.txt")
     failing = read_list(recording / "expected-fail.txt")
     excused = {**read_list(LISTS / "refused.txt"), **read_list(LISTS / "not-yet.txt")}
