@@ -11,10 +11,10 @@
 
 use std::rc::Rc;
 
-use ggml::{Backend, Context, Tensor, Type};
+use ggml::{Backend, Tensor, Type};
 
 use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
-use super::{finish, merger, rms_norm, start, token_input, StepGraph, Stops};
+use super::{finish, last_cols, merger, rms_norm, start, token_input, StepGraph, Stops};
 use crate::error::Result;
 use crate::memory::batch::Batch;
 use crate::memory::kv_cache::{KvCache, SeqId};
@@ -221,12 +221,6 @@ impl BaseInputs {
         }
         self.attn.set(kv, &layout.rows)
     }
-}
-
-/// The rows of `[D, ...]`'s `n` last columns.
-fn last_cols(g: &Context, t: &Tensor, n: usize) -> Tensor {
-    let nb1 = t.nb()[1];
-    g.view(t, &[t.ne()[0], n as i64], &[nb1], nb1 * (t.ne()[1] as usize - n))
 }
 
 /// Builds the base graph of `shape`; `features [D, F * n_seq]` receives the

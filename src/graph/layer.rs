@@ -5,7 +5,7 @@
 use ggml::{Context, Graph, Tensor, Type};
 use half::f16;
 
-use super::{ffn, rms_norm, rope_params};
+use super::{ffn, last_cols, rms_norm, rope_params};
 use crate::error::Result;
 use crate::memory::kv_cache::{KvCache, SeqId};
 use crate::model::hparams::HParams;
@@ -93,10 +93,15 @@ pub struct LayerCtx<'a> {
 }
 
 /// One Llama decoder layer over `x [D, n]`, writing its keys and values into
-/// the cache. With `n_out`, every row's keys and values are still cached, but
-/// only the last `n_out` rows (the output rows, which builders put last) are
-/// queried and go through the output projection and MLP: nothing reads the
-/// others after the final layer. The result is `[D, n_out]` (else `[D, n]`).
+/// the cache. With `n_out`, every row is attended and projected as without,
+/// but only the last `n_out` rows (the output rows, which builders put last)
+/// go on through the residual and the MLP: nothing reads the others after the
+/// final layer. The result is `[D, n_out]` (else `[D, n]`).
+///
+/// The rows are cut after attention, as llama.cpp cuts them: ggml's CPU flash
+/// attention sums in another order from 64 query rows on
+/// ([`crate::memory::row_class`]), so querying the output rows alone would
+/// compute them in another class than the forward's other layers do.
 pub fn decoder_layer(
     g: &Context,
     gf: &mut Graph,
@@ -117,27 +122,21 @@ pub fn decoder_layer(
     {
         gf.expand(&write);
     }
-    // The queried rows: all, or the last n_out with their positions and mask rows.
-    let (h, x, pos, mask) = match n_out.map(|m| m as i64).filter(|&m| m < n) {
-        Some(m) => {
-            let skip = (n - m) as usize;
-            let last = |t: &Tensor| g.view(t, &[t.ne()[0], m], &[t.nb()[1]], t.nb()[1] * skip);
-            let pos = g.view(&lc.attn.pos, &[m], &[], std::mem::size_of::<i32>() * skip);
-            (last(&h), last(x), pos, last(&lc.attn.mask))
-        }
-        None => (h, x.clone(), lc.attn.pos.clone(), lc.attn.mask.clone()),
+    let q = g.reshape(&g.mul_mat(&w.wq, &h), &[hd, hp.n_head as i64, n]); // [hd, H, n]
+    let q = g.rope(&q, &lc.attn.pos, lc.rope_freqs, rope).named(&format!("q_l{il}"));
+    let attn = g.mul_mat(&w.wo, &attention(g, lc, il, &q)); // [D, n]
+    let (attn, x) = match n_out.filter(|&m| (m as i64) < n) {
+        Some(m) => (last_cols(g, &attn, m), last_cols(g, x, m)),
+        None => (attn, x.clone()),
     };
-    let nq = h.ne()[1];
-    let q = g.reshape(&g.mul_mat(&w.wq, &h), &[hd, hp.n_head as i64, nq]); // [hd, H, nq]
-    let q = g.rope(&q, &pos, lc.rope_freqs, rope).named(&format!("q_l{il}"));
-    let attn = attention(g, lc, il, &q, &mask); // [H*hd, nq]
-    let x = g.add(&g.mul_mat(&w.wo, &attn), &x); // [D, nq]
+    let x = g.add(&attn, &x); // [D, n_out]
     let h = rms_norm(g, &x, &w.ffn_norm, hp.rms_eps);
     g.add(&ffn(g, w, &h), &x).named(&format!("l_out_{il}"))
 }
 
-/// Attention of `q [hd, H, n]` over the window of cache cells, with `mask [n_kv, n]`.
-fn attention(g: &Context, lc: &LayerCtx, il: usize, q: &Tensor, mask: &Tensor) -> Tensor {
+/// Attention of `q [hd, H, n]` over the window of cache cells, under the step's mask.
+fn attention(g: &Context, lc: &LayerCtx, il: usize, q: &Tensor) -> Tensor {
+    let mask = &lc.attn.mask;
     let hp = lc.hp;
     let n = q.ne()[2];
     let scale = 1.0 / (hp.head_dim as f32).sqrt();

@@ -200,6 +200,12 @@ pub fn finish<I>(
     Ok(StepGraph { graph: gf, sched, inputs, outputs: Outputs { logits, argmax, p_stop, p_stop_draft } })
 }
 
+/// The view of the `n` last columns (rows) of `t [D, m]`.
+pub fn last_cols(g: &Context, t: &Tensor, n: usize) -> Tensor {
+    let nb1 = t.nb()[1];
+    g.view(t, &[t.ne()[0], n as i64], &[nb1], nb1 * (t.ne()[1] as usize - n))
+}
+
 /// `rms_norm(x) * w`.
 pub fn rms_norm(g: &Context, x: &Tensor, w: &Tensor, eps: f32) -> Tensor {
     g.mul(&g.rms_norm(x, eps), w)
