@@ -11,8 +11,11 @@
 # Arguments go to scripts/llama_server_suite.py run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The binaries it runs (nothing to do after the tests' release build).
-cargo build --release --quiet -p hamburger-tools -p hamburger-testing --bins
+# The binaries it runs, built as the tests' release build builds them: the
+# same package selection, so the same features (a `cargo build -p ...` would
+# leave out the test-only dependencies' features, such as reqwest's hyper
+# client, and rebuild some 50 crates: minutes on a fresh machine).
+cargo test --release --workspace --no-run --quiet
 cache="${HAMBURGER_CACHE:-$HOME/.cache/hamburger}"
 bin=target/release
 model="$cache/llama-suite/smollm2-base-q8_0.gguf"

@@ -6,14 +6,20 @@
 # scripts/test.sh totals. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The binaries the tests run (nothing to do after the tests' release build).
-cargo build --release --quiet -p hamburger-tools -p hamburger-testing --bins
+# The binaries the tests run, built as the tests' release build builds
+# them: the same package selection, so the same features (a `cargo build
+# -p ...` would leave out the test-only dependencies' features, such as
+# reqwest's hyper client, and rebuild some 50 crates: minutes on a fresh
+# machine).
+cargo test --release --workspace --no-run --quiet
 venv=.venv-python
 "$venv/bin/python" -c "import maturin, pytest, jsonschema" >/dev/null 2>&1 || {
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q maturin pytest jsonschema
 }
-# Built once in the workspace's target folder: the wheel shares its crates.
-PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
+# Built in the workspace's target folder with the tests' dependency features
+# (python/Cargo.toml's `build-like-the-tests`), so the wheel shares their
+# crates: only pyo3 and the extension compile after the tests' build.
+MATURIN_PEP517_ARGS="--features build-like-the-tests" PATH="$PWD/$venv/bin:$PATH" "$venv/bin/pip" install -q --no-build-isolation --force-reinstall --no-deps ./python
 cd python/tests
 HF_HUB_OFFLINE=1 exec "../../$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
