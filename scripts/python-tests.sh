@@ -6,11 +6,7 @@
 # scripts/test.sh totals. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The binaries the tests run, built as the tests' release build builds
-# them: the same package selection, so the same features (a `cargo build
-# -p ...` would leave out the test-only dependencies' features, such as
-# reqwest's hyper client, and rebuild some 50 crates: minutes on a fresh
-# machine).
+# The binaries the tests run, built as scripts/llama-suite.sh says why.
 cargo test --release --workspace --no-run --quiet
 venv=.venv-python
 "$venv/bin/python" -c "import maturin, pytest, jsonschema" >/dev/null 2>&1 || {
