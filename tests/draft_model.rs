@@ -19,6 +19,7 @@ use std::path::Path;
 use hamburger::draft_model::{DraftModelParams, DraftSession, DraftSessionParams, DraftStats};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{EngineParams, LoadOptions, Model, SamplerParams, Session, SessionParams, StepParams};
+use testing::parallel::on_every_core;
 use testing::testmodel::{converted, smollm2_checkpoint, smollm2_trained_checkpoint, tiny_fixture};
 
 /// F32 logits of the same row under 1-row and multi-row kernels differ by
@@ -52,9 +53,10 @@ fn target_greedy(target: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec
 }
 
 /// Checks the verified output of every prompt against the target's own
-/// greedy output under the near-tie rule; returns the drafting statistics
-/// and the near ties met.
-fn check(target: &Model, draft: &Model, prompts: &[(Vec<u32>, usize)], s: Setting) -> (DraftStats, usize) {
+/// greedy output under the near-tie rule, the prompts shared over every
+/// core (each opening both models); returns the drafting statistics and the
+/// near ties met.
+fn check(target: &Path, draft: &Path, prompts: &[(Vec<u32>, usize)], s: Setting) -> (DraftStats, usize) {
     let params = DraftSessionParams {
         engine: engine(),
         step: s.step,
@@ -62,35 +64,18 @@ fn check(target: &Model, draft: &Model, prompts: &[(Vec<u32>, usize)], s: Settin
         draft: DraftModelParams { n_max: s.n_max, n_min: 0, p_min: 0.0 },
         ignore_eog: false,
     };
+    let indexed: Vec<(usize, &(Vec<u32>, usize))> = prompts.iter().enumerate().collect();
+    let per_prompt = on_every_core(&indexed, |share| {
+        let (target, draft) = (open(target), open(draft));
+        share.iter().map(|&(pi, (prompt, n))| check_one(&target, &draft, &params, pi, prompt, *n, s)).collect()
+    });
     let (mut total, mut near_ties) = (DraftStats::default(), 0);
-    for (pi, (prompt, n)) in prompts.iter().enumerate() {
-        let mut session = DraftSession::new(target, draft, params.clone()).unwrap();
-        let (gen, stats) = session.generate(prompt, *n, |_| true).unwrap();
-        let got = gen.output_ids;
-        assert!(gen.macro_steps.iter().all(|step| step.tokens.len() <= s.n_max + 1));
-        let mut from = 0;
-        while from < got.len() {
-            let context: Vec<u32> = prompt.iter().chain(&got[..from]).copied().collect();
-            let (want, logits) = target_greedy(target, &context, got.len() - from);
-            let same = got[from..].iter().zip(&want).take_while(|(a, b)| a == b).count();
-            if same == want.len() {
-                assert_eq!(got.len() - from, want.len(), "prompt {pi} {s:?}: the target ends at {}", from + same);
-                break;
-            }
-            let (i, ours, theirs) = (from + same, got[from + same], want[same]);
-            let l = &logits[same];
-            let gap = l[theirs as usize] - l[ours as usize];
-            assert!(
-                gap <= NEAR_TIE,
-                "prompt {pi} {s:?}: token {i} is {ours}, the target's is {theirs} by {gap} (no near tie)"
-            );
-            near_ties += 1;
-            from = i + 1;
-        }
+    for (stats, ties) in per_prompt {
         total.draft_forwards += stats.draft_forwards;
         total.target_forwards += stats.target_forwards;
         total.drafted += stats.drafted;
         total.accepted += stats.accepted;
+        near_ties += ties;
     }
     eprintln!(
         "{s:?}: {} drafted, {:.0}% accepted, {:.2} accepted per draft forward, {} target forwards, {near_ties} near ties",
@@ -100,6 +85,42 @@ fn check(target: &Model, draft: &Model, prompts: &[(Vec<u32>, usize)], s: Settin
         total.target_forwards
     );
     (total, near_ties)
+}
+
+/// [`check`] on prompt `pi`: its drafting statistics and near ties.
+fn check_one(
+    target: &Model,
+    draft: &Model,
+    params: &DraftSessionParams,
+    pi: usize,
+    prompt: &[u32],
+    n: usize,
+    s: Setting,
+) -> (DraftStats, usize) {
+    let mut session = DraftSession::new(target, draft, params.clone()).unwrap();
+    let (gen, stats) = session.generate(prompt, n, |_| true).unwrap();
+    let got = gen.output_ids;
+    assert!(gen.macro_steps.iter().all(|step| step.tokens.len() <= s.n_max + 1));
+    let (mut from, mut near_ties) = (0, 0);
+    while from < got.len() {
+        let context: Vec<u32> = prompt.iter().chain(&got[..from]).copied().collect();
+        let (want, logits) = target_greedy(target, &context, got.len() - from);
+        let same = got[from..].iter().zip(&want).take_while(|(a, b)| a == b).count();
+        if same == want.len() {
+            assert_eq!(got.len() - from, want.len(), "prompt {pi} {s:?}: the target ends at {}", from + same);
+            break;
+        }
+        let (i, ours, theirs) = (from + same, got[from + same], want[same]);
+        let l = &logits[same];
+        let gap = l[theirs as usize] - l[ours as usize];
+        assert!(
+            gap <= NEAR_TIE,
+            "prompt {pi} {s:?}: token {i} is {ours}, the target's is {theirs} by {gap} (no near tie)"
+        );
+        near_ties += 1;
+        from = i + 1;
+    }
+    (stats, near_ties)
 }
 
 fn open(path: &Path) -> Model {
@@ -113,9 +134,11 @@ fn forced(k: usize) -> StepParams {
 #[test]
 fn the_tiny_hamburger_drafting_for_its_base_gives_the_bases_greedy_output() {
     let ckpt = tiny_fixture().join("hamburger.ckpt");
-    let target = open(&converted(&ckpt, "tiny", ggml::Type::F32, true).unwrap());
-    let draft = open(&converted(&ckpt, "tiny", ggml::Type::F32, false).unwrap());
-    assert!(target.is_base_only() && !draft.is_base_only());
+    let (target, draft) = (
+        converted(&ckpt, "tiny", ggml::Type::F32, true).unwrap(),
+        converted(&ckpt, "tiny", ggml::Type::F32, false).unwrap(),
+    );
+    assert!(open(&target).is_base_only() && !open(&draft).is_base_only());
     let prompts: Vec<(Vec<u32>, usize)> =
         testing::golden::cases().into_iter().map(|c| (c.prompt_ids, c.max_new_tokens)).collect();
     // One token per draft step: the draft's base is the target, so almost
@@ -139,10 +162,9 @@ fn the_tiny_hamburger_drafting_for_its_base_gives_the_bases_greedy_output() {
 
 #[test]
 fn the_trained_smollm2_hamburger_drafting_for_smollm2_gives_smollm2s_greedy_output() {
-    let target = open(&converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, true).unwrap());
-    let draft_path = converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::F32, false);
-    let draft = open(&draft_path.unwrap());
-    let tok = Tokenizer::from_model(&target).unwrap();
+    let target = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, true).unwrap();
+    let draft = converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::F32, false).unwrap();
+    let tok = Tokenizer::from_model(&open(&target)).unwrap();
     let prompts: Vec<(Vec<u32>, usize)> = [
         "The capital of France is",
         "def fibonacci(n):",
@@ -153,7 +175,7 @@ fn the_trained_smollm2_hamburger_drafting_for_smollm2_gives_smollm2s_greedy_outp
     .iter()
     .map(|p| (tok.encode(p, true).unwrap(), 40))
     .collect();
-    let recommended = StepParams { confidence: draft.recommended_confidence.unwrap(), ..Default::default() };
+    let recommended = StepParams { confidence: open(&draft).recommended_confidence.unwrap(), ..Default::default() };
     for n_max in [1, 3] {
         let (stats, _) = check(&target, &draft, &prompts, Setting { step: recommended, n_max });
         assert!(stats.accepted > 0, "the trained draft earns something: {stats:?}");
@@ -243,10 +265,12 @@ fn chi_square(
 #[test]
 fn sampled_with_a_draft_model_the_first_three_tokens_follow_the_target() {
     let ckpt = tiny_fixture().join("hamburger.ckpt");
-    let target = open(&converted(&ckpt, "tiny", ggml::Type::F32, true).unwrap());
-    let draft = open(&converted(&ckpt, "tiny", ggml::Type::F32, false).unwrap());
+    let (target, draft) = (
+        converted(&ckpt, "tiny", ggml::Type::F32, true).unwrap(),
+        converted(&ckpt, "tiny", ggml::Type::F32, false).unwrap(),
+    );
     let prompt = testing::golden::cases()[0].prompt_ids.clone();
-    let exact = first_three(&target, &prompt);
+    let exact = first_three(&open(&target), &prompt);
     const N: usize = 3000;
     // The first token is the target's own (its prompt's forward); the
     // second is drafted by the draft's base, the third by its micro decoder
@@ -260,13 +284,21 @@ fn sampled_with_a_draft_model_the_first_three_tokens_follow_the_target() {
             draft: DraftModelParams { n_max, n_min: 0, p_min: 0.0 },
             ignore_eog: true,
         };
-        let mut session = DraftSession::new(&target, &draft, params).unwrap();
+        let seeds: Vec<u64> = (0..N as u64).collect();
+        let runs = on_every_core(&seeds, |share| {
+            let (target, draft) = (open(&target), open(&draft));
+            let mut session = DraftSession::new(&target, &draft, params.clone()).unwrap();
+            let mut sample = |seed| {
+                session.restart(seed);
+                let (gen, s) = session.generate(&prompt, 5, |_| true).unwrap();
+                (<[u32; 3]>::try_from(&gen.output_ids[..3]).unwrap(), s)
+            };
+            share.iter().map(|&seed| sample(seed)).collect()
+        });
         let mut counts = std::collections::HashMap::new();
         let mut stats = DraftStats::default();
-        for seed in 0..N as u64 {
-            session.restart(seed);
-            let (gen, s) = session.generate(&prompt, 5, |_| true).unwrap();
-            *counts.entry(<[u32; 3]>::try_from(&gen.output_ids[..3]).unwrap()).or_insert(0) += 1;
+        for (tuple, s) in runs {
+            *counts.entry(tuple).or_insert(0) += 1;
             (stats.drafted, stats.accepted) = (stats.drafted + s.drafted, stats.accepted + s.accepted);
         }
         let (chi2, limit) = chi_square(&counts, &exact, N);
@@ -281,19 +313,20 @@ fn sampled_with_a_draft_model_the_first_three_tokens_follow_the_target() {
     // test tells them from the target's.
     let p =
         SessionParams { engine: engine(), step: forced(3), sampling: top3(0), ignore_eog: true, ..Default::default() };
-    let mut session = Session::new(&draft, p).unwrap();
-    let mut counts = std::collections::HashMap::new();
     const N_DRAFT: usize = 1000;
-    for seed in 0..N_DRAFT as u64 {
-        let p = SessionParams { sampling: top3(seed), ..session.params().clone() };
-        session = Session::new(&draft, p).unwrap();
-        let gen = session.generate(&prompt, 3, |_| true).unwrap();
-        let tuple = <[u32; 3]>::try_from(gen.output_ids).unwrap();
-        if exact.contains_key(&tuple) {
-            *counts.entry(tuple).or_insert(0) += 1;
-        } else {
-            *counts.entry([u32::MAX; 3]).or_insert(0) += 1;
-        }
+    let seeds: Vec<u64> = (0..N_DRAFT as u64).collect();
+    let tuples = on_every_core(&seeds, |share| {
+        let draft = open(&draft);
+        let sample = |seed| {
+            let p = SessionParams { sampling: top3(seed), ..p.clone() };
+            let gen = Session::new(&draft, p).unwrap().generate(&prompt, 3, |_| true).unwrap();
+            <[u32; 3]>::try_from(gen.output_ids).unwrap()
+        };
+        share.iter().map(|&seed| sample(seed)).collect()
+    });
+    let mut counts = std::collections::HashMap::new();
+    for tuple in tuples {
+        *counts.entry(if exact.contains_key(&tuple) { tuple } else { [u32::MAX; 3] }).or_insert(0) += 1;
     }
     let outside = counts.remove(&[u32::MAX; 3]).unwrap_or(0);
     let (chi2, limit) = chi_square(&counts, &exact, N_DRAFT - outside);

@@ -17,10 +17,13 @@
 //! session's own logits must give the two tokens within [`NEAR_TIE`]: a
 //! near-tie that the summation order may flip, not a verification error.
 
+use std::path::{Path, PathBuf};
+
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{
     Batch, DraftParams, Engine, EngineParams, Generation, LoadOptions, Model, Session, SessionParams, StepParams, Wants,
 };
+use testing::parallel::on_every_core;
 use testing::testmodel::{converted, smollm2_trained_checkpoint, tiny_fixture};
 
 /// Logits of two tokens closer than this (F32) are a near-tie.
@@ -31,14 +34,16 @@ const NEAR_TIE_Q8_0: f32 = 0.05;
 /// Tokens generated per prompt.
 const N: usize = 32;
 
-fn tiny_f32() -> Model {
-    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
-    Model::open(&gguf, &LoadOptions::default()).unwrap()
+fn tiny_f32() -> PathBuf {
+    converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap()
 }
 
-fn trained_f32() -> Model {
-    let ck = smollm2_trained_checkpoint().unwrap();
-    Model::open(&converted(&ck, "smollm2-trained", ggml::Type::F32, false).unwrap(), &LoadOptions::default()).unwrap()
+fn trained(ty: ggml::Type) -> PathBuf {
+    converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ty, false).unwrap()
+}
+
+fn open(path: &Path) -> Model {
+    Model::open(path, &LoadOptions::default()).unwrap()
 }
 
 /// The golden cases' prompts (each once).
@@ -120,35 +125,45 @@ fn drafts() -> Vec<(&'static str, DraftParams)> {
 /// Checks every prompt and draft setting on `model` (F32): exactly against
 /// the two-row reference, up to near-ties against one row per forward;
 /// returns the drafted tokens accepted per verify forward of each setting.
-fn check_exact(model: &Model, prompts: &[Vec<u32>], flash_attn: bool) -> Vec<(&'static str, f64)> {
-    let mut one = session(model, None, flash_attn);
-    let references: Vec<(Vec<u32>, Generation)> =
-        prompts.iter().map(|p| (two_row_reference(model, p, flash_attn), generate(&mut one, p))).collect();
-    let mut acceptance = Vec::new();
-    for (name, draft) in drafts() {
-        let mut verified = session(model, Some(draft), flash_attn);
-        let (mut accepted, mut verifies) = (0, 0);
-        for (pi, (prompt, (want, plain))) in prompts.iter().zip(&references).enumerate() {
-            let gen = generate(&mut verified, prompt);
+/// The runs are shared over every core, each opening the model.
+fn check_exact(model: &Path, prompts: &[Vec<u32>], flash_attn: bool) -> Vec<(&'static str, f64)> {
+    let references: Vec<(Vec<u32>, Generation)> = on_every_core(prompts, |share| {
+        let model = open(model);
+        let mut one = session(&model, None, flash_attn);
+        share.iter().map(|p| (two_row_reference(&model, p, flash_attn), generate(&mut one, p))).collect()
+    });
+    let counts = on_every_core(&runs(prompts.len()), |share| {
+        let model = open(model);
+        let check = |&(name, draft, pi): &(&'static str, DraftParams, usize)| {
+            let (prompt, (want, plain)) = (&prompts[pi], &references[pi]);
+            let gen = generate(&mut session(&model, Some(draft), flash_attn), prompt);
             assert_eq!(&gen.output_ids, want, "{name}, prompt {pi}: verified tokens against the two-row reference");
             assert_eq!(gen.timings.kv_entries, prompt.len() + gen.output_ids.len() - 1, "one KV entry per token");
-            accepted += gen.timings.draft_accepted;
-            verifies += gen.timings.verify_forwards;
             if name.starts_with("k=") {
                 // Every step drafts, but the last (nothing follows) and
                 // where the budget leaves room for one token only.
                 let drafted = gen.timings.verify_forwards;
-                assert!(
-                    drafted + 2 >= gen.macro_steps.len(),
-                    "{name}: {drafted} of {} steps drafted",
-                    gen.macro_steps.len()
-                );
+                let steps = gen.macro_steps.len();
+                assert!(drafted + 2 >= steps, "{name}: {drafted} of {steps} steps drafted");
             }
             assert_near_tie_equal(&gen.output_ids, plain, NEAR_TIE, &format!("{name}, prompt {pi}"));
-        }
-        acceptance.push((name, accepted as f64 / verifies.max(1) as f64));
-    }
-    acceptance
+            (name, gen.timings.draft_accepted, gen.timings.verify_forwards)
+        };
+        share.iter().map(check).collect()
+    });
+    drafts()
+        .into_iter()
+        .map(|(name, _)| {
+            let (accepted, verifies) =
+                counts.iter().filter(|c| c.0 == name).fold((0, 0), |(a, v), c| (a + c.1, v + c.2));
+            (name, accepted as f64 / verifies.max(1) as f64)
+        })
+        .collect()
+}
+
+/// Every draft setting of [`drafts`] with every prompt index below `n_prompts`.
+fn runs(n_prompts: usize) -> Vec<(&'static str, DraftParams, usize)> {
+    drafts().into_iter().flat_map(|(name, draft)| (0..n_prompts).map(move |pi| (name, draft, pi))).collect()
 }
 
 /// `got` equals the one-token session's tokens up to their first difference,
@@ -173,8 +188,7 @@ fn assert_near_tie_equal(got: &[u32], plain: &Generation, margin: f32, what: &st
 
 #[test]
 fn greedy_verified_equals_one_token_per_step_on_the_tiny_fixture() {
-    let model = tiny_f32();
-    let acceptance = check_exact(&model, &golden_prompts(), false);
+    let acceptance = check_exact(&tiny_f32(), &golden_prompts(), false);
     eprintln!("tiny fixture, drafted tokens accepted per verify forward: {acceptance:?}");
     // Random grafted modules: nearly every draft is rejected.
     assert!(acceptance.iter().filter(|(name, _)| name.starts_with("k=")).all(|&(_, a)| a < 0.2), "{acceptance:?}");
@@ -182,14 +196,13 @@ fn greedy_verified_equals_one_token_per_step_on_the_tiny_fixture() {
 
 #[test]
 fn greedy_verified_equals_one_token_per_step_with_flash_attention() {
-    let model = tiny_f32();
-    check_exact(&model, &golden_prompts()[..3], true);
+    check_exact(&tiny_f32(), &golden_prompts()[..3], true);
 }
 
 #[test]
 fn greedy_verified_equals_one_token_per_step_on_the_trained_smollm2() {
-    let model = trained_f32();
-    let acceptance = check_exact(&model, &smollm2_prompts(&model), false);
+    let model = trained(ggml::Type::F32);
+    let acceptance = check_exact(&model, &smollm2_prompts(&open(&model)), false);
     eprintln!("trained SmolLM2, drafted tokens accepted per verify forward: {acceptance:?}");
     // The trained micro decoder drafts what the base says far more often.
     assert!(acceptance.iter().any(|&(_, a)| a > 0.3), "{acceptance:?}");
@@ -201,27 +214,23 @@ fn greedy_verified_equals_one_token_per_step_on_the_trained_smollm2() {
 /// one-row run's logits), and the test reports how many answers agree.
 #[test]
 fn quantized_verified_output_agrees_up_to_near_ties() {
-    let ck = smollm2_trained_checkpoint().unwrap();
-    let model =
-        Model::open(&converted(&ck, "smollm2-trained", ggml::Type::Q8_0, false).unwrap(), &LoadOptions::default())
-            .unwrap();
-    let prompts = smollm2_prompts(&model);
-    let mut one = session(&model, None, false);
-    let (mut agree, mut runs) = (0, 0);
-    for (name, draft) in drafts() {
-        let mut verified = session(&model, Some(draft), false);
-        for (pi, prompt) in prompts.iter().enumerate() {
-            let gen = generate(&mut verified, prompt);
-            let plain = generate(&mut one, prompt);
-            agree += usize::from(assert_near_tie_equal(
-                &gen.output_ids,
-                &plain,
-                NEAR_TIE_Q8_0,
-                &format!("Q8_0 {name}, prompt {pi}"),
-            ));
-            runs += 1;
-        }
-    }
+    let model = trained(ggml::Type::Q8_0);
+    let prompts = smollm2_prompts(&open(&model));
+    let plain = on_every_core(&prompts, |share| {
+        let model = open(&model);
+        let mut one = session(&model, None, false);
+        share.iter().map(|p| generate(&mut one, p)).collect()
+    });
+    let runs = runs(prompts.len());
+    let agreed = on_every_core(&runs, |share| {
+        let model = open(&model);
+        let agrees = |&(name, draft, pi): &(&'static str, DraftParams, usize)| {
+            let gen = generate(&mut session(&model, Some(draft), false), &prompts[pi]);
+            assert_near_tie_equal(&gen.output_ids, &plain[pi], NEAR_TIE_Q8_0, &format!("Q8_0 {name}, prompt {pi}"))
+        };
+        share.iter().map(agrees).collect()
+    });
+    let (agree, runs) = (agreed.iter().filter(|&&a| a).count(), runs.len());
     eprintln!(
         "Q8_0: {agree} of {runs} verified answers equal the one-token-per-step answers; the others part at near-ties"
     );

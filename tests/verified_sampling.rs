@@ -16,10 +16,13 @@
 //! this test was checked to catch) gives tokens 2 and 3 from the micro
 //! decoder's distribution and fails by far.
 
+use std::path::{Path, PathBuf};
+
 use hamburger::generate::{self, SeqGen};
 use hamburger::{
     DraftParams, Engine, EngineParams, LoadOptions, Model, Sampler, SamplerParams, Session, SessionParams, StepParams,
 };
+use testing::parallel::on_every_core;
 use testing::testmodel::{converted, tiny_fixture};
 
 const PROMPT: [u32; 6] = [1, 20, 31, 42, 53, 64];
@@ -29,9 +32,12 @@ const FAVOURED: [u32; 3] = [132, 331, 287];
 /// Generations sampled per run.
 const SAMPLES: u64 = 4000;
 
-fn tiny_f32() -> Model {
-    let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap();
-    Model::open(&gguf, &LoadOptions::default()).unwrap()
+fn tiny_f32() -> PathBuf {
+    converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ggml::Type::F32, false).unwrap()
+}
+
+fn open(path: &Path) -> Model {
+    Model::open(path, &LoadOptions::default()).unwrap()
 }
 
 fn sampling(seed: u64) -> SamplerParams {
@@ -90,26 +96,28 @@ fn exact(model: &Model) -> Vec<([u32; 3], f64)> {
     out
 }
 
-/// The first 3 tokens of `SAMPLES` seeded generations (`draft`: self-verified).
-fn sample(model: &Model, draft: Option<DraftParams>) -> (Vec<[u32; 3]>, f64) {
+/// The first 3 tokens of `SAMPLES` seeded generations (`draft`: self-verified),
+/// the seeds shared over every core (each opening the model).
+fn sample(model: &Path, draft: Option<DraftParams>) -> (Vec<[u32; 3]>, f64) {
     let params =
         SessionParams { step: StepParams { confidence: 1.01, draft, ..Default::default() }, ..Default::default() };
-    let cfg = params.decode_config(model).unwrap();
-    let mut engine = Engine::new(model, &engine_params()).unwrap();
-    let (mut accepted, mut drafted) = (0, 0);
-    let starts = (0..SAMPLES)
-        .map(|seed| {
+    let cfg = params.decode_config(&open(model)).unwrap();
+    let seeds: Vec<u64> = (0..SAMPLES).collect();
+    let runs = on_every_core(&seeds, |share| {
+        let model = open(model);
+        let mut engine = Engine::new(&model, &engine_params()).unwrap();
+        let mut first_three = |seed| {
             engine.clear_seq(0);
             let mut seqs = [SeqGen::new(0, &PROMPT, 4, sampler(seed)).ignoring_eog()];
             generate::run(&mut engine, &cfg, &mut seqs).unwrap();
             let [sg] = seqs;
             let gen = sg.into_parts().0;
-            accepted += gen.timings.draft_accepted;
-            drafted += gen.timings.drafted;
-            [gen.output_ids[0], gen.output_ids[1], gen.output_ids[2]]
-        })
-        .collect();
-    (starts, accepted as f64 / drafted.max(1) as f64)
+            ([gen.output_ids[0], gen.output_ids[1], gen.output_ids[2]], gen.timings.draft_accepted, gen.timings.drafted)
+        };
+        share.iter().map(|&seed| first_three(seed)).collect()
+    });
+    let (accepted, drafted) = runs.iter().fold((0, 0), |(a, d), r| (a + r.1, d + r.2));
+    (runs.into_iter().map(|r| r.0).collect(), accepted as f64 / drafted.max(1) as f64)
 }
 
 /// The chi-square statistic of `starts` against `exact` (each outcome's
@@ -146,7 +154,7 @@ fn chi_square(starts: &[[u32; 3]], exact: &[([u32; 3], f64)]) -> (f64, usize, f6
 #[test]
 fn verified_sampling_is_distributed_as_one_token_per_step() {
     let model = tiny_f32();
-    let exact = exact(&model);
+    let exact = exact(&open(&model));
     let mass: f64 = exact.iter().map(|(_, p)| p).sum();
     assert!(mass > 0.5, "the favoured tokens carry most of the mass ({mass})");
     let (plain, _) = sample(&model, None);

@@ -14,6 +14,8 @@
 //! * [`near_tie`]: greedy decodes that may round differently (batch shapes,
 //!   backends, implementations) compared decision by decision, parting only
 //!   at a near-tie;
+//! * [`parallel`]: a test's independent generations spread over every core;
+//! * [`process`]: the tools run under a memory limit, or interrupted;
 //! * [`registry`]: files taken from PyPI packages (pip, cached);
 //! * [`merger`]: the merger alone as a runnable graph, for unit tests and benchmarks.
 
@@ -21,6 +23,7 @@ pub mod golden;
 pub mod gpu;
 pub mod merger;
 pub mod near_tie;
+pub mod parallel;
 pub mod process;
 pub mod reference;
 pub mod registry;
