@@ -1,6 +1,7 @@
 //! hamburger-quantize on real files: every mix on the tiny fixture and on
-//! SmolLM2-HAMburger (whose 576-wide rows need fallbacks for k-quants) loads
-//! and generates; base-only outputs run in libllama; refusals and the sweep.
+//! SmolLM2-HAMburger (whose 576-wide rows need fallbacks for k-quants and
+//! IQ4_XS, IQ4_NL's only run there) loads and generates; base-only outputs
+//! run in libllama; refusals and the sweep.
 
 use std::path::{Path, PathBuf};
 
