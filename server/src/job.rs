@@ -5,6 +5,7 @@
 //! loaded model ([`ModelInfo`]). Nothing here knows HTTP or tool formats.
 
 use std::collections::HashSet;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use hamburger::chat::ChatTemplate;
@@ -54,14 +55,33 @@ pub struct ModelInfo {
     pub synthetic_rates: Option<Vec<f64>>,
     /// The embedded tokenizer.
     pub tokenizer: Tokenizer,
-    /// The compiler of requests' constraints (None: the tokenizer cannot serve them).
-    pub grammars: Option<Grammars>,
+    /// The compiler of requests' constraints, built by the first request
+    /// that needs one ([`ModelInfo::grammars`]).
+    pub grammars: OnceLock<Option<Grammars>>,
     /// The chat template, if the model has one.
     pub chat_template: Option<ChatTemplate>,
     /// The end-of-generation tokens.
     pub eog: Vec<u32>,
     /// The end-of-generation and special tokens: never part of a response's text.
     pub hidden: HashSet<u32>,
+}
+
+impl ModelInfo {
+    /// The compiler of requests' constraints (None: the tokenizer cannot
+    /// serve them). It is built on first use, as llama-server builds its
+    /// llguidance tokenizer only for a grammar request: the vocabulary trie
+    /// and llguidance's token slices take ~0.4 s for a 49k vocabulary, which
+    /// a server that never sees a grammar, schema or tool should not pay at
+    /// every start.
+    pub fn grammars(&self) -> Option<&Grammars> {
+        self.grammars
+            .get_or_init(|| {
+                Grammars::new(&self.tokenizer, &self.eog)
+                    .inspect_err(|e| log::warn!("structured output is off: {e}"))
+                    .ok()
+            })
+            .as_ref()
+    }
 }
 
 /// The server's settings for what a request leaves out (llama-server's

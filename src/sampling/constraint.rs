@@ -157,8 +157,9 @@ impl TokenizerEnv for TokenizerBridge {
     }
 }
 
-/// The compiler of constraints for one model's tokenizer (building the
-/// vocabulary trie takes tens of milliseconds: build it once per model).
+/// The compiler of constraints for one model's tokenizer. Building it (the
+/// vocabulary trie and llguidance's token slices) takes ~0.4 s for a 49k
+/// vocabulary on two cores: build it once per model, when first needed.
 #[derive(Clone)]
 pub struct Grammars {
     factory: Arc<ParserFactory>,

@@ -14,11 +14,10 @@ use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use hamburger::chat::ChatTemplate;
-use hamburger::constraint::Grammars;
 use hamburger::generate::{self, DecodeConfig};
 use hamburger::tokenizer::Tokenizer;
 use hamburger::{Engine, Model};
@@ -140,9 +139,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         n_slots: cfg.engine.n_seq,
         n_batch: cfg.engine.n_batch,
         n_vocab: model.hp.n_vocab,
-        grammars: Grammars::new(&tokenizer, &model.vocab.eog)
-            .inspect_err(|e| log::warn!("structured output is off: {e}"))
-            .ok(),
+        grammars: OnceLock::new(),
         max_steps: model.hp.max_steps,
         step: cfg.step,
         draft_model: cfg.draft.as_ref().map(|d| d.params),
