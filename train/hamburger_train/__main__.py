@@ -28,12 +28,14 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from . import device
-
 ROOT = Path(__file__).resolve().parents[2]
 
 ALL_STAGES = ("data", "segment", "train", "calibrate", "diagnose", "export")
 """The stages `all` runs, in this order (each resumes where it stopped; `calibrate` fits a state once)."""
+
+WITHOUT_TORCH = ("data",)
+"""The stages that never touch PyTorch: they start without importing it (some
+4 s), as the parser does, so a bad flag or file is reported at once."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -132,7 +134,7 @@ def train_flags(p: argparse.ArgumentParser) -> None:
                    "tokens after every step's first, not only the step's own (the stop head then ends steps)")
     p.add_argument("--init", type=Path, help="start from this grafted.safetensors (e.g. the shipped model's)")
     p.add_argument("--device", default="cpu", help="the torch device (cpu, cuda, cuda:N; default cpu)")
-    p.add_argument("--dtype", default="f32", choices=sorted(device.DTYPES),
+    p.add_argument("--dtype", default="f32", choices=("bf16", "f32"),
                    help="precision of the training passes (bf16: autocast, the losses in f32; default f32)")
 
 
@@ -257,7 +259,12 @@ def train_args(a: argparse.Namespace) -> dict:
 
 def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     """Runs one stage of the work directory with its flags from `a`."""
-    from . import accept, calibrate, data, diagnose, draft, draft_vocab, export, pack, segment, train
+    if stage == "data":  # the one stage without PyTorch (WITHOUT_TORCH): it imports no stage that needs it
+        from . import data
+        data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip, a.sharegpt_share,
+                 a.sharegpt, a.stdlib_from)
+        return
+    from . import accept, calibrate, diagnose, draft, draft_vocab, export, pack, segment, train
     if stage == "draft-vocab":
         draft_vocab.run(a.work, a.k, a.out)
     elif stage == "draft":
@@ -267,9 +274,6 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     elif stage == "accept":
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
                    a.p_min, a.json, a.runtime)
-    elif stage == "data":
-        data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip, a.sharegpt_share,
-                 a.sharegpt, a.stdlib_from)
     elif stage == "segment":
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     elif stage == "train":
@@ -295,9 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the command line `argv` (default: the process's)."""
     a = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, stopped)  # so that `finally` blocks run (the teacher server is stopped)
-    import torch
-    torch.set_num_threads(a.threads)
-    device.use(getattr(a, "device", "cpu"))
+    if a.stage not in WITHOUT_TORCH:
+        import torch
+
+        from . import device
+        torch.set_num_threads(a.threads)
+        device.use(getattr(a, "device", "cpu"))
     if a.stage == "window":
         from . import window
         window.run(a.pack, a.work, a.out, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,

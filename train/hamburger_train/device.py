@@ -17,7 +17,8 @@ import contextlib
 import torch
 
 DTYPES = {"f32": None, "bf16": torch.bfloat16}
-"""`--dtype`'s choices: the autocast precision of the training passes (None: plain f32)."""
+"""`--dtype`'s choices (the parser names them without importing torch): the
+autocast precision of the training passes (None: plain f32)."""
 
 
 def use(name: str) -> torch.device:
