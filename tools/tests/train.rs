@@ -47,25 +47,38 @@ fn golden() -> Value {
     serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("golden.json")).unwrap()).unwrap()
 }
 
-/// The trainer's greedy macro steps of a checkpoint directory.
-/// The trainer's greedy macro steps of `prompt` (a check of the runtime's),
-/// with each token's top-2 logit margin and stop probability.
-fn trainer_greedy_traced(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> (Vec<Vec<u64>>, Vec<(f32, f32)>) {
-    let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
-    let out = run_ok(train_tool().args(["greedy", "--out"]).arg(ckpt).args([
-        "--ids",
-        &ids.join(","),
-        "-n",
-        &n.to_string(),
-        "--confidence",
-        &confidence.to_string(),
-    ]));
-    let v: Value = serde_json::from_str(&out).unwrap();
-    (serde_json::from_value(v["macro_steps"].clone()).unwrap(), serde_json::from_value(v["trace"].clone()).unwrap())
+/// One case's macro steps and each token's (top-2 logit margin, stop probability).
+type Traced = (Vec<Vec<u64>>, Vec<(f32, f32)>);
+
+/// The trainer's greedy macro steps (a check of the runtime's) of each
+/// `(prompt, n, confidence)` case, with each token's top-2 logit margin and
+/// stop probability: one `greedy --cases` process, one load of `ckpt`.
+fn trainer_greedy_traced(ckpt: &Path, cases: &[(Vec<u64>, usize, f64)]) -> Vec<Traced> {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let lines: String = cases
+        .iter()
+        .map(|(ids, n, confidence)| format!("{}\n", json!({"ids": ids, "n": n, "confidence": confidence})))
+        .collect();
+    std::fs::write(file.path(), lines).unwrap();
+    let out = run_ok(train_tool().args(["greedy", "--out"]).arg(ckpt).arg("--cases").arg(file.path()));
+    let got: Vec<_> = out
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                serde_json::from_value(v["macro_steps"].clone()).unwrap(),
+                serde_json::from_value(v["trace"].clone()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), cases.len(), "one line per case: {out}");
+    got
 }
 
-fn trainer_greedy(ckpt: &Path, prompt: &[u64], n: usize, confidence: f64) -> Vec<Vec<u64>> {
-    trainer_greedy_traced(ckpt, prompt, n, confidence).0
+/// A golden case's `(prompt, n, confidence)`.
+fn case_of(case: &Value) -> (Vec<u64>, usize, f64) {
+    let prompt = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+    (prompt, case["max_new_tokens"].as_u64().unwrap() as usize, case["confidence"].as_f64().unwrap())
 }
 
 fn steps_of(case: &Value) -> Vec<Vec<u64>> {
@@ -79,11 +92,11 @@ fn steps_of(case: &Value) -> Vec<Vec<u64>> {
 
 #[test]
 fn trainer_model_reproduces_the_original_golden_outputs() {
-    for case in golden()["cases"].as_array().unwrap().iter().step_by(4) {
-        let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
-        let n = case["max_new_tokens"].as_u64().unwrap() as usize;
-        let got = trainer_greedy(&tiny_fixture(), &prompt, n, case["confidence"].as_f64().unwrap());
-        assert_eq!(got, steps_of(case), "case {}", case["prompt"]);
+    let golden = golden();
+    let cases = golden["cases"].as_array().unwrap();
+    let got = trainer_greedy_traced(&tiny_fixture(), &cases.iter().map(case_of).collect::<Vec<_>>());
+    for (case, (steps, _)) in cases.iter().zip(got) {
+        assert_eq!(steps, steps_of(case), "case {}", case["prompt"]);
     }
 }
 
@@ -191,10 +204,10 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     convert(&out, &gguf, "f32");
     // The export's recommended confidence reaches the GGUF, the tools' default.
     assert_eq!(hamburger::model::recommended_confidence_of(&gguf).unwrap(), Some(0.9));
-    for case in golden()["cases"].as_array().unwrap().iter().step_by(6) {
-        let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
-        let conf = case["confidence"].as_f64().unwrap();
-        let (want, trace) = trainer_greedy_traced(&out, &prompt, 16, conf);
+    let cases: Vec<_> =
+        golden()["cases"].as_array().unwrap().iter().step_by(6).map(|c| (case_of(c).0, 16, case_of(c).2)).collect();
+    for ((prompt, _, conf), (want, trace)) in cases.iter().zip(trainer_greedy_traced(&out, &cases)) {
+        let conf = *conf;
         let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();
         let cli = run_ok(
             Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))

@@ -7,7 +7,7 @@
     hamburger-train diagnose  --work DIR   # teacher-forced: what each kind of token and confidence costs the base
     hamburger-train export    --work DIR --out DIR   # the original checkpoint layout
     hamburger-train all       --work DIR --out DIR   # data, segment, train, calibrate, diagnose, export in turn
-    hamburger-train greedy    --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check)
+    hamburger-train greedy    --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check; --cases FILE: many)
     hamburger-train pack      --work DIR --out .device/train   # a GPU window's prompts and files, in parts that travel
     hamburger-train window    --pack DIR --work DIR --out DIR  # on the GPU machine: answers, training, export
     hamburger-train draft     --work DIR --init GRAFTED   # the micro decoder as a draft head (verified decoding)
@@ -244,7 +244,11 @@ def parser() -> Parser:
     w.add_argument("--answer-batch", type=int, default=128, help="prompts answered at once")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
     g.add_argument("--out", type=Path, required=True, metavar="CHECKPOINT", help="the checkpoint directory")
-    g.add_argument("--ids", type=token_ids, required=True, help="prompt token ids, comma-separated")
+    prompts = g.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--ids", type=token_ids, help="prompt token ids, comma-separated")
+    prompts.add_argument("--cases", type=Path, metavar="FILE",
+                         help='prompts as JSON lines, {"ids": [...], "n": N, "confidence": C} each (n and confidence '
+                              "default to the flags'): one output line each, from one load of the checkpoint")
     g.add_argument("-n", type=int, default=32, help="new tokens")
     g.add_argument("--confidence", type=float, default=0.8, help="stop-head confidence")
     return p
@@ -289,6 +293,27 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         export.run(a.work, base, a.out, a.snapshot, a.recommended_confidence)
 
 
+def greedy_cases(a: argparse.Namespace) -> list[dict]:
+    """`greedy`'s prompts: `--ids`, or each line of `--cases` (a line that is
+    not an object with a list of ids is a one-line error naming the file and line)."""
+    if a.cases is None:
+        return [{"ids": a.ids}]
+    try:
+        lines = a.cases.read_text().splitlines()
+    except OSError as e:
+        raise SystemExit(f"hamburger-train: --cases {a.cases}: {e.strerror}") from None
+    cases = []
+    for i, line in enumerate(lines, 1):
+        try:
+            case = json.loads(line)
+            if not isinstance(case, dict) or not all(isinstance(t, int) for t in case["ids"]):
+                raise ValueError("not an object with a list of integer ids")
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"hamburger-train: --cases {a.cases}: line {i}: {e}") from None
+        cases.append(case)
+    return cases
+
+
 def stopped(signum, frame) -> NoReturn:
     """SIGTERM: exit as SIGINT would, through the `finally` blocks (each
     stage's files are written atomically, so it resumes where it stopped)."""
@@ -312,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.stage == "greedy":
         from .model import HAMburger, greedy
-        trace: list = []
-        steps = greedy(HAMburger.from_checkpoint(a.out), a.ids, a.n, a.confidence, trace)
-        print(json.dumps({"macro_steps": steps, "trace": trace}))
+        model = HAMburger.from_checkpoint(a.out)
+        for case in greedy_cases(a):
+            trace: list = []
+            steps = greedy(model, case["ids"], case.get("n", a.n), case.get("confidence", a.confidence), trace)
+            print(json.dumps({"macro_steps": steps, "trace": trace}), flush=True)
         return 0
     from .data import base_checkpoint
     base = a.base or base_checkpoint(a.bin)
