@@ -2,7 +2,7 @@
 # The tests, in one command (the README's, and what .ci/run runs): installs
 # what they need (install-deps.sh: does nothing when all is there), runs
 # every crate's tests in the release build, llama-server's own test suite
-# against hamburger-server (scripts/llama-suite.sh, some 10 minutes) and the
+# against hamburger-server (scripts/llama-suite.sh, some 6 minutes) and the
 # Python package's (scripts/python-tests.sh, about 4 minutes), and ends with
 # one line totalling every test binary's results: "tests: N passed, N
 # failed". Exits non-zero when any test failed. The GPU tests are their own
