@@ -306,8 +306,8 @@ def greedy_cases(a: argparse.Namespace) -> list[dict]:
     for i, line in enumerate(lines, 1):
         try:
             case = json.loads(line)
-            if not isinstance(case, dict) or not all(isinstance(t, int) for t in case["ids"]):
-                raise ValueError("not an object with a list of integer ids")
+            if not isinstance(case, dict) or not case["ids"] or not all(isinstance(t, int) for t in case["ids"]):
+                raise ValueError("not an object with a non-empty list of integer ids")
         except (ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"hamburger-train: --cases {a.cases}: line {i}: {e}") from None
         cases.append(case)
