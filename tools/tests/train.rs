@@ -204,8 +204,16 @@ fn training_lowers_the_loss_and_the_export_round_trips_through_the_converter() {
     convert(&out, &gguf, "f32");
     // The export's recommended confidence reaches the GGUF, the tools' default.
     assert_eq!(hamburger::model::recommended_confidence_of(&gguf).unwrap(), Some(0.9));
-    let cases: Vec<_> =
-        golden()["cases"].as_array().unwrap().iter().step_by(6).map(|c| (case_of(c).0, 16, case_of(c).2)).collect();
+    let cases: Vec<_> = golden()["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .step_by(6)
+        .map(|c| {
+            let (prompt, _, confidence) = case_of(c);
+            (prompt, 16, confidence)
+        })
+        .collect();
     for ((prompt, _, conf), (want, trace)) in cases.iter().zip(trainer_greedy_traced(&out, &cases)) {
         let conf = *conf;
         let ids: Vec<String> = prompt.iter().map(u64::to_string).collect();

@@ -33,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ALL_STAGES = ("data", "segment", "train", "calibrate", "diagnose", "export")
 """The stages `all` runs, in this order (each resumes where it stopped; `calibrate` fits a state once)."""
 
+DTYPES = ("f32", "bf16")
+"""`--dtype`'s choices, the precision of the training passes (`device.autocast`)."""
+
 WITHOUT_TORCH = ("data",)
 """The stages that never touch PyTorch: they start without importing it (some
 4 s), as the parser does, so a bad flag or file is reported at once."""
@@ -134,7 +137,7 @@ def train_flags(p: argparse.ArgumentParser) -> None:
                    "tokens after every step's first, not only the step's own (the stop head then ends steps)")
     p.add_argument("--init", type=Path, help="start from this grafted.safetensors (e.g. the shipped model's)")
     p.add_argument("--device", default="cpu", help="the torch device (cpu, cuda, cuda:N; default cpu)")
-    p.add_argument("--dtype", default="f32", choices=("bf16", "f32"),
+    p.add_argument("--dtype", default="f32", choices=DTYPES,
                    help="precision of the training passes (bf16: autocast, the losses in f32; default f32)")
 
 
@@ -263,33 +266,41 @@ def train_args(a: argparse.Namespace) -> dict:
 
 def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     """Runs one stage of the work directory with its flags from `a`."""
-    if stage == "data":  # the one stage without PyTorch (WITHOUT_TORCH): it imports no stage that needs it
+    # Each stage imports its own module: `data`'s needs no PyTorch (WITHOUT_TORCH).
+    if stage == "data":
         from . import data
         data.run(a.work, a.bin, base, a.prompts, a.max_tokens, a.slots, a.threads, a.skip, a.sharegpt_share,
                  a.sharegpt, a.stdlib_from)
-        return
-    from . import accept, calibrate, diagnose, draft, draft_vocab, export, pack, segment, train
-    if stage == "draft-vocab":
+    elif stage == "draft-vocab":
+        from . import draft_vocab
         draft_vocab.run(a.work, a.k, a.out)
     elif stage == "draft":
+        from . import draft
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
                   a.stdlib_from)
     elif stage == "accept":
+        from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
                    a.p_min, a.json, a.runtime)
     elif stage == "segment":
+        from . import segment
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)
     elif stage == "train":
+        from . import train
         train.run(a.work, base, init=a.init, dtype=a.dtype, **train_args(a))
     elif stage == "pack":
+        from . import pack
         pack.run(a.work, a.bin, base, a.out, a.prompts, a.skip, a.sharegpt_share, a.sharegpt, a.stdlib_from, a.init,
                  a.answers, a.room_mib << 20 if a.room_mib else None)
     elif stage == "calibrate":  # asked for alone it refits; within `all` it fits a state once
+        from . import calibrate
         calibrate.run(a.work, base, refit=a.stage == "calibrate")
     elif stage == "diagnose":
+        from . import diagnose
         diagnose.run(a.work, base, a.grafted, a.confidence, a.json)
     elif stage == "export":
+        from . import export
         export.run(a.work, base, a.out, a.snapshot, a.recommended_confidence)
 
 

@@ -16,10 +16,6 @@ import contextlib
 
 import torch
 
-DTYPES = {"f32": None, "bf16": torch.bfloat16}
-"""`--dtype`'s choices (the parser names them without importing torch): the
-autocast precision of the training passes (None: plain f32)."""
-
 
 def use(name: str) -> torch.device:
     """Makes `name` ("cpu", "cuda", "cuda:1") the default device of every
@@ -35,8 +31,8 @@ def use(name: str) -> torch.device:
 
 
 def autocast(dtype: str):
-    """The context the training passes run in: autocast to `dtype` on the default device, or nothing for f32."""
-    low = DTYPES[dtype]
-    if low is None:
+    """The context the training passes run in (`--dtype`): nothing for f32,
+    autocast to bfloat16 on the default device for bf16."""
+    if dtype == "f32":
         return contextlib.nullcontext()
-    return torch.autocast(torch.get_default_device().type, dtype=low)
+    return torch.autocast(torch.get_default_device().type, dtype=torch.bfloat16)
