@@ -80,6 +80,7 @@ pub(super) fn run(
     let mut lp = EngineLoop {
         info: &info,
         m,
+        board,
         engine,
         decode,
         drafting,
@@ -109,7 +110,6 @@ pub(super) fn run(
             lp.publish_prompts();
             lp.deliver();
         }
-        board.publish(lp.running.iter().map(|r| r.slot_state(info.n_ctx_seq)));
     }
 }
 
@@ -158,6 +158,8 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
 pub(super) struct EngineLoop<'t, 'm> {
     pub(super) info: &'t ModelInfo,
     pub(super) m: &'t Metrics,
+    /// What `/slots` shows, published with the gauges.
+    pub(super) board: &'t SlotBoard,
     pub(super) engine: Engine<'m>,
     pub(super) decode: DecodeConfig,
     /// The draft model, when the server has one (`-md`).
@@ -287,8 +289,9 @@ impl<'t> EngineLoop<'t, '_> {
                 }
             }
         }
-        // The gauges first: a client that reads /metrics as soon as its
-        // answer arrives sees its request gone.
+        // The gauges and slots first: a client that reads /metrics or
+        // /slots as soon as its answer arrives sees its request gone.
+        self.board.publish(self.running.iter().map(|r| r.slot_state(self.info.n_ctx_seq)));
         metrics::set(&self.m.processing, self.running.len() as u64);
         metrics::set(&self.m.kv_cells_used, self.engine.kv().n_used() as u64);
         metrics::set(&self.m.kv_cells_cached, self.engine.kv().n_pinned_only() as u64);

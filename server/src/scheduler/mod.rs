@@ -20,7 +20,7 @@
 //!   its text (`answer_text`: cut at stop strings, searched incrementally)
 //!   and its bounded event channel;
 //! * [`slot_board`]: what each sequence is doing, published by the thread
-//!   once per loop iteration for `/slots`.
+//!   for `/slots` before any answer that ends a request goes out.
 
 mod admission;
 mod answer_text;

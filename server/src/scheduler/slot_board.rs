@@ -1,7 +1,8 @@
 //! What each slot is doing, as llama-server's `/slots` shows it: the engine
-//! thread publishes every slot's state once per loop iteration (one lock and
-//! a copy of a few small records, next to a macro step), and the HTTP side
-//! reads the last published copy without waiting for the engine.
+//! thread publishes every slot's state each time it delivers text, before a
+//! finished request's answer goes out (one lock and a copy of a few small
+//! records, next to a macro step), and the HTTP side reads the last
+//! published copy without waiting for the engine.
 
 use std::sync::Mutex;
 
