@@ -76,9 +76,12 @@ impl ModelInfo {
     pub fn grammars(&self) -> Option<&Grammars> {
         self.grammars
             .get_or_init(|| {
-                Grammars::new(&self.tokenizer, &self.eog)
+                let start = std::time::Instant::now();
+                let grammars = Grammars::new(&self.tokenizer, &self.eog)
                     .inspect_err(|e| log::warn!("structured output is off: {e}"))
-                    .ok()
+                    .ok()?;
+                log::info!("built the structured-output compiler in {} ms", start.elapsed().as_millis());
+                Some(grammars)
             })
             .as_ref()
     }

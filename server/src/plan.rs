@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use hamburger::constraint::{Constraint, Grammars};
+use hamburger::constraint::Constraint;
 use hamburger::{Param, ParamError, SamplerParams, StepParams, StepRule, MAX_TOP_LOGPROBS};
 use serde_json::Value;
 use tokio::sync::mpsc::Receiver;
@@ -290,12 +290,14 @@ fn logit_bias(common: &Common, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiE
 pub fn constraint(
     common: &Common,
     tools: Option<&ToolRequest>,
-    grammars: Option<&Grammars>,
+    info: &ModelInfo,
 ) -> Result<Option<Constraint>, ApiError> {
     if let Some(t) = tools {
-        return t.constraint(grammars).map(Some);
+        return t.constraint(info.grammars()).map(Some);
     }
-    crate::structured::spec(common)?.map(|(spec, field)| crate::structured::compile(grammars, &spec, field)).transpose()
+    crate::structured::spec(common)?
+        .map(|(spec, field)| crate::structured::compile(info.grammars(), &spec, field))
+        .transpose()
 }
 
 /// The jobs of `n` choices of each of `prompts` (with its settings), all

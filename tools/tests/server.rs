@@ -239,12 +239,14 @@ fn a_draft_model_that_cannot_draft_is_refused_in_one_line() {
 /// request with its prompt and generated tokens, tokens per step and times.
 #[test]
 fn the_log_has_a_model_summary_and_a_line_per_request() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-server"))
-        .args(["-m", tiny().to_str().unwrap(), "--port", "0", "-t", "2", "-np", "1", "-c", "512"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map(Result::unwrap);
+    let mut child = Killed(
+        Command::new(env!("CARGO_BIN_EXE_hamburger-server"))
+            .args(["-m", tiny().to_str().unwrap(), "--port", "0", "-t", "2", "-np", "1", "-c", "512"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stderr.take().unwrap()).lines().map(Result::unwrap);
     let mut before = Vec::new();
     let addr = loop {
         let line = lines.next().expect("the server logs where it listens");
@@ -258,15 +260,33 @@ fn the_log_has_a_model_summary_and_a_line_per_request() {
             && l.contains("1 slots drawing on one pool of 512 KV cells")),
         "{before:?}"
     );
-    let body = serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 6, "ignore_eos": true});
-    let r = reqwest::blocking::Client::new().post(format!("http://{addr}/v1/completions")).json(&body).send().unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let line = lines.find(|l| l.contains("task 1 ")).expect("a line for the request");
+    let complete = |body: serde_json::Value| {
+        let r = reqwest::blocking::Client::new().post(format!("http://{addr}/v1/completions")).json(&body).send();
+        assert_eq!(r.unwrap().status().as_u16(), 200);
+    };
+    // The lines before request `task`'s, and its line.
+    let mut until = |task: &str| {
+        let mut before = Vec::new();
+        for l in lines.by_ref() {
+            if l.contains(task) {
+                return (before, l);
+            }
+            before.push(l);
+        }
+        panic!("no line for {task}: {before:?}");
+    };
+    complete(serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 6, "ignore_eos": true}));
+    let (before, line) = until("task 1 ");
     for part in ["prompt 3 tokens", "6 tokens in", "macro steps", "per step", "Length"] {
         assert!(line.contains(part), "{part}: {line}");
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    // The structured-output compiler (~0.4 s on SmolLM2) is built for the
+    // first request that needs it, not for every request.
+    let built = |lines: &[String]| lines.iter().any(|l| l.contains("built the structured-output compiler"));
+    assert!(!built(&before), "{before:?}");
+    complete(serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 6, "json_schema": {"type": "integer"}}));
+    let (before, _) = until("task 2 ");
+    assert!(built(&before), "{before:?}");
 }
 
 /// The server's confidence is the model's recommended one when neither its

@@ -158,7 +158,7 @@ async fn queue(
         post_sampling: common.post_sampling_probs.unwrap_or(false),
     });
     let (info, t, c) = (s.info.clone(), tools.clone(), common.clone());
-    let constraint = blocking(move || plan::constraint(&c, t.as_ref(), info.grammars())).await?;
+    let constraint = blocking(move || plan::constraint(&c, t.as_ref(), &info)).await?;
     planned.constrain(constraint.as_ref());
     s.submitter.submit(planned.jobs).map_err(|e| match e {
         SubmitError::Full => ApiError::new(status::UNAVAILABLE, "the server is busy: the queue is full"),
