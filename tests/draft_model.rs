@@ -52,11 +52,28 @@ fn target_greedy(target: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec
     (gen.output_ids, logits)
 }
 
-/// Checks the verified output of every prompt against the target's own
-/// greedy output under the near-tie rule, the prompts shared over every
+/// A prompt, the tokens to generate after it, and the target's own greedy
+/// output there with its logits (computed once for every setting checked).
+struct Case {
+    prompt: Vec<u32>,
+    n: usize,
+    greedy: (Vec<u32>, Vec<Vec<f32>>),
+}
+
+/// The [`Case`]s of `prompts` (each with its token count) on `target`, the
+/// prompts shared over every core.
+fn cases(target: &Path, prompts: Vec<(Vec<u32>, usize)>) -> Vec<Case> {
+    on_every_core(&prompts, |share| {
+        let target = open(target);
+        share.iter().map(|(p, n)| Case { prompt: p.clone(), n: *n, greedy: target_greedy(&target, p, *n) }).collect()
+    })
+}
+
+/// Checks the verified output of every case against the target's own
+/// greedy output under the near-tie rule, the cases shared over every
 /// core (each opening both models); returns the drafting statistics and the
 /// near ties met.
-fn check(target: &Path, draft: &Path, prompts: &[(Vec<u32>, usize)], s: Setting) -> (DraftStats, usize) {
+fn check(target: &Path, draft: &Path, cases: &[Case], s: Setting) -> (DraftStats, usize) {
     let params = DraftSessionParams {
         engine: engine(),
         step: s.step,
@@ -64,10 +81,10 @@ fn check(target: &Path, draft: &Path, prompts: &[(Vec<u32>, usize)], s: Setting)
         draft: DraftModelParams { n_max: s.n_max, n_min: 0, p_min: 0.0 },
         ignore_eog: false,
     };
-    let indexed: Vec<(usize, &(Vec<u32>, usize))> = prompts.iter().enumerate().collect();
+    let indexed: Vec<(usize, &Case)> = cases.iter().enumerate().collect();
     let per_prompt = on_every_core(&indexed, |share| {
         let (target, draft) = (open(target), open(draft));
-        share.iter().map(|&(pi, (prompt, n))| check_one(&target, &draft, &params, pi, prompt, *n, s)).collect()
+        share.iter().map(|&(pi, case)| check_one(&target, &draft, &params, pi, case, s)).collect()
     });
     let (mut total, mut near_ties) = (DraftStats::default(), 0);
     for (stats, ties) in per_prompt {
@@ -87,25 +104,31 @@ fn check(target: &Path, draft: &Path, prompts: &[(Vec<u32>, usize)], s: Setting)
     (total, near_ties)
 }
 
-/// [`check`] on prompt `pi`: its drafting statistics and near ties.
+/// [`check`] on case `pi`: its drafting statistics and near ties.
 fn check_one(
     target: &Model,
     draft: &Model,
     params: &DraftSessionParams,
     pi: usize,
-    prompt: &[u32],
-    n: usize,
+    case: &Case,
     s: Setting,
 ) -> (DraftStats, usize) {
+    let prompt = &case.prompt;
     let mut session = DraftSession::new(target, draft, params.clone()).unwrap();
-    let (gen, stats) = session.generate(prompt, n, |_| true).unwrap();
+    let (gen, stats) = session.generate(prompt, case.n, |_| true).unwrap();
     let got = gen.output_ids;
     assert!(gen.macro_steps.iter().all(|step| step.tokens.len() <= s.n_max + 1));
     let (mut from, mut near_ties) = (0, 0);
     while from < got.len() {
-        let context: Vec<u32> = prompt.iter().chain(&got[..from]).copied().collect();
-        let (want, logits) = target_greedy(target, &context, got.len() - from);
-        let same = got[from..].iter().zip(&want).take_while(|(a, b)| a == b).count();
+        let fresh;
+        let (want, logits) = if from == 0 {
+            (&case.greedy.0[..got.len().min(case.greedy.0.len())], &case.greedy.1)
+        } else {
+            let context: Vec<u32> = prompt.iter().chain(&got[..from]).copied().collect();
+            fresh = target_greedy(target, &context, got.len() - from);
+            (&fresh.0[..], &fresh.1)
+        };
+        let same = got[from..].iter().zip(want).take_while(|(a, b)| a == b).count();
         if same == want.len() {
             assert_eq!(got.len() - from, want.len(), "prompt {pi} {s:?}: the target ends at {}", from + same);
             break;
@@ -139,8 +162,8 @@ fn the_tiny_hamburger_drafting_for_its_base_gives_the_bases_greedy_output() {
         converted(&ckpt, "tiny", ggml::Type::F32, false).unwrap(),
     );
     assert!(open(&target).is_base_only() && !open(&draft).is_base_only());
-    let prompts: Vec<(Vec<u32>, usize)> =
-        testing::golden::cases().into_iter().map(|c| (c.prompt_ids, c.max_new_tokens)).collect();
+    let prompts =
+        cases(&target, testing::golden::cases().into_iter().map(|c| (c.prompt_ids, c.max_new_tokens)).collect());
     // One token per draft step: the draft's base is the target, so almost
     // every drafted token is accepted.
     for n_max in 1..=3 {
@@ -165,7 +188,7 @@ fn the_trained_smollm2_hamburger_drafting_for_smollm2_gives_smollm2s_greedy_outp
     let target = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, true).unwrap();
     let draft = converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::F32, false).unwrap();
     let tok = Tokenizer::from_model(&open(&target)).unwrap();
-    let prompts: Vec<(Vec<u32>, usize)> = [
+    let prompts = [
         "The capital of France is",
         "def fibonacci(n):",
         "Once upon a time, in a small village,",
@@ -175,6 +198,7 @@ fn the_trained_smollm2_hamburger_drafting_for_smollm2_gives_smollm2s_greedy_outp
     .iter()
     .map(|p| (tok.encode(p, true).unwrap(), 40))
     .collect();
+    let prompts = cases(&target, prompts);
     let recommended = StepParams { confidence: open(&draft).recommended_confidence.unwrap(), ..Default::default() };
     for n_max in [1, 3] {
         let (stats, _) = check(&target, &draft, &prompts, Setting { step: recommended, n_max });

@@ -260,21 +260,23 @@ impl Reference {
             .collect()
     }
 
-    /// Greedy decoding of the base model alone (one token per forward).
-    pub fn base_greedy(&self, prompt: &[u32], n: usize) -> Vec<u32> {
+    /// Greedy decoding of the base model alone (one token per forward): the
+    /// `n` tokens, each with the logits it was chosen from.
+    pub fn base_greedy(&self, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
         let mut caches = vec![Cache::default(); self.hp.n_layer];
         let mut feats = Vec::new();
         for (p, &t) in prompt.iter().enumerate() {
             feats = self.base_forward(self.embed(t), p, &mut caches);
         }
-        let mut out = Vec::new();
+        let (mut out, mut logits) = (Vec::new(), Vec::new());
         loop {
-            let tok = argmax(&self.logits(feats.last().expect("features")));
-            out.push(tok);
+            let l = self.logits(feats.last().expect("features"));
+            out.push(argmax(&l));
+            logits.push(l);
             if out.len() == n {
-                return out;
+                return (out, logits);
             }
-            feats = self.base_forward(self.embed(tok), prompt.len() + out.len() - 1, &mut caches);
+            feats = self.base_forward(self.embed(out[out.len() - 1]), prompt.len() + out.len() - 1, &mut caches);
         }
     }
 
