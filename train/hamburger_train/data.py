@@ -31,6 +31,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from . import records, sharegpt
 from .progress import Progress
@@ -115,7 +116,7 @@ def stdlib_prompts(limit: int) -> list[dict]:
     return rows
 
 
-def mixed(general: list[dict], stdlib: list[dict], limit: int, share: float) -> list[dict]:
+def mixed(general: Iterable[dict], stdlib: Iterable[dict], limit: int, share: float) -> list[dict]:
     """`limit` rows, a `share` of them from `general` spread evenly among the
     standard library's (row i is general when floor((i + 1) share) grows)."""
     out, g, s = [], iter(general), iter(stdlib)
@@ -143,7 +144,11 @@ def build_prompts(out: Path, limit: int, share: float = 0.0, source: Path | None
             general.append(r)
             if len(general) == limit:
                 break
-    rows = mixed(general, stdlib_prompts(stdlib_from + limit)[stdlib_from:], limit, share)
+
+    def stdlib() -> Iterator[dict]:  # parsed (some 5 s) only when a row is taken from it
+        yield from stdlib_prompts(stdlib_from + limit)[stdlib_from:]
+
+    rows = mixed(general, stdlib(), limit, share)
     tmp = path.with_suffix(".part")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.rename(path)
