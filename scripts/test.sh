@@ -14,28 +14,14 @@ cd "$(dirname "$0")/.."
 # After each phase a line says how long it took (CI allows 45 minutes in all).
 start=$SECONDS
 took() { echo "== $1 took $((SECONDS - start)) s"; start=$SECONDS; }
-bash scripts/install-build-deps.sh
+bash scripts/install-deps.sh
+took "installing what is missing"
 log=$(mktemp)
-envs_log=$(mktemp)
-trap 'rm -f "$log" "$envs_log"' EXIT
-# The rest of what the tests need (install-deps.sh: the Python
-# environments, Chromium) installs while the build runs: on a fresh machine
-# it takes some 4.5 minutes alone, much of it waiting on downloads and the
-# disk. Its output shows once it is done.
-bash scripts/install-deps.sh > "$envs_log" 2>&1 &
-envs=$!
+trap 'rm -f "$log"' EXIT
 # Every crate's tests run even after a failure; the totals print either way.
 status=0
 cargo test --release --workspace --no-run 2>&1 | tee "$log" || status=$?
-took "building the tests, installing beside it"
-envs_status=0
-wait "$envs" || envs_status=$?
-cat "$envs_log"
-took "installing what the tests need, after the build"
-if [ "$envs_status" -ne 0 ]; then
-  echo "scripts/install-deps.sh failed (exit $envs_status): the tests cannot run" >&2
-  exit "$envs_status"
-fi
+took "building the tests"
 cargo test --release --workspace --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 took "every crate's tests"
 # llama-server's own test suite against hamburger-server (docs/server.md).
