@@ -208,14 +208,21 @@ def cpu_kind() -> str:
     prompts share their near-ties across dozens of tests, so one kind's
     answers and outcomes differ from the other's in many tests at once
     (SmolLM2's "I believe the meaning of life is" takes another word at
-    character 18): "avx512", "avx2", or the machine's architecture."""
+    character 18). AVX512-FP16 (Sapphire Rapids and later Xeons) is a kind
+    of its own: there ggml's F16 vector kernels (the flash attention over
+    the F16 KV cache) add and multiply in half precision, and llama-server's
+    answers differ from a Zen 4's in 10 of 120 tests. "avx512fp16",
+    "avx512", "avx2", or the machine's architecture."""
     flags: set[str] = set()
     try:
         line = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
         flags = set(line.partition(":")[2].split())
     except OSError:
         pass
-    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else platform.machine()
+    for kind, flag in (("avx512fp16", "avx512_fp16"), ("avx512", "avx512f"), ("avx2", "avx2")):
+        if flag in flags:
+            return kind
+    return platform.machine()
 
 
 def recorded() -> Path:
