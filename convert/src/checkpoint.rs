@@ -117,6 +117,19 @@ impl Checkpoint {
         Ok(ck)
     }
 
+    /// Adds the tensors of a second `.safetensors` file, one that no index
+    /// lists (a draft head shipped beside the grafted modules, say); a
+    /// tensor both hold is refused, naming it.
+    ///
+    /// # Errors
+    /// When the file is not a readable safetensors file or repeats a tensor.
+    pub fn add_safetensors(&mut self, path: &Path) -> Result<(), ConvertError> {
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            return Err(ConvertError::Checkpoint { path: path.into(), msg: "not a .safetensors file".into() });
+        }
+        self.load_safetensors(path)
+    }
+
     fn error(&self, msg: String) -> ConvertError {
         ConvertError::Checkpoint { path: self.path.clone(), msg }
     }

@@ -68,7 +68,7 @@ const HAMBURGER_BASE: &str = "model.";
 const MICRO: &str = "micro_step_decoder.decoders";
 /// State-dict prefix of the optional draft head (`hamburger-train draft`'s
 /// micro decoder and stop head, beside the macro steps' own).
-const DRAFT_HEAD: &str = "draft_head.";
+pub const DRAFT_HEAD: &str = "draft_head.";
 
 fn layer_key(lt: LayerTensor) -> &'static str {
     match lt {

@@ -62,8 +62,8 @@ fn adapters_are_folded_into_the_base_weights_and_misfits_are_refused() {
     for d in [&ck_plain, &ck_adapted] {
         std::fs::create_dir_all(d).unwrap();
     }
-    from_gguf::write(&gguf_base, &ck_plain, from_gguf::Grafted::Trained(&plain)).unwrap();
-    from_gguf::write(&gguf_base, &ck_adapted, from_gguf::Grafted::Trained(&adapted)).unwrap();
+    from_gguf::write(&gguf_base, &ck_plain, from_gguf::Grafted::Trained(&[plain.as_path()])).unwrap();
+    from_gguf::write(&gguf_base, &ck_adapted, from_gguf::Grafted::Trained(&[adapted.as_path()])).unwrap();
     let (w0, w1) = (weight(&ck_plain, &format!("{key}.weight")), weight(&ck_adapted, &format!("{key}.weight")));
     for o in 0..out {
         for i in 0..inp {
@@ -88,10 +88,13 @@ fn adapters_are_folded_into_the_base_weights_and_misfits_are_refused() {
     for (name, bad, named) in [("half", half, key), ("misfit", misfit, key), ("stray", stray, layer99)] {
         let path = dir.path().join(format!("{name}.safetensors"));
         write_all(&path, &bad);
-        let err =
-            from_gguf::write(&gguf_base, &dir.path().join(format!("ck-{name}")), from_gguf::Grafted::Trained(&path))
-                .unwrap_err()
-                .to_string();
+        let err = from_gguf::write(
+            &gguf_base,
+            &dir.path().join(format!("ck-{name}")),
+            from_gguf::Grafted::Trained(&[path.as_path()]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains(&format!("{name}.safetensors")) && err.contains(named), "{name}: {err}");
     }
 }

@@ -150,6 +150,17 @@ fn macro_modules_kept_and_the_trained_ones_beside_them(grafted: &Path) {
         let draft = format!("draft_head.{}", k.strip_prefix("micro_step_decoder.").unwrap());
         assert_eq!(out.tensor(&draft).unwrap().shape(), out.tensor(k).unwrap().shape(), "{draft}");
     }
+    // The head alone beside it, as a repository ships it next to its modules.
+    let alone = std::fs::read(grafted.with_file_name("draft-head.safetensors")).unwrap();
+    let alone = safetensors::SafeTensors::deserialize(&alone).unwrap();
+    let mut head_keys: Vec<&str> = out.names().into_iter().filter(|k| k.starts_with("draft_head.")).collect();
+    let mut alone_keys = alone.names();
+    head_keys.sort_unstable();
+    alone_keys.sort_unstable();
+    assert_eq!(alone_keys, head_keys);
+    for k in head_keys {
+        assert_eq!(alone.tensor(k).unwrap().data(), out.tensor(k).unwrap().data(), "{k}");
+    }
 }
 
 /// `accept` on three prompts: the verifier answers them (the teacher server

@@ -476,7 +476,7 @@ fn the_shipped_smollm2_hamburger_converts_loads_and_takes_multi_token_steps() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     testmodel::cached_dir(&ckpt, |d| {
-        testmodel::from_gguf::write(&gguf_base, d, testmodel::from_gguf::Grafted::Trained(&grafted))
+        testmodel::from_gguf::write(&gguf_base, d, testmodel::from_gguf::Grafted::Trained(&[grafted.as_path()]))
     })
     .unwrap();
     let gguf = dir.path().join("trained-q8_0.gguf");
@@ -504,11 +504,37 @@ fn a_grafted_file_with_a_misshapen_tensor_is_refused_naming_it() {
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &data).unwrap();
     safetensors::serialize_to_file([("comp_embedder.merger.pos", view)], None, &bad).unwrap();
     let gguf_base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
-    let err = testmodel::from_gguf::write(&gguf_base, dir.path(), testmodel::from_gguf::Grafted::Trained(&bad))
-        .unwrap_err()
-        .to_string();
+    let err =
+        testmodel::from_gguf::write(&gguf_base, dir.path(), testmodel::from_gguf::Grafted::Trained(&[bad.as_path()]))
+            .unwrap_err()
+            .to_string();
     assert!(
         err.contains("grafted.safetensors") && (err.contains("comp_embedder") || err.contains("micro_step_decoder")),
         "{err}"
     );
+}
+
+#[test]
+fn a_further_trained_file_that_is_not_a_draft_head_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/smollm2-hamburger/grafted.safetensors");
+    let stray = dir.path().join("stray.safetensors");
+    let data = vec![0u8; 4 * 3];
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &data).unwrap();
+    safetensors::serialize_to_file([("micro_step_decoder.extra.weight", view)], None, &stray).unwrap();
+    let gguf_base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
+    let write = |files: &[&Path]| {
+        testmodel::from_gguf::write(&gguf_base, &dir.path().join("ck"), testmodel::from_gguf::Grafted::Trained(files))
+            .unwrap_err()
+            .to_string()
+    };
+    let err = write(&[&shipped, &stray]);
+    assert!(
+        err.contains("stray.safetensors") && err.contains("micro_step_decoder.extra") && err.contains("draft_head"),
+        "{err}"
+    );
+    // The same file twice: every tensor in it repeated.
+    let err = write(&[&shipped, &shipped]);
+    assert!(err.contains("grafted.safetensors") && err.contains("two"), "{err}");
+    assert!(!dir.path().join("ck").exists(), "nothing written");
 }

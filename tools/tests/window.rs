@@ -175,7 +175,7 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     let base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
     let grafted = d.join("grafted.safetensors");
     std::fs::create_dir_all(d.join("trained")).unwrap();
-    from_gguf::write(&base, &d.join("trained"), from_gguf::Grafted::Trained(&grafted)).unwrap();
+    from_gguf::write(&base, &d.join("trained"), from_gguf::Grafted::Trained(&[grafted.as_path()])).unwrap();
     let gguf = d.join("trained-q8_0.gguf");
     run_ok(
         Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))

@@ -310,9 +310,12 @@ def export(model: HAMburger, macro: dict[str, torch.Tensor], path: Path) -> None
     """The grafted modules of macro steps `macro` unchanged, with the
     trained micro decoder and stop head beside them as the draft head
     (`draft_head.*`, f16): one file, and one GGUF, for macro steps (the
-    macro modules) and self-verified decoding (the draft head)."""
-    sd = dict(macro)
-    sd.update({DRAFT_HEAD + k.removeprefix("micro_step_decoder."): v.detach().to(torch.float16)
-               for k, v in head_state(model).items()})
-    write_safetensors(sd, path)
-    print(f"draft: {path}", file=sys.stderr)
+    macro modules) and self-verified decoding (the draft head). The head
+    alone goes to `draft-head.safetensors` beside it, the file a repository
+    ships next to grafted modules it already has (`hamburger-testmodel
+    smollm2 --grafted GRAFTED --grafted HEAD`)."""
+    head = {DRAFT_HEAD + k.removeprefix("micro_step_decoder."): v.detach().to(torch.float16)
+            for k, v in head_state(model).items()}
+    write_safetensors({**macro, **head}, path)
+    write_safetensors(head, path.with_name("draft-head.safetensors"))
+    print(f"draft: {path} and {path.with_name('draft-head.safetensors')}", file=sys.stderr)

@@ -1,7 +1,7 @@
 //! `hamburger-testmodel`: builds test and benchmark checkpoints in the
 //! original HAMburger layout (see `testing::testmodel`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -34,8 +34,10 @@ enum Cmd {
         /// under the original names (`models/smollm2-hamburger/grafted.safetensors`):
         /// the grafted tensors, any fine-tuned base tensors, and low-rank
         /// adapters (`<weight>.lora_A`, `.lora_B`, folded in as W + B A).
+        /// Given again: a draft head's file (`draft_head.*`,
+        /// `models/smollm2-hamburger/draft-head.safetensors`) added to them.
         #[arg(long)]
-        grafted: Option<PathBuf>,
+        grafted: Vec<PathBuf>,
     },
     /// Random weights with real shapes: llama-3.2-1b (the release) or smollm2-135m.
     Random {
@@ -60,9 +62,11 @@ fn main() -> ExitCode {
                 Some(g) => g,
                 None => testmodel::smollm2_gguf(&testmodel::cache_dir())?,
             };
-            let grafted = match &grafted {
-                Some(path) => testmodel::from_gguf::Grafted::Trained(path),
-                None => testmodel::from_gguf::Grafted::Random(seed),
+            let paths: Vec<&Path> = grafted.iter().map(PathBuf::as_path).collect();
+            let grafted = if paths.is_empty() {
+                testmodel::from_gguf::Grafted::Random(seed)
+            } else {
+                testmodel::from_gguf::Grafted::Trained(&paths)
             };
             testmodel::cached_dir(&out, |d| testmodel::from_gguf::write(&gguf, d, grafted))
         })(),

