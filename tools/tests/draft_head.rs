@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use testing::testmodel::{converted, smollm2_checkpoint, smollm2_trained_checkpoint};
+use testing::testmodel::{converted, smollm2_checkpoint, smollm2_draft_head_checkpoint, smollm2_trained_checkpoint};
 
 /// The trained checkpoint with a draft head copied from `head`'s macro
 /// micro decoder and stop head, converted to Q8_0.
@@ -22,11 +22,12 @@ fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> PathBuf {
     out
 }
 
-/// Greedy decoding of one prompt (`spec`: the speculative flags): the `--json` report.
-fn decoded(model: &Path, spec: &[&str]) -> Value {
-    let prompt =
-        "Write a Python function `make_tarball(base_name, base_dir, compress, verbose, dry_run, owner, group)`. \
-                  Create a (possibly compressed) tar file from all the files under 'base_dir'.";
+/// A prompt of the kind the macro modules were trained on.
+const PYTHON: &str = "Write a Python function `make_tarball(base_name, base_dir, compress, verbose, dry_run, owner, \
+                      group)`. Create a (possibly compressed) tar file from all the files under 'base_dir'.";
+
+/// Greedy decoding of `prompt` (`spec`: the speculative flags): the `--json` report.
+fn decoded(model: &Path, prompt: &str, spec: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
         .args(["-m", model.to_str().unwrap(), "-p", prompt, "-n", "48", "--temp", "0", "-t", "2", "--json"])
         .args(spec)
@@ -49,20 +50,44 @@ fn self_verified_decoding_drafts_with_the_draft_head_and_macro_steps_ignore_it()
     let ck = smollm2_trained_checkpoint().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let plain = converted(&ck, "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
-    let (macro_steps, verified) = (decoded(&plain, &[]), decoded(&plain, &FORCED));
+    let (macro_steps, verified) = (decoded(&plain, PYTHON, &[]), decoded(&plain, PYTHON, &FORCED));
     assert!(accepted(&verified) >= 8, "the trained drafts are accepted: {verified}");
 
     // A draft head equal to the macro modules: the same drafts, accepted alike.
     let same = with_draft_head(&dir.path().join("same"), &ck, &ck);
-    assert_eq!(decoded(&same, &FORCED)["macro_steps"], verified["macro_steps"]);
+    assert_eq!(decoded(&same, PYTHON, &FORCED)["macro_steps"], verified["macro_steps"]);
 
     // The untrained (random) modules as the draft head: the drafts are the
     // head's (hardly any accepted), the output the base's; macro steps run
     // the trained modules as before.
     let random = with_draft_head(&dir.path().join("random"), &ck, &smollm2_checkpoint().unwrap());
-    let drafted = decoded(&random, &FORCED);
+    let drafted = decoded(&random, PYTHON, &FORCED);
     assert_eq!(drafted["output_ids"], verified["output_ids"], "verification keeps the base's output");
     assert!(accepted(&drafted) < accepted(&verified) / 2, "random drafts are rejected: {drafted}");
-    let m = decoded(&random, &[]);
+    let m = decoded(&random, PYTHON, &[]);
     assert_eq!((&m["output_ids"], &m["macro_steps"]), (&macro_steps["output_ids"], &macro_steps["macro_steps"]));
+}
+
+/// Everyday chat turns (none from the training data), as SmolLM2's chat
+/// template renders them.
+const CHATS: [&str; 3] = [
+    "Give me three tips for sleeping better.",
+    "Explain recursion to a ten-year-old.",
+    "Write a haiku about autumn leaves.",
+];
+
+#[test]
+fn the_shipped_draft_head_drafts_everyday_chat_better_than_the_macro_modules() {
+    let macro_only =
+        converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
+    let head = smollm2_draft_head_checkpoint().unwrap();
+    let with_head = converted(&head, "smollm2-draft-head", ggml::Type::Q8_0, false).unwrap();
+    let (mut before, mut after) = (0, 0);
+    for chat in CHATS {
+        let prompt = format!("<|im_start|>user\n{chat}<|im_end|>\n<|im_start|>assistant\n");
+        let (m, d) = (decoded(&macro_only, &prompt, &FORCED), decoded(&with_head, &prompt, &FORCED));
+        assert_eq!(d["output_ids"], m["output_ids"], "verification keeps the base's output: {chat}");
+        (before, after) = (before + accepted(&m), after + accepted(&d));
+    }
+    assert!(3 * after >= 4 * before, "the draft head's drafts are accepted more: {after} against {before}");
 }
