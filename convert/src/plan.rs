@@ -70,6 +70,12 @@ const MICRO: &str = "micro_step_decoder.decoders";
 /// micro decoder and stop head, beside the macro steps' own).
 pub const DRAFT_HEAD: &str = "draft_head.";
 
+/// Whether `ck` carries a draft head (any `draft_head.*` tensor): then its
+/// GGUF gets the draft roles, and every tensor of the head must be there.
+pub fn has_draft_head(ck: &Checkpoint) -> bool {
+    ck.tensors.keys().any(|k| k.starts_with(DRAFT_HEAD))
+}
+
 fn layer_key(lt: LayerTensor) -> &'static str {
     match lt {
         LayerTensor::AttnNorm => "input_layernorm",
@@ -184,7 +190,7 @@ pub fn plan(
     let base = base_prefix(ck);
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
-    let draft_head = !base_only && ck.tensors.keys().any(|k| k.starts_with(DRAFT_HEAD));
+    let draft_head = !base_only && has_draft_head(ck);
     let set = TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only, draft_head };
     for (name, ne) in hp.tensor_shapes(set) {
         let ty = choose_type(name, &ne);

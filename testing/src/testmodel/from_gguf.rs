@@ -65,7 +65,7 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
         Grafted::Trained(paths) => Some(open_trained(paths)?),
         Grafted::Random(_) => None,
     };
-    let draft_head = trained.as_ref().is_some_and(|t| t.tensors.keys().any(|k| k.starts_with(DRAFT_HEAD)));
+    let draft_head = trained.as_ref().is_some_and(plan::has_draft_head);
     let shapes = hp.tensor_shapes(TensorSet { tied_output: tied, draft_head, ..Default::default() });
     let key_of = |name: TensorName| plan::source_key(name, "model.").expect("every tensor but rope_freqs has a key");
     // Every trained tensor checked before anything is written: all grafted
