@@ -17,6 +17,7 @@
 //! * [`parallel`]: a test's independent generations spread over every core;
 //! * [`process`]: the tools run under a memory limit, or interrupted;
 //! * [`registry`]: files taken from PyPI packages (pip, cached);
+//! * [`sharegpt`]: chat files in the ShareGPT dataset's layout;
 //! * [`merger`]: the merger alone as a runnable graph, for unit tests and benchmarks.
 
 pub mod golden;
@@ -27,4 +28,5 @@ pub mod parallel;
 pub mod process;
 pub mod reference;
 pub mod registry;
+pub mod sharegpt;
 pub mod testmodel;

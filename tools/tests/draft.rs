@@ -2,13 +2,15 @@
 //! tiny fixture: the micro decoder trained as a draft head on the base's
 //! features cached once; an interrupted run resuming to the same weights as
 //! one that was not; caches of another base or tokenizer refused by name;
-//! the acceptance measure's walk and its teacher-forced twin agreeing.
+//! the acceptance measure's walk and its teacher-forced twin agreeing;
+//! ShareGPT's own replies as the training text (`--reference-answers`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
+use testing::sharegpt::{self, chat};
 use testing::testmodel::tiny_fixture;
 
 /// The directory of the project's binaries (the teacher server, the scorer, the converter).
@@ -281,4 +283,60 @@ fn a_feature_cache_of_another_base_or_tokenizer_is_refused_by_name() {
     });
     let err = one_line_error(&mut stage("draft", &work, &other_base, &["--prompts", "0", "--steps", "2"]));
     assert!(err.contains("another base") && err.contains(&*work.join("features").to_string_lossy()), "{err}");
+}
+
+/// `--reference-answers`: ShareGPT's own replies are the training prompts'
+/// answers (a long one cut at a space near 4 characters per token asked
+/// for), while the held-out prompt and the prompt without a reply are
+/// answered by the base; training runs on them, and the work directory is
+/// refused, naming its prompts, to a run that asks for the base's answers.
+#[test]
+fn reference_answers_train_on_sharegpts_replies_and_keep_the_base_for_held_out_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "Keep a regular schedule, even on weekends, and get some daylight in the morning. \
+                Avoid caffeine late in the day and keep the bedroom cool, dark and quiet.";
+    let source = dir.path().join("sharegpt.json");
+    sharegpt::write_file(
+        &source,
+        &[
+            chat(
+                "toy1",
+                &["Give me three tips for sleeping better.", long, "Why a schedule?", "Your body likes rhythm."],
+            ),
+            chat("toy2", &["Explain recursion to a ten-year-old.", "A function that calls itself."]), // held out
+            chat("toy3", &["Write a haiku about autumn leaves."]),
+            chat("toy5", &["What is the capital of France?", "Paris."]),
+        ],
+    );
+    let work = dir.path().join("work");
+    let mut flags = vec!["--sharegpt", source.to_str().unwrap(), "--sharegpt-share", "1", "--prompts", "5"];
+    flags.extend(["--max-tokens", "16", "--slots", "2", "--steps", "2", "--batch", "4"]);
+    run_ok(&mut stage("draft", &work, &tiny_fixture(), &[&flags[..], &["--reference-answers"]].concat()));
+
+    let responses: Vec<Value> = std::fs::read_to_string(work.join("responses.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by_id = |id: &str| responses.iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("no {id}")).clone();
+    let cut = by_id("sharegpt:toy1#0");
+    let text = cut["response"].as_str().unwrap();
+    assert!(text.len() <= 4 * 16 && long.starts_with(text) && long[text.len()..].starts_with(' '), "{cut}");
+    assert_eq!(cut["finish_reason"], "reference");
+    assert_eq!(by_id("sharegpt:toy1#2")["response"], "Your body likes rhythm.");
+    assert_eq!(by_id("sharegpt:toy5#0")["response"], "Paris.");
+    for id in ["sharegpt:toy2#0", "sharegpt:toy3#0"] {
+        let answered = by_id(id);
+        assert!(answered["finish_reason"] != "reference" && answered["response"] != "A function that calls itself.");
+    }
+    assert_eq!(responses.len(), 5);
+    assert!(work.join("draft/draft-head.safetensors").exists());
+    let trained = history(&work).iter().filter(|h| h["kind"] == "train").count();
+    assert!(trained >= 1);
+
+    let err = one_line_error(&mut stage("draft", &work, &tiny_fixture(), &flags));
+    assert!(
+        err.contains("--reference-answers") && err.contains(&*work.join("prompts.jsonl").to_string_lossy()),
+        "{err}"
+    );
 }

@@ -10,8 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use testing::process::assert_one_line_error;
+use testing::sharegpt::{self, chat};
 use testing::testmodel::{self, from_gguf};
 
 fn repo() -> PathBuf {
@@ -28,28 +29,10 @@ fn run_ok(c: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// A ShareGPT entry: `{id, conversations: [{from, value}]}`, human turns first.
-fn chat(id: &str, turns: &[&str]) -> Value {
-    let conv: Vec<Value> = turns
-        .iter()
-        .enumerate()
-        .map(|(i, t)| json!({"from": if i % 2 == 0 { "human" } else { "gpt" }, "value": t}))
-        .collect();
-    json!({"id": id, "conversations": conv})
-}
-
-/// ShareGPT's layout: a JSON array of `entries`, cut in the middle of a last one.
-fn sharegpt_file(path: &Path, entries: &[Value]) {
-    let mut text = serde_json::to_string(&entries).unwrap();
-    text.truncate(text.len() - 1);
-    text.push_str(", {\"id\": \"toy6\", \"conversations\": [{\"from\": \"human\", \"val");
-    std::fs::write(path, text).unwrap();
-}
-
 /// `hamburger-train pack` of `entries` (as a ShareGPT file) and the
 /// standard library's prompts, by `mix`, in folders of 40 MiB under `d/pack`.
 fn pack_chats(d: &Path, entries: &[Value], mix: &[&str]) -> PathBuf {
-    sharegpt_file(&d.join("sharegpt.json"), entries);
+    sharegpt::write_file(&d.join("sharegpt.json"), entries);
     let pack = d.join("pack");
     let mut c = Command::new(repo().join("train/hamburger-train"));
     c.args(["-t", "2", "pack", "--work"]).arg(d.join("work")).arg("--bin").arg(bin_dir());
@@ -129,7 +112,8 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let ids: Vec<&str> = prompts.iter().map(|p| p["id"].as_str().unwrap()).collect();
-    // Five chats give 5 prompts: toy4 folds into toy1, toy6 is cut short; toy1's second turn comes with its history.
+    // Five chats give 5 prompts: toy4 folds into toy1, the file's cut last entry is dropped;
+    // toy1's second turn comes with its history.
     assert_eq!(ids.iter().filter(|i| i.starts_with("sharegpt:")).count(), 5, "{ids:?}");
     assert!(prompts.iter().any(|p| p["id"] == "sharegpt:toy1#2" && p["messages"].as_array().unwrap().len() == 3));
     assert!(prompts.iter().any(|p| p["id"] == "sharegpt:toy2#0" && p["split"] == "heldout"));

@@ -153,6 +153,9 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
                    "share of --lr (0: frozen, only the stop head learns: about half the compute a row)")
     p.add_argument("--out", type=Path, help="where the run's state, history and grafted.safetensors go "
                    "(default WORK/draft; several runs can share one work directory's features)")
+    p.add_argument("--reference-answers", action="store_true", help="train on ShareGPT's own replies to its "
+                   "training prompts instead of the base's answers (no answering: EAGLE's fixed data); held-out "
+                   "and standard-library prompts are still answered by the base. Chosen when WORK's prompts are made")
 
 
 def rule_flags(p: argparse.ArgumentParser) -> None:
@@ -278,7 +281,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         from . import draft
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
-                  a.stdlib_from)
+                  a.stdlib_from, a.reference_answers)
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,

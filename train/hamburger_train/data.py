@@ -130,17 +130,18 @@ def mixed(general: Iterable[dict], stdlib: Iterable[dict], limit: int, share: fl
 
 
 def build_prompts(out: Path, limit: int, share: float = 0.0, source: Path | None = None,
-                  stdlib_from: int = 0) -> list[dict]:
+                  stdlib_from: int = 0, references: bool = False) -> list[dict]:
     """Writes `prompts.jsonl` (id, split, and prompt or messages) once per
     work directory: `limit` prompts, a `share` of them from ShareGPT (the
     wheel, or the JSON `source`), the rest from the standard library's,
-    from its `stdlib_from`-th on (earlier runs answered the first ones)."""
+    from its `stdlib_from`-th on (earlier runs answered the first ones);
+    with `references`, ShareGPT's rows keep ShareGPT's own reply (`reference`)."""
     path = out / "prompts.jsonl"
     if path.exists():
         return records.read(path)
     general: list[dict] = []
     if int(limit * share) > 0:
-        for r in sharegpt.prompts(source or sharegpt.wheel()):
+        for r in sharegpt.prompts(source or sharegpt.wheel(), references=references):
             general.append(r)
             if len(general) == limit:
                 break
@@ -218,6 +219,33 @@ def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots
     out.mkdir(parents=True, exist_ok=True)
     rows = build_prompts(out, limit, share, source, stdlib_from)[skip:]
     answer(out / "responses.jsonl", bin_dir, teacher_gguf(bin_dir, base, out), rows, max_tokens, slots, threads)
+
+
+REFERENCE_CHARS_PER_TOKEN = 4
+"""Characters a reference reply keeps per answer token asked for (English
+text runs about 4 characters a token), so it is about as long as an answer."""
+
+
+def reference_answers(resp_path: Path, rows: list[dict], max_tokens: int) -> None:
+    """Appends to `resp_path` each training row of `rows` that has a
+    `reference` (ShareGPT's own reply) and is not there yet, with that reply
+    as its response, cut at a space before `max_tokens` tokens' worth of
+    characters (`finish_reason` "reference"): teacher-forced text for a
+    draft head, with no answering. The rest (held-out rows, rows without a
+    reply) are left for `answer`."""
+    done = records.done_ids(resp_path)
+    limit = REFERENCE_CHARS_PER_TOKEN * max_tokens
+    with open(resp_path, "a") as f:
+        for r in rows:
+            if r.get("split") != "train" or "reference" not in r or r["id"] in done:
+                continue
+            text = r["reference"]
+            if len(text) > limit:
+                cut = text.rfind(" ", 0, limit)
+                text = text[:cut if cut > 0 else limit]
+            asked = {k: r[k] for k in ("prompt", "messages") if k in r}
+            f.write(json.dumps({"id": r["id"], "split": "train", **asked, "response": text,
+                                "finish_reason": "reference"}) + "\n")
 
 
 def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tokens: int, slots: int,

@@ -12,16 +12,23 @@ stage pays for the base once:
 2. **Answers** (`data`'s prompts, `--prompts`, `--skip`): the verifier's own
    greedy answers through `hamburger-server` at confidence > 1, so every
    answer token is the base's greedy choice after the tokens before it.
+   With `--reference-answers`, a training prompt from ShareGPT takes
+   ShareGPT's own reply instead (EAGLE's fixed data: no answering, so
+   about three times the tokens per CPU hour); the held-out prompts, which
+   validate, and the standard library's are still answered by the base.
 3. **Scores** (`segment`'s scoring): token ids and the base's 8 most likely
    tokens at every answer token, the soft targets.
 4. **Features**, cached once on disk (`features`: `WORK/features/`), and
    refused by name if they were made with another base or tokenizer.
 5. **Training**, teacher-forced at every answer row: the micro decoder reads
-   [features, t0, t1, t2] (t0 the base's token at the row) and learns the
+   [features, t0, t1, t2] (t0 the text's token at the row) and learns the
    base's distribution at the next three tokens (distilled over its top 8);
    the stop head reads out_s (the final features for s = 0; detached, so it
    is a probe and does not pull the drafts) and learns whether draft s + 1
-   will be accepted (its teacher-forced argmax is the base's token).
+   will be accepted (its teacher-forced argmax is the base's greedy token).
+   A draft counts as accepted only along the base's own greedy path, where
+   the text so far is what the base would have said: always for the base's
+   answers (up to the scorer's near-ties), not always for references.
 
 Only the micro decoder and stop head train; the merger and the base stay as
 `--init` has them. Resumable (`WORK/draft/state.pt` every `SAVE_EVERY`
@@ -104,14 +111,23 @@ def verifier_ggufs(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta
 
 def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int,
             slots: int, threads: int, share: float = 0.0, source: Path | None = None,
-            stdlib_from: int = 0) -> tuple[HAMburger, dict]:
-    """Steps 1-4: the verifier, its answers, their scores and their cached
-    features; returns the verifier and the cache's `meta`."""
+            stdlib_from: int = 0, references: bool = False) -> tuple[HAMburger, dict]:
+    """Steps 1-4: the verifier, its answers (ShareGPT's replies for the
+    training prompts that have one, with `references`), their scores and
+    their cached features; returns the verifier and the cache's `meta`.
+    A work directory whose prompts were built the other way is refused."""
     model = verifier(base, init, "draft")
     meta = features.meta_of(model, base)
     features.check_meta(work / "features", meta)
     teacher, scorer = verifier_ggufs(work, bin_dir, base, model, meta, "draft")
-    rows = data.build_prompts(work, prompts, share, source, stdlib_from)[skip:prompts]
+    rows = data.build_prompts(work, prompts, share, source, stdlib_from, references)
+    general = [r for r in rows if r["id"].startswith("sharegpt:")]
+    if general and references != any("reference" in r for r in general):
+        made = "without" if references else "with"
+        raise SystemExit(f"draft: {work / 'prompts.jsonl'} was made {made} --reference-answers: use another --work")
+    rows = rows[skip:prompts]
+    if references:
+        data.reference_answers(work / "responses.jsonl", rows, max_tokens)
     data.answer(work / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
     segment.score(work, bin_dir, teacher, scorer, threads)
     features.build(work / "features", model, base, records.read(work / "scored.jsonl"))
@@ -128,13 +144,15 @@ def batch_loss(model: HAMburger, cache: features.Cache, rows: torch.Tensor) -> t
     text = text_after(cache, rows, n)
     valid = text >= 0
     tokens = torch.cat([cache.next[rows][:, None], text[:, :-1].clamp(min=0)], 1)
+    at = (rows[:, None] + torch.arange(n + 1)[None]).clamp(max=len(cache.next) - 1)
+    greedy = cache.top_ids[at, 0]  # the base's own token after each teacher-forced prefix
+    on_path = (tokens == greedy[:, :-1]).long().cumprod(1).bool()  # the text so far is the base's own
     with torch.set_grad_enabled(torch.is_grad_enabled() and next(model.micro.parameters()).requires_grad):
         out = model.micro_decode(feats, tokens)  # out_1..out_n: drafts 1..n
     logp = F.log_softmax(model.logits(out), -1)
-    at = (rows[:, None] + 1 + torch.arange(n)[None]).clamp(max=len(cache.next) - 1)
-    top_p = torch.softmax(cache.top_logprobs[at], -1)
-    ce = -(top_p * logp.gather(-1, cache.top_ids[at])).sum(-1)
-    right = (logp.argmax(-1) == text) & valid
+    top_p = torch.softmax(cache.top_logprobs[at[:, 1:]], -1)
+    ce = -(top_p * logp.gather(-1, cache.top_ids[at[:, 1:]])).sum(-1)
+    right = (logp.argmax(-1) == greedy[:, 1:]) & valid
     stop_in = torch.cat([feats[:, -1:], out[:, :-1].detach()], 1)  # out_s before draft s + 1
     stop_logit = model.stop_head(stop_in)
     bce = F.binary_cross_entropy_with_logits(stop_logit, (~right).float(), reduction="none")
@@ -143,16 +161,17 @@ def batch_loss(model: HAMburger, cache: features.Cache, rows: torch.Tensor) -> t
     loss = ((ce * v).sum() + STOP_WEIGHT * (bce * v).sum()) / n_valid
     sums = {"rows": len(rows), "ce": (ce * v).sum().item(), "bce": (bce * v).sum().item(),
             "slots": v.sum(0).tolist(), "right": right.sum(0).tolist(),
-            "accepted": right.long().cumprod(1).sum().item()}
+            "accepted": (right & on_path).long().cumprod(1).sum().item()}
     return loss, sums
 
 
 @torch.no_grad()
 def teacher_forced_accepted(model: HAMburger, cache: features.Cache, batch: int = 256) -> float:
     """Accepted drafts per row when every draft is taken, teacher-forced
-    (`batch_loss`'s count): what `drafting.measure` finds for the ungated
-    rule with the runtime's autoregressive drafts, since a draft is only
-    accepted when the ones before it were, and then it read the text."""
+    (`batch_loss`'s count): on the base's own answers, what
+    `drafting.measure` finds for the ungated rule with the runtime's
+    autoregressive drafts (up to the scorer's near-ties), since a draft is
+    only accepted when the ones before it were, and then it read the text."""
     rows = draftable(cache, model.cfg.eos)
     taken = sum(batch_loss(model, cache, rows[i:i + batch])[1]["accepted"] for i in range(0, len(rows), batch))
     return taken / max(len(rows), 1)
@@ -179,8 +198,9 @@ def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[
 def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int, slots: int,
         threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
         p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0, share: float = 0.0,
-        source: Path | None = None, stdlib_from: int = 0) -> None:
-    """Prepares the work directory (`prepare`), then trains until `steps`
+        source: Path | None = None, stdlib_from: int = 0, references: bool = False) -> None:
+    """Prepares the work directory (`prepare`; ShareGPT's own replies as the
+    training answers with `references`), then trains until `steps`
     optimizer steps of `batch` rows, resuming from `out/state.pt` (default
     `WORK/draft/`, where the run's history and result go too); the micro
     decoder learns at `micro_lr_scale` times `lr` (0: only the stop head
@@ -188,7 +208,7 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     if init is not None and not init.exists():
         raise SystemExit(f"draft: --init {init} does not exist")
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
-                          stdlib_from)
+                          stdlib_from, references)
     # What macro steps keep: `--init`'s file, else the base's own modules.
     macro = load_file(str(init)) if init is not None else {
         k: t.detach().clone() for k, t in model.original_state(grafted_only=True).items()}

@@ -148,10 +148,11 @@ def turns(entry: dict) -> list[dict]:
     return out
 
 
-def prompts(path: Path, later_turns: bool = True) -> Iterator[dict]:
+def prompts(path: Path, later_turns: bool = True, references: bool = False) -> Iterator[dict]:
     """The prompt rows of `path`'s conversations, in file order: `id`
     (`sharegpt:ID#TURN`), `split`, and `prompt` (a first turn) or `messages`
-    (a later turn with the conversation before it)."""
+    (a later turn with the conversation before it); with `references`, also
+    `reference`, ShareGPT's own reply to the turn, where it has one."""
     seen: set[str] = set()
     for entry in conversations(path):
         cid = str(entry.get("id", ""))
@@ -170,6 +171,8 @@ def prompts(path: Path, later_turns: bool = True) -> Iterator[dict]:
                 row["prompt"] = m["content"]
             else:
                 row["messages"] = msgs[: i + 1]
+            if references and i + 1 < len(msgs) and msgs[i + 1]["role"] == "assistant" and msgs[i + 1]["content"]:
+                row["reference"] = msgs[i + 1]["content"]
             yield row
 
 
