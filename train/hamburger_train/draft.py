@@ -14,7 +14,7 @@ stage pays for the base once:
    answer token is the base's greedy choice after the tokens before it.
    With `--reference-answers`, a training prompt from ShareGPT takes
    ShareGPT's own reply instead (EAGLE's fixed data: no answering, so
-   about three times the tokens per CPU hour); the held-out prompts, which
+   about 3.5 times the tokens per CPU hour); the held-out prompts, which
    validate, and the standard library's are still answered by the base.
 3. **Scores** (`segment`'s scoring): token ids and the base's 8 most likely
    tokens at every answer token, the soft targets.
