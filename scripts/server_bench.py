@@ -12,7 +12,7 @@ token where the server reports them), or JSON with `--json`.
 hamburger-server and llama.cpp's llama-server take the same request, so the
 same script measures both (docs/performance.md, "Server throughput").
 
-Usage: server_bench.py LABEL=URL [LABEL=URL ...] [--clients 1,4,8] [--n 128] [--reps 3] [--text-prompt]
+Usage: server_bench.py LABEL=URL [LABEL=URL ...] [--clients 1,4,8] [--n 128] [--reps 3] [--text-prompt | --long-prompt]
 """
 import argparse
 import json
@@ -22,10 +22,19 @@ import time
 import urllib.request
 
 
-def one_request(url: str, n: int, i: int, out: list, text: bool) -> None:
+def prompt_of(kind: str, i: int, burst: int):
+    """Client `i`'s prompt: one token (llama-bench's tg), a short text (~25
+    tokens) or a long one (~750 tokens, each client's and each burst's its
+    own, so that no server reuses a cached prompt)."""
+    if kind == "long":
+        items = " ".join(f"item{i}_{j} is number {j * i + 7} in the long list of request {i};" for j in range(40))
+        return f"Burst {burst}. {items}\nSummary:"
+    return f"Request {i}: the history of the number {i * 7 + 3} is" if kind == "text" else [100 + i]
+
+
+def one_request(url: str, n: int, i: int, out: list, kind: str, burst: int) -> None:
     body = {
-        # A one-token prompt (llama-bench's tg), or a short text prompt (~25 tokens).
-        "prompt": f"Request {i}: the history of the number {i * 7 + 3} is" if text else [100 + i],
+        "prompt": prompt_of(kind, i, burst),
         "max_tokens": n,
         "temperature": 0,
         "ignore_eos": True,
@@ -38,9 +47,9 @@ def one_request(url: str, n: int, i: int, out: list, text: bool) -> None:
     out[i] = v
 
 
-def run(url: str, clients: int, n: int, text: bool = False) -> tuple[float, list]:
+def run(url: str, clients: int, n: int, kind: str = "token", burst: int = 0) -> tuple[float, list]:
     answers: list = [None] * clients
-    threads = [threading.Thread(target=one_request, args=(url, n, i, answers, text)) for i in range(clients)]
+    threads = [threading.Thread(target=one_request, args=(url, n, i, answers, kind, burst)) for i in range(clients)]
     t = time.perf_counter()
     for th in threads:
         th.start()
@@ -60,8 +69,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--text-prompt", action="store_true", help="a short text prompt instead of one token")
+    ap.add_argument("--long-prompt", action="store_true", help="a prompt of about 750 tokens instead of one token")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    kind = "long" if a.long_prompt else "text" if a.text_prompt else "token"
     servers = [tuple(s.rsplit("=", 1)) for s in a.servers]
     for _, url in servers:
         run(url, 1, 8)  # warm-up
@@ -70,9 +81,9 @@ def main() -> None:
         rates: dict = {label: [] for label, _ in servers}
         kv: dict = {}
         # Repetitions interleave the servers, so the machine's drift hits each alike.
-        for _ in range(a.reps):
+        for rep in range(a.reps):
             for label, url in servers:
-                rate, answers = run(url, c, a.n, a.text_prompt)
+                rate, answers = run(url, c, a.n, kind, rep)
                 rates[label].append(rate)
                 if "kv_entries" in answers[0].get("timings", {}):
                     # Entries written for generated tokens (the prompt's are one per token in both).

@@ -443,12 +443,6 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
         let next_pos = engine.next_pos(sg.seq);
         fed.push(feed(sg, i, &mut batch, &mut budget, next_pos, cfg.n_batch));
     }
-    let (classes, rows) = (engine.row_classes(), batch.inputs().len());
-    for f in &fed {
-        if f.prompt.0 > 0 && !classes.alike(rows, f.prompt.1) {
-            seqs[f.index].prompt_alike = false;
-        }
-    }
     let running = || seqs.iter().filter(|s| !s.done);
     // Each running sequence's drafts share the forwards with one row of every other's.
     let prices = engine.costs().prices(running().count().saturating_sub(1));
@@ -460,6 +454,15 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
     let drafting = running().any(|s| s.rule(cfg).draft.is_some() && s.may_draft(cfg, &prices));
     let want = Wants { stop_head, logits: want_logits, features, draft_stop: stop_head && drafting };
     let mut outs = engine.decode(&batch, want)?.into_iter();
+    let (classes, rows) = (engine.row_classes(), batch.inputs().len());
+    for f in &fed {
+        // The rows a prompt chunk's attention held: its sequence's, or the forward's.
+        let own = batch.inputs().iter().filter(|i| i.seq == seqs[f.index].seq).count();
+        let attended = if engine.attended_by_seq() { own } else { rows };
+        if f.prompt.0 > 0 && !classes.alike_within(rows, attended, f.prompt.1) {
+            seqs[f.index].prompt_alike = false;
+        }
+    }
     let mut ready = Vec::new();
     for f in fed {
         let sg = &mut seqs[f.index];

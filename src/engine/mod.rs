@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::error::{Param, ParamError};
 use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, OutputRows, Wants};
 use crate::graph::cache::GraphCache;
+use crate::graph::layer::{attn_groups, Row};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
 use crate::graph::{StepGraph, StepOut};
 use crate::memory::batch::Batch;
@@ -43,8 +44,21 @@ use crate::memory::row_class::RowClasses;
 use crate::model::Model;
 use crate::sampling::TokenLogprob;
 
-/// Attention windows grow in steps of this many cells, so decode graphs are rebuilt rarely.
-const KV_PAD: usize = 256;
+/// Attention windows start at a multiple of this many cells: ggml's CPU
+/// flash attention sums in tiles of 64 cells from the window's start, so
+/// a row sums over the same tiles wherever its sequence's window starts.
+const KV_ALIGN: usize = 256;
+
+/// Attention windows grow in steps of this many cells, so that decode
+/// graphs are rebuilt every so many steps, and a window holds few masked
+/// cells at its end (one query row's attention is split evenly across the
+/// threads by cells, so masked cells leave a thread idle).
+const KV_PAD: usize = 64;
+
+/// Windows from this many cells are read in groups of their own only where
+/// their sequence holds at least half of their cells.
+const SCATTERED_WINDOW: usize = 512;
+
 /// Caches, graphs and positions of several sequences over a borrowed model.
 pub struct Engine<'m> {
     model: &'m Model,
@@ -73,6 +87,8 @@ pub struct Engine<'m> {
     /// the entry the sequence already holds there ([`Engine::rewind`]).
     rewrite_below: Vec<usize>,
     forwards: usize,
+    /// Whether the last base forward's sequences attended in a group each.
+    attended_by_seq: bool,
     /// The times of its forwards and micro steps (the draft gate's prices).
     costs: ForwardCosts,
     counters: EngineCounters,
@@ -89,11 +105,13 @@ impl<'m> Engine<'m> {
         let plan = &model.plan;
         let v_trans = !p.flash_attn;
         let base_bufts: Vec<_> = (0..hp.n_layer).map(|il| plan.cache_layer(il)).collect();
-        let kv = KvCache::new(&base_bufts, p.n_ctx, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans).map_err(|e| {
-            let message =
-                format!("cannot allocate a KV cache of {} entries ({e}): use a smaller {}", p.n_ctx, Param::NCtx);
-            ParamError::new(&[Param::NCtx], message)
-        })?;
+        let kv = KvCache::new(&base_bufts, p.n_ctx, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans)
+            .map_err(|e| {
+                let message =
+                    format!("cannot allocate a KV cache of {} entries ({e}): use a smaller {}", p.n_ctx, Param::NCtx);
+                ParamError::new(&[Param::NCtx], message)
+            })?
+            .with_homes(p.n_seq);
         let micro_bufts = vec![plan.tail(); hp.n_micro_layer];
         let micro_cells = micro::cells_per_seq(hp) * p.n_seq;
         let micro = KvCache::new(&micro_bufts, micro_cells, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans)?;
@@ -118,6 +136,7 @@ impl<'m> Engine<'m> {
             out_pos: vec![Vec::new(); p.n_seq],
             rewrite_below: vec![0; p.n_seq],
             forwards: 0,
+            attended_by_seq: true,
             costs: ForwardCosts::new(hp),
             counters: EngineCounters::default(),
         })
@@ -164,6 +183,14 @@ impl<'m> Engine<'m> {
     /// What it has done so far, counted ([`EngineCounters`]).
     pub fn counters(&self) -> EngineCounters {
         self.counters
+    }
+
+    /// Whether the last base forward's sequences each attended their own
+    /// window in a group of their own rows, rather than all rows the union
+    /// of the windows (when a sequence's cells lie scattered in the pool):
+    /// which rows a row's attention class counts ([`RowClasses::alike_within`]).
+    pub fn attended_by_seq(&self) -> bool {
+        self.attended_by_seq
     }
 
     /// Base forwards (macro steps of all sequences together) run so far.
@@ -400,8 +427,20 @@ impl<'m> Engine<'m> {
                 self.kv.occupy(c, i.seq, p);
             }
         }
-        let n_kv = self.kv.used_window().next_multiple_of(KV_PAD).min(self.kv.n_cells());
-        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, n_kv, want, rows);
+        let kv = &self.kv;
+        let window =
+            |seq| kv.window_of(seq, KV_ALIGN, KV_PAD).expect("a sequence of the batch holds the cells it writes");
+        // A window mostly of other sequences' cells is read at a loss: one
+        // query row's attention is split across the threads by cells, and
+        // the thread with the masked ones idles. Then all rows attend the
+        // union of the windows together, as one group.
+        let compact = |seq| {
+            let w = window(seq);
+            w.n_kv < SCATTERED_WINDOW || 2 * kv.n_cells_of(seq) >= w.n_kv
+        };
+        let by_seq = batch.seqs().into_iter().all(compact);
+        let groups = |r: &[Row]| attn_groups(r, window, by_seq);
+        let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, groups, want, rows);
         let per_seq = base::feature_rows_per_seq(&self.model.hp);
         if let Some(r) = layout.out_rank.iter().find(|&&r| want.features && r >= per_seq) {
             new_cells.iter().for_each(|&c| self.kv.release(c));
@@ -436,6 +475,7 @@ impl<'m> Engine<'m> {
                 }
                 self.next_pos = next_pos;
                 self.forwards += 1;
+                self.attended_by_seq = by_seq;
                 Ok(layout.out_seqs.into_iter().zip(outs).collect())
             }
             Err(e) => {

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use ggml::{Backend, Tensor, Type};
 
-use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
+use super::layer::{decoder_layer, AttnGroup, AttnInputs, LayerCtx, Row};
 use super::{finish, last_cols, merger, rms_norm, start, token_input, StepGraph, Stops};
 use crate::error::Result;
 use crate::memory::batch::Batch;
@@ -56,8 +56,8 @@ pub struct BaseShape {
     pub n_out: usize,
     /// Whether the rows are reordered after embedding.
     pub permuted: bool,
-    /// Cache cells attended (a padded window from cell 0).
-    pub n_kv: usize,
+    /// The attention groups ([`super::layer::attn_groups`]).
+    pub attn: Vec<AttnGroup>,
     /// Whether to compute the stop head (not when the step length cannot depend on it).
     pub stop_head: bool,
     /// Whether to compute the draft head's stop head too (see [`Wants::draft_stop`]).
@@ -132,14 +132,15 @@ pub struct BaseLayout {
 
 impl BaseLayout {
     /// Lays out `batch`, whose inputs have the rope positions `pos` and the
-    /// cache cells `cells` (batch order), attending `n_kv` cells, computing
-    /// what `want` asks for at the `rows` it names.
+    /// cache cells `cells` (batch order), its rows attending in the groups
+    /// `attn` makes of them ([`super::layer::attn_groups`]), computing what `want` asks
+    /// for at the `rows` it names.
     pub fn new(
         hp: &HParams,
         batch: &Batch,
         pos: &[i32],
         cells: &[usize],
-        n_kv: usize,
+        attn: impl FnOnce(&[Row]) -> Vec<AttnGroup>,
         want: Wants,
         rows: OutputRows,
     ) -> BaseLayout {
@@ -176,20 +177,23 @@ impl BaseLayout {
         let permuted = perm.iter().enumerate().any(|(r, &p)| p != r as i32);
         let (f, r) = (hp.n_features(), feature_rows_per_seq(hp));
         let slots: Vec<usize> = out_seqs.iter().zip(&out_rank).map(|(&s, &k)| s * r + k).collect();
+        let rows: Vec<Row> =
+            graph_order.iter().map(|&i| Row { seq: inputs[i].seq, pos: pos[i], cell: cells[i] }).collect();
+        let attn = attn(&rows);
         BaseLayout {
             shape: BaseShape {
                 merged,
                 n_plain: inputs.iter().filter(|i| i.n_tokens == 1).count(),
                 n_out: outs.len(),
                 permuted,
-                n_kv,
+                attn,
                 stop_head: want.stop_head,
                 draft_stop: want.draft_stop,
                 features: want.features,
             },
             tokens: embed_order.iter().flat_map(|&i| batch.tokens_of(&inputs[i]).iter().map(|&t| t as i32)).collect(),
             perm,
-            rows: graph_order.iter().map(|&i| Row { seq: inputs[i].seq, pos: pos[i], cell: cells[i] }).collect(),
+            rows,
             feat_idx: (0..f).flat_map(|fi| slots.iter().map(move |&c| (c * f + fi) as i64)).collect(),
             out_pos: outs.iter().map(|&i| pos[i]).collect(),
             out_seqs,
@@ -237,7 +241,7 @@ pub fn build(
     backends: &[Rc<Backend>],
 ) -> Result<StepGraph<BaseInputs>> {
     let (hp, w) = (&model.hp, &model.weights);
-    let mut gs = start(hp.n_layer)?;
+    let mut gs = start(hp.n_layer, shape.attn.len())?;
     let g = gs.g.clone();
     let tokens = token_input(&g, shape.n_tokens());
     let e = g.get_rows(&w.tok_embd, &tokens); // [D, n_tokens]
@@ -267,7 +271,7 @@ pub fn build(
         t.set_input();
         t
     });
-    let attn = AttnInputs::new(&g, kv, hp.n_embd_kv(), shape.n_rows(), shape.n_kv, flash);
+    let attn = AttnInputs::new(&g, kv, hp.n_embd_kv(), shape.n_rows(), &shape.attn, flash);
     let lc = LayerCtx { hp, cache: kv, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last_layer = hp.n_layer - 1;
     // Feature rows are cut out where their layer runs but stored after the
@@ -302,7 +306,14 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::layer::attn_groups;
+    use crate::memory::kv_cache::Window;
     use crate::model::hparams::small;
+
+    /// Sequence `s`'s window in these tests.
+    fn window(s: SeqId) -> Window {
+        Window { first: 256 * s, n_kv: 256 }
+    }
 
     /// Sequence 0's two prompt tokens, sequence 1's macro step of three
     /// tokens, then sequence 0's macro step of two.
@@ -330,7 +341,7 @@ mod tests {
             &mixed_batch(),
             &[5, 6, 4, 8],
             &[3, 0, 1, 2],
-            256,
+            |r: &[Row]| attn_groups(r, window, true),
             want,
             OutputRows::LastOfEachSequence,
         );
@@ -349,13 +360,24 @@ mod tests {
             n_plain: 2,
             n_out: 2,
             permuted: true,
-            n_kv: 256,
+            attn: vec![AttnGroup { n_rows: 3, window: window(0) }, AttnGroup { n_rows: 1, window: window(1) }],
             stop_head: true,
             draft_stop: false,
             features: true,
         };
         assert_eq!(l.shape, shape);
         assert_eq!((l.shape.n_tokens(), l.shape.n_rows()), (7, 4));
+        // Not by sequence: every row attends the union of the windows.
+        let l = BaseLayout::new(
+            &hp,
+            &mixed_batch(),
+            &[5, 6, 4, 8],
+            &[3, 0, 1, 2],
+            |r: &[Row]| attn_groups(r, window, false),
+            want,
+            OutputRows::LastOfEachSequence,
+        );
+        assert_eq!(l.shape.attn, [AttnGroup { n_rows: 4, window: Window { first: 0, n_kv: 512 } }]);
     }
 
     #[test]
@@ -363,7 +385,15 @@ mod tests {
         let mut b = Batch::new();
         b.push_tokens(2, &[1, 2, 3]);
         let want = Wants { stop_head: false, logits: true, features: false, draft_stop: false };
-        let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[0, 1, 2], 256, want, OutputRows::LastOfEachSequence);
+        let l = BaseLayout::new(
+            &small(4, 2, 4),
+            &b,
+            &[0, 1, 2],
+            &[0, 1, 2],
+            |r: &[Row]| attn_groups(r, window, true),
+            want,
+            OutputRows::LastOfEachSequence,
+        );
         assert_eq!(l.perm, [0, 1, 2]);
         assert!(!l.shape.permuted && !l.shape.stop_head && !l.shape.features);
         assert_eq!(l.shape.merged, [0, 0, 0]);
@@ -385,7 +415,7 @@ mod tests {
             &b,
             &[3, 7, 8, 9, 10],
             &[0, 1, 2, 3, 4],
-            256,
+            |r: &[Row]| attn_groups(r, window, true),
             want,
             OutputRows::LastOfEachSequence,
         );
@@ -403,7 +433,15 @@ mod tests {
         let mut b = Batch::new();
         b.push_tokens(1, &[7, 8, 9]);
         let want = Wants { stop_head: false, logits: true, features: false, draft_stop: false };
-        let l = BaseLayout::new(&small(4, 2, 4), &b, &[0, 1, 2], &[4, 5, 6], 256, want, OutputRows::Every);
+        let l = BaseLayout::new(
+            &small(4, 2, 4),
+            &b,
+            &[0, 1, 2],
+            &[4, 5, 6],
+            |r: &[Row]| attn_groups(r, window, true),
+            want,
+            OutputRows::Every,
+        );
         assert_eq!(l.perm, [0, 1, 2]);
         assert_eq!((l.shape.n_out, l.shape.n_rows()), (3, 3));
         assert_eq!(l.out_seqs, [1, 1, 1]);

@@ -10,10 +10,10 @@ use std::rc::Rc;
 
 use ggml::{Backend, Tensor, Type};
 
-use super::layer::{decoder_layer, AttnInputs, LayerCtx, Row};
+use super::layer::{decoder_layer, AttnGroup, AttnInputs, LayerCtx, Row};
 use super::{finish, start, token_input, StepGraph, Stops};
 use crate::error::Result;
-use crate::memory::kv_cache::{KvCache, SeqId};
+use crate::memory::kv_cache::{KvCache, SeqId, Window};
 use crate::model::hparams::HParams;
 use crate::model::Model;
 
@@ -145,7 +145,7 @@ pub fn build(
     backends: &[Rc<Backend>],
 ) -> Result<StepGraph<MicroInputs>> {
     let (hp, w) = (&model.hp, &model.weights);
-    let mut gs = start(hp.n_micro_layer)?;
+    let mut gs = start(hp.n_micro_layer, 1)?;
     let g = gs.g.clone();
     let tokens = token_input(&g, shape.n_seqs);
     let e = g.get_rows(&w.tok_embd, &tokens); // [D, n_seqs]
@@ -159,7 +159,14 @@ pub fn build(
         Some(idx) => g.get_rows(&g.concat(features, &e, 1), idx), // [D, n_seqs * (F+1)]
         None => e,
     };
-    let attn = AttnInputs::new(&g, cache, hp.n_embd_kv(), n_rows, shape.n_kv, flash);
+    let attn = AttnInputs::new(
+        &g,
+        cache,
+        hp.n_embd_kv(),
+        n_rows,
+        &[AttnGroup { n_rows, window: Window { first: 0, n_kv: shape.n_kv } }],
+        flash,
+    );
     let lc = LayerCtx { hp, cache, attn: &attn, rope_freqs: w.rope_freqs.as_ref() };
     let last = hp.n_micro_layer - 1;
     let micro_head = w.grafted()?.head_for(shape.drafts);

@@ -136,15 +136,17 @@ pub struct GraphStart {
     size: usize,
 }
 
-/// Starts a step graph over `n_layers` transformer layers.
+/// Starts a step graph over `n_layers` transformer layers, each attending in `n_attn_groups` groups.
 ///
 /// # Errors
 /// When ggml cannot allocate the context.
-pub fn start(n_layers: usize) -> Result<GraphStart> {
-    // Nodes per layer, plus the embedding, merger, heads and feature copies.
+pub fn start(n_layers: usize, n_attn_groups: usize) -> Result<GraphStart> {
+    // Nodes per layer and per attention group in it, plus the embedding,
+    // merger, heads and feature copies.
     const NODES_PER_LAYER: usize = 64;
+    const NODES_PER_ATTN_GROUP: usize = 16;
     const NODES_OUTSIDE_LAYERS: usize = 256;
-    let size = NODES_PER_LAYER * n_layers + NODES_OUTSIDE_LAYERS;
+    let size = (NODES_PER_LAYER + NODES_PER_ATTN_GROUP * n_attn_groups) * n_layers + NODES_OUTSIDE_LAYERS;
     let g = Context::new(2 * size, size)?;
     let gf = Graph::new(&g, size);
     Ok(GraphStart { g, gf, size })

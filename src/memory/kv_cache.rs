@@ -13,7 +13,11 @@
 //!
 //! The base model's cache holds one cell per macro step (a merged input
 //! writes ONE entry), each sequence's cells taken after its last one where
-//! free (so they stay in position order), else first-free. The micro decoder's cache gives
+//! free (so they stay in position order), else first-free; a sequence's
+//! first cell is sought from its home, the start of its share of the pool,
+//! so that sequences decoded together hold separate runs of cells and each
+//! attends a window of its own run (llama.cpp's per-slot streams, in a pool
+//! whose cells can still be shared). The micro decoder's cache gives
 //! each sequence a fixed range of cells, rewritten every macro step (the
 //! layout is [`crate::graph::micro`]'s).
 
@@ -53,6 +57,15 @@ impl SeqSet {
     fn is_empty(&self) -> bool {
         self.0.iter().all(|&w| w == 0)
     }
+}
+
+/// The cells a group of queries attends: `n_kv` cells from cell `first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// The first cell.
+    pub first: usize,
+    /// Cells from it.
+    pub n_kv: usize,
 }
 
 /// What an occupied cell holds: the entry at rope position `pos` of the
@@ -95,6 +108,8 @@ pub struct KvCache {
     /// Bytes of one head's `head_dim` values.
     head_bytes: usize,
     cells: Vec<Option<Cell>>,
+    /// Sequences the pool is shared among, each with a home (see [`KvCache::with_homes`]).
+    n_homes: usize,
     buffers: Vec<Buffer>,
 }
 
@@ -131,7 +146,51 @@ impl KvCache {
                 Ok(b)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { k, v, n_embd_kv, head_dim, v_trans, row_bytes, head_bytes, cells: vec![None; n_cells], buffers })
+        Ok(KvCache {
+            k,
+            v,
+            n_embd_kv,
+            head_dim,
+            v_trans,
+            row_bytes,
+            head_bytes,
+            cells: vec![None; n_cells],
+            n_homes: 1,
+            buffers,
+        })
+    }
+
+    /// Gives each of `n_seq` sequences a home, the start of its equal share
+    /// of the cells, where its first cell is sought (a sequence past its
+    /// share goes on into the next one's, and a full share sends a new
+    /// sequence to the next free cell): sequences decoded together then hold
+    /// separate runs, and each one's attention window spans its own run
+    /// rather than the whole pool.
+    pub fn with_homes(mut self, n_seq: usize) -> KvCache {
+        self.n_homes = n_seq.max(1);
+        self
+    }
+
+    /// Where `seq`'s first cell is sought.
+    fn home_of(&self, seq: SeqId) -> usize {
+        seq % self.n_homes * self.cells.len() / self.n_homes
+    }
+
+    /// The first and the last cell `seq` holds (its own and shared ones), if any.
+    pub fn span_of(&self, seq: SeqId) -> Option<(usize, usize)> {
+        let holds = |c: &Option<Cell>| c.is_some_and(|c| c.seqs.contains(seq));
+        Some((self.cells.iter().position(holds)?, self.cells.iter().rposition(holds)?))
+    }
+
+    /// The window of `seq`'s cells: from a multiple of `align` cells (so
+    /// that where attention sums in tiles, they are the same tiles whatever
+    /// the window) to a multiple of `pad` (so that a growing sequence keeps
+    /// its graph's shape for `pad` steps), within the pool; `None` when it
+    /// holds no cell.
+    pub fn window_of(&self, seq: SeqId, align: usize, pad: usize) -> Option<Window> {
+        let (lo, hi) = self.span_of(seq)?;
+        let first = lo / align * align;
+        Some(Window { first, n_kv: (hi + 1 - first).next_multiple_of(pad).min(self.cells.len() - first) })
     }
 
     /// Cells per layer.
@@ -203,8 +262,8 @@ impl KvCache {
 
     /// Free cells for new entries of the sequences `seqs` (one cell each, in
     /// order): each sequence's after the last cell it holds (or was given
-    /// earlier in `seqs`) where the pool has free cells there, else the
-    /// first free ones; `None` when fewer are free. A sequence's cells thus
+    /// earlier in `seqs`; from its home when it holds none) where the pool
+    /// has free cells there, else the first free ones; `None` when fewer are free. A sequence's cells thus
     /// stay in position order where the pool allows, as a fresh read of its
     /// context lays them out: attention sums over cells in cell order, so a
     /// cached start followed by cells in another order would change the
@@ -215,7 +274,10 @@ impl KvCache {
         let mut cells = Vec::with_capacity(seqs.len());
         for &seq in seqs {
             let after = *last.entry(seq).or_insert_with(|| {
-                self.cells.iter().rposition(|c| c.is_some_and(|c| c.seqs.contains(seq))).map_or(0, |c| c + 1)
+                self.cells
+                    .iter()
+                    .rposition(|c| c.is_some_and(|c| c.seqs.contains(seq)))
+                    .map_or(self.home_of(seq), |c| c + 1)
             });
             let is_free = |i: &usize| self.cells[*i].is_none() && !taken[*i];
             let cell = (after..self.cells.len()).find(is_free).or_else(|| (0..after).find(is_free))?;
@@ -294,11 +356,6 @@ impl KvCache {
         kept
     }
 
-    /// One past the last occupied cell: the cells a graph must attend.
-    pub fn used_window(&self) -> usize {
-        self.cells.iter().rposition(Option::is_some).map_or(0, |i| i + 1)
-    }
-
     /// Whether a query of `seq` at position `pos` attends cell `cell`.
     pub fn attends(&self, cell: usize, seq: SeqId, pos: i32) -> bool {
         self.cells[cell].is_some_and(|c| c.seqs.contains(seq) && c.pos <= pos)
@@ -330,24 +387,25 @@ impl KvCache {
         [k, v]
     }
 
-    /// Keys of the first `n_kv` cells of layer `il` as `[head_dim, n_kv, n_head_kv]`.
-    pub fn k_view(&self, g: &Context, il: usize, n_kv: usize) -> Tensor {
+    /// Keys of the window's cells in layer `il` as `[head_dim, n_kv, n_head_kv]`.
+    pub fn k_view(&self, g: &Context, il: usize, w: Window) -> Tensor {
         let k = &self.k[il];
         let n_head_kv = (self.n_embd_kv / self.head_dim) as i64;
-        g.view(k, &[self.head_dim as i64, n_kv as i64, n_head_kv], &[k.nb()[1], self.head_bytes], 0)
+        let ne = [self.head_dim as i64, w.n_kv as i64, n_head_kv];
+        g.view(k, &ne, &[k.nb()[1], self.head_bytes], w.first * k.nb()[1])
     }
 
-    /// Values of the first `n_kv` cells of layer `il`: `[n_kv, head_dim, n_head_kv]`
+    /// Values of the window's cells in layer `il`: `[n_kv, head_dim, n_head_kv]`
     /// when transposed, else `[head_dim, n_kv, n_head_kv]`.
-    pub fn v_view(&self, g: &Context, il: usize, n_kv: usize) -> Tensor {
+    pub fn v_view(&self, g: &Context, il: usize, w: Window) -> Tensor {
         let v = &self.v[il];
         let hd = self.head_dim;
         let n_head_kv = (self.n_embd_kv / hd) as i64;
         if self.v_trans {
             let row = v.nb()[1];
-            g.view(v, &[n_kv as i64, hd as i64, n_head_kv], &[row, row * hd], 0)
+            g.view(v, &[w.n_kv as i64, hd as i64, n_head_kv], &[row, row * hd], w.first * v.nb()[0])
         } else {
-            g.view(v, &[hd as i64, n_kv as i64, n_head_kv], &[v.nb()[1], self.head_bytes], 0)
+            g.view(v, &[hd as i64, w.n_kv as i64, n_head_kv], &[v.nb()[1], self.head_bytes], w.first * v.nb()[1])
         }
     }
 
@@ -367,128 +425,4 @@ pub(crate) fn row_bytes(ty: Type, n: usize) -> Result<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A CPU cache of `n` cells, one layer of one head of 4 values.
-    fn cache(n: usize) -> KvCache {
-        KvCache::new(&[BufferType::cpu()], n, 4, 4, Type::F32, true).unwrap()
-    }
-
-    #[test]
-    fn free_cells_are_taken_first_free_and_a_sequences_cells_freed_together() {
-        let mut kv = cache(6);
-        assert_eq!(kv.find_free_for(&[2; 6]), Some(vec![0, 1, 2, 3, 4, 5]));
-        assert_eq!(kv.find_free_for(&[2; 7]), None);
-        for (cell, seq, pos) in [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)] {
-            kv.occupy(cell, seq, pos);
-        }
-        assert_eq!((kv.n_used(), kv.n_cells_of(0), kv.n_cells_of(1)), (4, 2, 2));
-        assert_eq!(kv.find_free_for(&[2; 2]), Some(vec![4, 5]));
-        assert_eq!(kv.find_free_for(&[2; 3]), None);
-        kv.clear_seq(0);
-        assert_eq!((kv.n_used(), kv.n_cells_of(0), kv.n_cells_of(1)), (2, 0, 2));
-        assert_eq!(kv.find_free_for(&[2; 3]), Some(vec![0, 2, 4]));
-        kv.release(3);
-        assert_eq!(kv.n_cells_of(1), 1);
-    }
-
-    #[test]
-    fn a_prefix_keeps_the_entries_that_end_before_the_cut() {
-        let mut kv = cache(8);
-        // Sequence 0: prompt tokens 0, 1, 2 (one entry each), then a merged
-        // entry of tokens 3..=5 (at position 5) and one of 6..=7 (at 7).
-        for (cell, pos) in [(0, 0), (1, 1), (2, 2), (4, 5), (6, 7)] {
-            kv.occupy(cell, 0, pos);
-        }
-        kv.occupy(3, 1, 4);
-        // A cut inside the merged entry drops it: only tokens 0..3 remain.
-        assert_eq!(kv.positions_of(0), vec![0, 1, 2, 5, 7]);
-        assert_eq!(kv.keep_prefix(0, 4), 3);
-        assert_eq!(kv.positions_of(0), vec![0, 1, 2]);
-        assert_eq!(kv.n_cells_of(1), 1, "another sequence's cells stay");
-        // A cut at an entry's end keeps it; a cut at 0 keeps nothing.
-        assert_eq!(kv.keep_prefix(0, 3), 3);
-        assert_eq!(kv.keep_prefix(0, 2), 2);
-        assert_eq!(kv.keep_prefix(0, 0), 0);
-        assert_eq!((kv.n_cells_of(0), kv.n_used()), (0, 1));
-    }
-
-    impl KvCache {
-        /// The positions of `seq`'s entries, in cell order.
-        fn positions_of(&self, seq: SeqId) -> Vec<i32> {
-            self.cells.iter().flatten().filter(|c| c.seqs.contains(seq)).map(|c| c.pos).collect()
-        }
-    }
-
-    #[test]
-    fn a_shared_cell_is_in_each_sequences_mask_and_freed_when_the_last_one_leaves() {
-        let mut kv = cache(4);
-        kv.occupy(0, 0, 0);
-        kv.occupy(1, 0, 1);
-        assert!(kv.share(0, 1) && kv.share(1, 1));
-        assert!(!kv.share(2, 1), "a free cell cannot be shared");
-        kv.occupy(2, 1, 2);
-        assert!(kv.attends(0, 1, 2) && kv.attends(1, 1, 2) && kv.attends(2, 1, 2));
-        assert!(!kv.attends(2, 0, 2), "sequence 0 does not see 1's own cell");
-        assert_eq!((kv.n_cells_of(0), kv.n_cells_of(1), kv.n_used()), (2, 3, 3));
-        assert_eq!(kv.entries_of(1), [(0, 0), (1, 1), (2, 2)]);
-        kv.clear_seq(0);
-        assert_eq!(kv.n_used(), 3, "sequence 1 still holds the shared cells");
-        // A pinned cell outlives its sequences; unpinned, it is free.
-        assert!(kv.pin(0));
-        kv.clear_seq(1);
-        assert_eq!((kv.n_used(), kv.n_pinned_only(), kv.n_free()), (1, 1, 3));
-        assert!(!kv.is_held(0));
-        assert!(kv.share(0, 2), "a pinned cell joins a new sequence");
-        assert_eq!(kv.keep_prefix(2, 0), 0);
-        assert_eq!(kv.n_pinned_only(), 1, "keep_prefix leaves the pinned cell");
-        kv.unpin(0);
-        assert_eq!(kv.n_free(), 4);
-    }
-
-    #[test]
-    fn a_sequences_new_cells_follow_its_last_one_where_the_pool_allows() {
-        let mut kv = cache(8);
-        kv.occupy(0, 0, 0);
-        kv.occupy(3, 0, 1);
-        kv.occupy(5, 1, 0);
-        // Sequence 0 continues after cell 3, sequence 1 after cell 5, sequence 2 (new) at the first free cell.
-        assert_eq!(kv.find_free_for(&[0, 1, 0, 2]), Some(vec![4, 6, 7, 1]));
-        // Past the last cell, the first free ones.
-        assert_eq!(kv.find_free_for(&[1, 1, 1]), Some(vec![6, 7, 1]));
-        assert_eq!(kv.find_free_for(&[0; 6]), None);
-        assert_eq!(kv.cell_of(0, 1), Some(3));
-        assert_eq!(kv.cell_of(1, 1), None);
-    }
-
-    #[test]
-    fn the_window_ends_after_the_last_occupied_cell() {
-        let mut kv = cache(8);
-        assert_eq!(kv.used_window(), 0);
-        kv.occupy(5, 0, 0);
-        kv.occupy(1, 1, 0);
-        assert_eq!(kv.used_window(), 6);
-        kv.release(5);
-        assert_eq!(kv.used_window(), 2);
-    }
-
-    #[test]
-    fn a_query_attends_its_own_sequences_cells_up_to_its_position() {
-        let mut kv = cache(4);
-        kv.occupy(0, 0, 0);
-        kv.occupy(1, 1, 0);
-        kv.occupy(2, 0, 3);
-        let row = |seq, pos| (0..4).map(|c| kv.attends(c, seq, pos)).collect::<Vec<_>>();
-        assert_eq!(row(0, 3), [true, false, true, false]);
-        assert_eq!(row(0, 2), [true, false, false, false]);
-        assert_eq!(row(1, 5), [false, true, false, false]);
-        assert_eq!(row(2, 5), [false; 4]);
-    }
-
-    #[test]
-    fn a_transposed_value_write_indexes_each_element_of_each_cell() {
-        // V is [n_cells, E]: element i of cell c is at i * n_cells + c.
-        assert_eq!(cache(6).v_trans_indices(&[1, 4]), [1, 7, 13, 19, 4, 10, 16, 22]);
-    }
-}
+mod tests;

@@ -1,12 +1,16 @@
 //! Which base forwards compute a row alike, and so how much of a cached
 //! prompt can be reused without changing the answer.
 //!
-//! ggml's CPU kernels pick their summation order by the number of rows a
-//! forward has (read from ggml-cpu's sources and measured on SmolLM2): one
+//! ggml's CPU kernels pick their summation order by the number of rows an
+//! operation has (read from ggml-cpu's sources and measured on SmolLM2): one
 //! row takes ggml's `vec_dot` path, two or more llamafile's tinyBLAS (F32
 //! and F16 weights); K-quant weights take a tiled matrix product from 8
-//! rows; flash attention takes a tiled path from 64 query rows. Within one
-//! row-count class, each row comes out as the same bits whatever else its
+//! rows; flash attention takes a tiled path from 64 query rows. The matrix
+//! products by the weights hold all the rows of a forward; attention holds
+//! one sequence's rows (each sequence attends in its own group,
+//! [`crate::graph::layer::AttnGroup`]). So a row's class is the forward's
+//! row count for the products and its sequence's row count for attention;
+//! within one class, each row comes out as the same bits whatever else its
 //! forward holds (other sequences' rows, a prompt cut elsewhere); across
 //! classes the last places differ (F32 SmolLM2: logits by 3e-3 between one
 //! row and two; Q8_0: by 0.5 between the flash-attention paths), which is
@@ -24,30 +28,56 @@
 /// result does not depend on the forward's other rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowClasses {
-    /// ggml's CPU backend with flash attention: 1, 2..=7, 8..=63, 64 and more rows.
+    /// ggml's CPU backend with flash attention: products of 1, 2..=7, 8 and
+    /// more rows; attention of 1, 2..=63, 64 and more.
     CpuFlashAttention,
-    /// ggml's CPU backend with plain attention: 1, 2..=7, 8 and more rows.
+    /// ggml's CPU backend with plain attention: 1, 2..=7, 8 and more rows,
+    /// in the products and in attention.
     Cpu,
     /// Some layers on a GPU or a remote device, whose kernels follow other
     /// rules: no two row counts are promised to compute alike.
     Unknown,
 }
 
+/// The first row count of each class of ggml's CPU matrix products.
+const PRODUCT_CLASSES: [usize; 3] = [1, 2, 8];
+
+/// The first row count of each class of ggml's CPU flash attention.
+const FLASH_ATTENTION_CLASSES: [usize; 3] = [1, 2, 64];
+
+/// The class (its smallest row count) `rows` falls in among `bounds`.
+fn class_in(bounds: &[usize], rows: usize) -> usize {
+    bounds.iter().rev().find(|&&b| rows >= b).copied().unwrap_or(1)
+}
+
 impl RowClasses {
-    /// The smallest row count of the class of a forward of `rows` rows
-    /// (`None` when the classes are unknown).
+    /// The smallest row count of the class of a forward of `rows` rows of
+    /// one sequence (`None` when the classes are unknown).
     pub fn class_of(self, rows: usize) -> Option<usize> {
         let bounds: &[usize] = match self {
             RowClasses::CpuFlashAttention => &[1, 2, 8, 64],
-            RowClasses::Cpu => &[1, 2, 8],
+            RowClasses::Cpu => &PRODUCT_CLASSES,
             RowClasses::Unknown => return None,
         };
-        bounds.iter().rev().find(|&&b| rows >= b).copied()
+        Some(class_in(bounds, rows))
     }
 
-    /// Whether forwards of `a` and `b` rows compute a row alike.
+    /// Whether forwards of `a` and `b` rows of one sequence compute a row alike.
     pub fn alike(self, a: usize, b: usize) -> bool {
-        self.class_of(a).is_some_and(|c| Some(c) == self.class_of(b))
+        self.alike_within(a, a, b)
+    }
+
+    /// Whether a sequence's `own` rows in a forward of `total` rows compute
+    /// as a forward of `alone` rows of that sequence by itself does: the
+    /// products' classes by the forwards' rows, attention's by the sequence's.
+    pub fn alike_within(self, total: usize, own: usize, alone: usize) -> bool {
+        let attention: &[usize] = match self {
+            RowClasses::CpuFlashAttention => &FLASH_ATTENTION_CLASSES,
+            RowClasses::Cpu => &PRODUCT_CLASSES,
+            RowClasses::Unknown => return false,
+        };
+        class_in(&PRODUCT_CLASSES, total) == class_in(&PRODUCT_CLASSES, alone)
+            && class_in(attention, own) == class_in(attention, alone)
     }
 }
 
@@ -111,6 +141,19 @@ mod tests {
         assert!(f.alike(2, 7) && f.alike(64, 2048) && !f.alike(1, 2) && !f.alike(63, 64));
         assert!(RowClasses::Cpu.alike(8, 2048) && !RowClasses::Cpu.alike(7, 8));
         assert!(!RowClasses::Unknown.alike(3, 3));
+    }
+
+    #[test]
+    fn a_sequences_rows_among_others_take_the_products_class_of_the_forward_and_attentions_of_their_own() {
+        let f = RowClasses::CpuFlashAttention;
+        // 40 prompt rows beside 30 other rows: products of 70 (class 8..), attention of 40 (2..=63).
+        assert!(f.alike_within(70, 40, 40));
+        // 60 rows beside 8: products alike with 64, attention not (tiled from 64).
+        assert!(!f.alike_within(68, 60, 64));
+        // One row beside seven: attention of one, products of eight.
+        assert!(!f.alike_within(8, 1, 1), "products of eight rows are not one row's");
+        assert!(RowClasses::Cpu.alike_within(70, 40, 40) && !RowClasses::Cpu.alike_within(9, 7, 8));
+        assert!(!RowClasses::Unknown.alike_within(3, 3, 3));
     }
 
     #[test]
