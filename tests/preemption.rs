@@ -128,3 +128,54 @@ fn a_preempted_sequence_resumes_with_the_same_entries_and_answer() {
     }
     assert!(merged > 0, "merged macro steps were fed again merged");
 }
+
+/// The answer of a sequence that adopts the cached entries of `prompt`'s
+/// start (but its last token) and, with `to`, moves them to the cells from
+/// `to` first ([`Engine::relocate`], as the server's pool does where other
+/// entries follow a cached start): its greedy answer, logits kept.
+fn adopted_answer(model: &Model, prompt: &[u32], flash_attn: bool, to: Option<usize>) -> Generation {
+    let mut p = params();
+    p.engine.flash_attn = flash_attn;
+    let cfg = p.decode_config(model).unwrap();
+    let mut engine = Engine::new(model, &p.engine).unwrap();
+    let n = prompt.len() - 1;
+    let mut reader = vec![SeqGen::new(0, &prompt[..n], 0, Sampler::new(SamplerParams::greedy()))];
+    generate::run(&mut engine, &cfg, &mut reader).unwrap();
+    let cells: Vec<usize> = engine.kv().entries_of(0).iter().map(|&(cell, _)| cell).collect();
+    assert_eq!(cells, (0..n).collect::<Vec<_>>(), "the prompt's entries, from the home of sequence 0");
+    assert!(cells.iter().all(|&c| engine.pin(c)));
+    engine.clear_seq(0);
+    assert_eq!(engine.adopt(1, &cells).unwrap(), n);
+    if let Some(to) = to {
+        assert!(engine.relocate(1, to + 1).is_err(), "a move by part of a tile is refused");
+        engine.relocate(1, to).unwrap();
+        let moved: Vec<usize> = engine.kv().entries_of(1).iter().map(|&(cell, _)| cell).collect();
+        assert_eq!(moved, (to..to + n).collect::<Vec<_>>());
+        assert_eq!(engine.kv().n_used(), 2 * n, "the cached entries stay where they were");
+    }
+    let mut seqs = vec![greedy(1, &prompt[n..])];
+    generate::run(&mut engine, &cfg, &mut seqs).unwrap();
+    seqs.pop().unwrap().into_parts().0
+}
+
+#[test]
+fn a_cached_start_moved_by_whole_tiles_answers_bit_for_bit_as_in_place() {
+    let model = tiny_f32();
+    let prompt = prompt();
+    for flash_attn in [false, true] {
+        let want = adopted_answer(&model, &prompt, flash_attn, None);
+        assert!(want.macro_steps.len() > 6);
+        for to in [64, 192] {
+            let got = adopted_answer(&model, &prompt, flash_attn, Some(to));
+            let what = format!("moved to cell {to}, flash attention {flash_attn}");
+            assert_eq!(got.output_ids, want.output_ids, "{what}");
+            for (g, w) in got.macro_steps.iter().zip(&want.macro_steps) {
+                let bits = |s: &hamburger::MacroStep| {
+                    let logits = s.logits.iter().flatten().chain(&s.p_stop).map(|x| x.to_bits());
+                    logits.collect::<Vec<_>>()
+                };
+                assert!(!g.logits.is_empty() && bits(g) == bits(w), "{what}: logits and stop probabilities");
+            }
+        }
+    }
+}

@@ -39,7 +39,7 @@ use crate::graph::layer::{attn_groups, Row};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
 use crate::graph::{StepGraph, StepOut};
 use crate::memory::batch::Batch;
-use crate::memory::kv_cache::{KvCache, SeqId};
+use crate::memory::kv_cache::{KvCache, SeqId, KV_TILE};
 use crate::memory::row_class::RowClasses;
 use crate::model::Model;
 use crate::sampling::TokenLogprob;
@@ -47,7 +47,7 @@ use crate::sampling::TokenLogprob;
 /// Attention windows start at a multiple of this many cells: ggml's CPU
 /// flash attention sums in tiles of 64 cells from the window's start, so
 /// a row sums over the same tiles wherever its sequence's window starts.
-const KV_ALIGN: usize = 256;
+const KV_ALIGN: usize = 4 * KV_TILE;
 
 /// Attention windows grow in steps of this many cells, so that decode
 /// graphs are rebuilt every so many steps, and a window holds few masked
@@ -281,6 +281,20 @@ impl<'m> Engine<'m> {
         self.out_pos[seq].clear();
         self.rewrite_below[seq] = 0;
         Ok(next)
+    }
+
+    /// Seeks `seq`'s first cell from `cell` (see [`KvCache::place`]).
+    pub fn place(&mut self, seq: SeqId, cell: usize) {
+        self.kv.place(seq, cell);
+    }
+
+    /// Moves `seq`'s entries, one run of cells, to the free cells from `to`
+    /// (see [`KvCache::relocate`]): what it attends is bit for bit the same.
+    ///
+    /// # Errors
+    /// As [`KvCache::relocate`].
+    pub fn relocate(&mut self, seq: SeqId, to: usize) -> Result<()> {
+        self.kv.relocate(seq, to)
     }
 
     /// Pins cell `cell`: it keeps its entry when the sequences holding it

@@ -14,14 +14,16 @@
 //! The base model's cache holds one cell per macro step (a merged input
 //! writes ONE entry), each sequence's cells taken after its last one where
 //! free (so they stay in position order), else first-free; a sequence's
-//! first cell is sought from its home, the start of its share of the pool,
-//! so that sequences decoded together hold separate runs of cells and each
-//! attends a window of its own run (llama.cpp's per-slot streams, in a pool
-//! whose cells can still be shared). The micro decoder's cache gives
+//! first cell is sought from its home, the start of its share of the pool
+//! (or from where a caller placed it), so that sequences decoded together
+//! hold separate runs of cells and each attends a window of its own run
+//! (llama.cpp's per-slot streams, in a pool whose cells can still be
+//! shared). A sequence's entries can also be copied whole to another run
+//! of cells whole tiles away, attended there bit for bit as before. The micro decoder's cache gives
 //! each sequence a fixed range of cells, rewritten every macro step (the
 //! layout is [`crate::graph::micro`]'s).
 
-use ggml::{Buffer, BufferType, Context, ContextGroups, Tensor, Type};
+use ggml::{Buffer, BufferType, ContextGroups, Tensor, Type};
 
 use crate::error::{Error, Result};
 
@@ -30,6 +32,11 @@ pub type SeqId = usize;
 
 /// The most sequences one cache serves (llama.cpp's `LLAMA_MAX_SEQ`).
 pub const MAX_SEQ: usize = 256;
+
+/// Cells that ggml's CPU flash attention sums as one tile (windows start at
+/// multiples of it): entries moved by a multiple of it are summed in the
+/// same tiles, so a context moved so is attended bit for bit as before.
+pub const KV_TILE: usize = 64;
 
 /// A set of sequences (ids below [`MAX_SEQ`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,6 +63,10 @@ impl SeqSet {
 
     fn is_empty(&self) -> bool {
         self.0.iter().all(|&w| w == 0)
+    }
+
+    fn len(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
     }
 }
 
@@ -110,6 +121,9 @@ pub struct KvCache {
     cells: Vec<Option<Cell>>,
     /// Sequences the pool is shared among, each with a home (see [`KvCache::with_homes`]).
     n_homes: usize,
+    /// Where each sequence's first cell is sought instead of its home, when
+    /// placed ([`KvCache::place`]).
+    placed: Vec<Option<usize>>,
     buffers: Vec<Buffer>,
 }
 
@@ -156,6 +170,7 @@ impl KvCache {
             head_bytes,
             cells: vec![None; n_cells],
             n_homes: 1,
+            placed: vec![None],
             buffers,
         })
     }
@@ -168,12 +183,61 @@ impl KvCache {
     /// rather than the whole pool.
     pub fn with_homes(mut self, n_seq: usize) -> KvCache {
         self.n_homes = n_seq.max(1);
+        self.placed = vec![None; self.n_homes];
         self
     }
 
-    /// Where `seq`'s first cell is sought.
-    fn home_of(&self, seq: SeqId) -> usize {
+    /// The start of `seq`'s share of the cells.
+    pub fn home_of(&self, seq: SeqId) -> usize {
         seq % self.n_homes * self.cells.len() / self.n_homes
+    }
+
+    /// Where `seq`'s first cell is sought: where it was placed, else its home.
+    fn start_of(&self, seq: SeqId) -> usize {
+        self.placed.get(seq).copied().flatten().unwrap_or_else(|| self.home_of(seq))
+    }
+
+    /// Seeks `seq`'s first cell from `cell` rather than from its home, until
+    /// it is cleared ([`KvCache::clear_seq`]): for a caller that has made a
+    /// free run there for all the sequence will write.
+    pub fn place(&mut self, seq: SeqId, cell: usize) {
+        if let Some(p) = self.placed.get_mut(seq) {
+            *p = Some(cell);
+        }
+    }
+
+    /// Whether the `len` cells from `start` are all free (and in the pool).
+    pub fn is_free_run(&self, start: usize, len: usize) -> bool {
+        self.cells.get(start..start + len).is_some_and(|run| run.iter().all(Option::is_none))
+    }
+
+    /// Moves `seq`'s entries, which must fill the consecutive cells from its
+    /// first, into as many free cells from `to` (a multiple of [`KV_TILE`]
+    /// cells away, so they are summed in the same tiles): their keys and
+    /// values are copied, `seq` leaves the old cells (those that other
+    /// sequences or pins hold keep their entries) and holds the new ones at
+    /// the same positions. For a sequence that adopted cached entries far
+    /// from the free cells it is about to write: its window then spans one
+    /// run of cells rather than both places.
+    ///
+    /// # Errors
+    /// When `seq`'s cells are not one run, the target cells are not free or
+    /// not a whole number of tiles away, or a copy fails.
+    pub fn relocate(&mut self, seq: SeqId, to: usize) -> Result<()> {
+        let Some((from, last)) = self.span_of(seq) else { return Ok(()) };
+        let len = last + 1 - from;
+        if self.n_cells_of(seq) != len || !self.is_free_run(to, len) || from.abs_diff(to) % KV_TILE != 0 {
+            return Err(Error::Invalid(format!(
+                "cannot move sequence {seq}'s cells {from}..={last} to cell {to}: not one run, or not to free cells a whole number of {KV_TILE}-cell tiles away"
+            )));
+        }
+        self.copy_cells(from, to, len)?;
+        for i in 0..len {
+            let pos = self.cells[from + i].map_or(0, |c| c.pos);
+            leave(&mut self.cells[from + i], seq);
+            self.occupy(to + i, seq, pos);
+        }
+        Ok(())
     }
 
     /// The first and the last cell `seq` holds (its own and shared ones), if any.
@@ -255,6 +319,11 @@ impl KvCache {
         self.cells.get(cell).copied().flatten().is_some_and(|c| !c.seqs.is_empty())
     }
 
+    /// Whether more than one sequence holds cell `cell`.
+    pub fn is_shared(&self, cell: usize) -> bool {
+        self.cells.get(cell).copied().flatten().is_some_and(|c| c.seqs.len() > 1)
+    }
+
     /// The cell holding `seq`'s entry at position `pos`, if any.
     pub fn cell_of(&self, seq: SeqId, pos: i32) -> Option<usize> {
         self.cells.iter().position(|c| c.is_some_and(|c| c.seqs.contains(seq) && c.pos == pos))
@@ -277,7 +346,7 @@ impl KvCache {
                 self.cells
                     .iter()
                     .rposition(|c| c.is_some_and(|c| c.seqs.contains(seq)))
-                    .map_or(self.home_of(seq), |c| c + 1)
+                    .map_or(self.start_of(seq), |c| c + 1)
             });
             let is_free = |i: &usize| self.cells[*i].is_none() && !taken[*i];
             let cell = (after..self.cells.len()).find(is_free).or_else(|| (0..after).find(is_free))?;
@@ -337,6 +406,9 @@ impl KvCache {
         for c in &mut self.cells {
             leave(c, seq);
         }
+        if let Some(p) = self.placed.get_mut(seq) {
+            *p = None;
+        }
     }
 
     /// Keeps the entries of `seq` that cover only its first `n` tokens and
@@ -360,60 +432,6 @@ impl KvCache {
     pub fn attends(&self, cell: usize, seq: SeqId, pos: i32) -> bool {
         self.cells[cell].is_some_and(|c| c.seqs.contains(seq) && c.pos <= pos)
     }
-
-    /// The writes of `k_cur`/`v_cur` (`[E, n]`) of layer `il` into the cells
-    /// given by `k_idx` (`[n]` i64; for a transposed V, `v_idx` holds `[n*E]`
-    /// element indices). The caller expands them into the graph before
-    /// anything reads the cache.
-    pub fn store(
-        &self,
-        g: &Context,
-        il: usize,
-        k_cur: &Tensor,
-        v_cur: &Tensor,
-        k_idx: &Tensor,
-        v_idx: &Tensor,
-    ) -> [Tensor; 2] {
-        let n = k_cur.ne()[1];
-        let k = g.set_rows(&self.k[il], k_cur, k_idx);
-        let v = if self.v_trans {
-            let e = self.n_embd_kv as i64;
-            let dst = g.reshape(&self.v[il], &[1, e * self.n_cells() as i64]);
-            let src = g.reshape(v_cur, &[1, e * n]);
-            g.set_rows(&dst, &src, v_idx)
-        } else {
-            g.set_rows(&self.v[il], v_cur, k_idx)
-        };
-        [k, v]
-    }
-
-    /// Keys of the window's cells in layer `il` as `[head_dim, n_kv, n_head_kv]`.
-    pub fn k_view(&self, g: &Context, il: usize, w: Window) -> Tensor {
-        let k = &self.k[il];
-        let n_head_kv = (self.n_embd_kv / self.head_dim) as i64;
-        let ne = [self.head_dim as i64, w.n_kv as i64, n_head_kv];
-        g.view(k, &ne, &[k.nb()[1], self.head_bytes], w.first * k.nb()[1])
-    }
-
-    /// Values of the window's cells in layer `il`: `[n_kv, head_dim, n_head_kv]`
-    /// when transposed, else `[head_dim, n_kv, n_head_kv]`.
-    pub fn v_view(&self, g: &Context, il: usize, w: Window) -> Tensor {
-        let v = &self.v[il];
-        let hd = self.head_dim;
-        let n_head_kv = (self.n_embd_kv / hd) as i64;
-        if self.v_trans {
-            let row = v.nb()[1];
-            g.view(v, &[w.n_kv as i64, hd as i64, n_head_kv], &[row, row * hd], w.first * v.nb()[0])
-        } else {
-            g.view(v, &[hd as i64, w.n_kv as i64, n_head_kv], &[v.nb()[1], self.head_bytes], w.first * v.nb()[1])
-        }
-    }
-
-    /// The element indices of a transposed-V write of `cells` (see [`KvCache::store`]).
-    pub fn v_trans_indices(&self, cells: &[i64]) -> Vec<i64> {
-        let (e, n) = (self.n_embd_kv as i64, self.n_cells() as i64);
-        cells.iter().flat_map(|&c| (0..e).map(move |i| i * n + c)).collect()
-    }
 }
 
 /// Bytes of one cache row of `n` values of type `ty`.
@@ -423,6 +441,8 @@ impl KvCache {
 pub(crate) fn row_bytes(ty: Type, n: usize) -> Result<usize> {
     ty.row_size(n).ok_or_else(|| Error::Invalid(format!("a KV row of {n} values does not fit type {ty}")))
 }
+
+mod tensors;
 
 #[cfg(test)]
 mod tests;

@@ -77,7 +77,10 @@ impl<'t> EngineLoop<'t, '_> {
             }
             let (covered, mut reused) = (found.covered, self.reusable(&prompt, &found));
             let need = prompt.len() - reused.tokens + self.headroom();
-            let Some(seq) = self.pool.take(&mut self.engine, &found.cells, need) else { return };
+            // Cells it writes: its prompt's rest, and at most one per answer token.
+            let answer = job.params.n_predict.min(self.info.n_ctx_seq.saturating_sub(prompt.len()));
+            let grow = prompt.len() - covered + answer;
+            let Some(seq) = self.pool.take(&mut self.engine, &found.cells, grow, need) else { return };
             if reused.tokens < covered {
                 reused.tokens = self.engine.rewind(seq, reused.tokens);
             }
@@ -166,7 +169,7 @@ impl<'t> EngineLoop<'t, '_> {
         let (context, written) = (r.context(), r.written().to_vec());
         let cells = self.pool.lookup(&context, written.iter().sum(), Some(&written)).cells;
         let need = r.cells_to_resume(cells.len()) + self.headroom();
-        let Some(seq) = self.pool.take(&mut self.engine, &cells, need) else { return false };
+        let Some(seq) = self.pool.take(&mut self.engine, &cells, 0, need) else { return false };
         let Some(mut r) = self.preempted.pop_front() else { return false };
         log::debug!("task {}: resumed, {} of its {} entries still cached", r.task(), cells.len(), written.len());
         r.resume(seq, cells.len());

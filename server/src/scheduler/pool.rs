@@ -6,6 +6,16 @@
 //! go to the cache and its sequence is free again. Cells the cache alone
 //! holds are taken back, least recently used first, whenever the pool needs
 //! them.
+//!
+//! A request is also given one run of free cells for its context, the cells
+//! it adopts and all it will write (prompt and answer, up to its share of
+//! the pool), taken back from the cache where needed: its attention window
+//! then spans its own cells and few others (see
+//! [`hamburger::kv_cache::KvCache::with_homes`]). Cached entries it adopts
+//! that are not followed by such a run are copied to the start of one.
+
+use std::collections::HashMap;
+use std::ops::Range;
 
 use hamburger::kv_cache::SeqId;
 use hamburger::Engine;
@@ -17,12 +27,14 @@ pub(super) struct Pool {
     cache: PrefixCache,
     /// Sequences no request runs in, the least recently freed first.
     free_seqs: Vec<SeqId>,
+    /// The run of cells each running sequence was given (see [`Pool::take`]).
+    runs: HashMap<SeqId, Range<usize>>,
 }
 
 impl Pool {
     /// A pool over an engine of `n_seq` sequences, nothing cached.
     pub(super) fn new(n_seq: usize) -> Pool {
-        Pool { cache: PrefixCache::new(), free_seqs: (0..n_seq).rev().collect() }
+        Pool { cache: PrefixCache::new(), free_seqs: (0..n_seq).rev().collect(), runs: HashMap::new() }
     }
 
     /// Whether a sequence is free.
@@ -42,19 +54,69 @@ impl Pool {
     }
 
     /// Takes a free sequence whose context is `cells` (cached entries, see
-    /// [`Pool::lookup`]), once `need` more cells are free for it (cached
-    /// entries taken back as needed); `None` (nothing taken) when no
-    /// sequence is free or the cells cannot be found.
-    pub(super) fn take(&mut self, engine: &mut Engine, cells: &[usize], need: usize) -> Option<SeqId> {
+    /// [`Pool::lookup`]) and that will write `grow` more entries, once
+    /// `need` more cells are free for it (cached entries taken back as
+    /// needed); `None` (nothing taken) when no sequence is free or the cells
+    /// cannot be found. With `grow`, it is given a run of cells (see
+    /// [`Pool::seat`]).
+    pub(super) fn take(&mut self, engine: &mut Engine, cells: &[usize], grow: usize, need: usize) -> Option<SeqId> {
         let seq = self.free_seqs.pop()?;
         // Adopted first, so that making room cannot take back these very cells.
         let adopted = engine.adopt(seq, cells).is_ok();
+        if adopted && grow > 0 {
+            self.seat(engine, seq, cells, grow);
+        }
         if adopted && self.cache.evict(engine, need) {
             return Some(seq);
         }
         engine.clear_seq(seq);
+        self.runs.remove(&seq);
         self.free_seqs.push(seq);
         None
+    }
+
+    /// Gives `seq`, which holds the adopted `cells` (in position order), a
+    /// run of free cells for them and the `grow` entries it will write (at
+    /// most its share of the pool) that no other running sequence's run
+    /// crosses: the run after its cells where it is free, else one freed of
+    /// cached entries (see [`PrefixCache::clear_run`]), to which its cells
+    /// are copied unless the run starts with them. Where its cells are not
+    /// one run, another running sequence holds them too (so they stay
+    /// shared), or no run can be had, it stays as it is.
+    fn seat(&mut self, engine: &mut Engine, seq: SeqId, cells: &[usize], grow: usize) {
+        let share = engine.kv().n_cells() / engine.n_seq().max(1);
+        let len = cells.len();
+        let want = (len + grow).min(share.max(len));
+        let avoid: Vec<Range<usize>> = self.runs.values().cloned().collect();
+        let own = match cells {
+            // Shared with a running sequence (`n` choices): the cells stay shared.
+            _ if cells.iter().any(|&c| engine.kv().is_shared(c)) => return,
+            [] => 0..0,
+            [c0, .., last] | [c0 @ last] if *last + 1 - c0 == len => *c0..last + 1,
+            _ => return,
+        };
+        let crosses = |run: &Range<usize>| avoid.iter().any(|r| r.start < run.end && run.start < r.end);
+        if len > 0 && engine.kv().is_free_run(own.end, want - len) && !crosses(&(own.end..own.start + want)) {
+            self.runs.insert(seq, own.start..own.start + want);
+            return;
+        }
+        let home = engine.kv().home_of(seq);
+        let Some(start) = self.cache.clear_run(engine, want, home, own.clone(), &avoid) else {
+            log::debug!("sequence {seq}: no run of {want} free cells for it");
+            return;
+        };
+        let placed = match len {
+            0 => {
+                engine.place(seq, start);
+                true
+            }
+            _ if start == own.start => true,
+            _ => engine.relocate(seq, start).map_err(|e| log::warn!("{e}")).is_ok(),
+        };
+        if placed {
+            log::debug!("sequence {seq}: cells {start}..{} for its {len} adopted and {grow} new entries", start + want);
+            self.runs.insert(seq, start..start + want);
+        }
     }
 
     /// Caches the entries `seq` holds of a context of `tokens` (those it
@@ -72,6 +134,7 @@ impl Pool {
             self.publish(engine, seq, tokens, fresh);
         }
         engine.clear_seq(seq);
+        self.runs.remove(&seq);
         self.free_seqs.insert(0, seq);
     }
 
@@ -80,3 +143,6 @@ impl Pool {
         self.cache.evict(engine, need)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -18,7 +18,9 @@
 //! says it may and still gets the fresh answer bit for bit.
 
 use std::collections::{BinaryHeap, HashMap};
+use std::ops::Range;
 
+use hamburger::kv_cache::{KvCache, KV_TILE};
 use hamburger::Engine;
 
 /// The root's index in the arena.
@@ -201,16 +203,110 @@ impl PrefixCache {
             .collect();
         while free < need {
             let Some((_, i)) = leaves.pop() else { return false };
-            let Some(n) = self.nodes[i].take() else { continue };
-            self.free.push(i);
-            engine.unpin(n.cell);
+            let Some(parent) = self.nodes[i].as_ref().map(|n| n.parent) else { continue };
+            self.drop_subtree(engine, i);
             free = engine.kv().n_free();
-            let parent = self.node_mut(n.parent);
-            parent.children.remove(&n.span);
-            if n.parent != ROOT && parent.children.is_empty() && !engine.kv().is_held(parent.cell) {
-                leaves.push((std::cmp::Reverse(parent.last_used), n.parent));
+            let p = self.node(parent);
+            if parent != ROOT && p.children.is_empty() && !engine.kv().is_held(p.cell) {
+                leaves.push((std::cmp::Reverse(p.last_used), parent));
             }
         }
         true
+    }
+
+    /// Drops node `i` and every entry after it (unreachable without it).
+    fn drop_subtree(&mut self, engine: &mut Engine, i: usize) {
+        let Some(n) = self.nodes[i].as_ref() else { return };
+        let (parent, span) = (n.parent, n.span.clone());
+        self.node_mut(parent).children.remove(&span);
+        let mut stack = vec![i];
+        while let Some(j) = stack.pop() {
+            let Some(n) = self.nodes[j].take() else { continue };
+            self.free.push(j);
+            engine.unpin(n.cell);
+            stack.extend(n.children.into_values());
+        }
+    }
+
+    /// Frees a run of `len` consecutive cells for a sequence that holds the
+    /// cells `own` (one run, or none; its home is cell `home`), dropping the
+    /// cached entries in it, and returns its first cell (`None` when no run
+    /// qualifies; see [`PrefixCache::choose_run`]).
+    pub(super) fn clear_run(
+        &mut self,
+        engine: &mut Engine,
+        len: usize,
+        home: usize,
+        own: Range<usize>,
+        avoid: &[Range<usize>],
+    ) -> Option<usize> {
+        let start = self.choose_run(engine.kv(), engine.n_seq(), len, home, &own, avoid)?;
+        let run = start..start + len;
+        let kv = engine.kv();
+        let doomed: Vec<usize> = (1..self.nodes.len())
+            .filter(|&i| self.nodes[i].as_ref().is_some_and(|n| run.contains(&n.cell) && !kv.is_held(n.cell)))
+            .collect();
+        for i in doomed {
+            self.drop_subtree(engine, i);
+        }
+        let kept = if start == own.start { own.len() } else { 0 };
+        engine.kv().is_free_run(start + kept, len - kept).then_some(start)
+    }
+
+    /// Where [`PrefixCache::clear_run`] frees its run. The run starts a
+    /// whole number of [`KV_TILE`]s from `own`'s start (so entries moved
+    /// there are summed in the same tiles; from a multiple of it when `own`
+    /// is empty), holds no other sequence's cell and crosses none of the
+    /// `avoid` ranges (runs other sequences are to write); a run from
+    /// `own`'s start may hold `own` (the sequence stays where it is). Of
+    /// such runs: the one whose cached entries were used least recently
+    /// (none at all first), then one from a sequence's home (so that runs
+    /// of up to a share pack the pool, as llama.cpp's per-slot streams do),
+    /// then the one with the fewest cached entries, then the nearest after
+    /// `home`.
+    fn choose_run(
+        &self,
+        kv: &KvCache,
+        n_seq: usize,
+        len: usize,
+        home: usize,
+        own: &Range<usize>,
+        avoid: &[Range<usize>],
+    ) -> Option<usize> {
+        let n = kv.n_cells();
+        let first = own.start % KV_TILE;
+        if len == 0 || first + len > n || own.len() > len {
+            return None;
+        }
+        // Per cell: whether an entry of the cache is there, and when it was
+        // last used if no sequence holds it (0: nothing to drop).
+        let (mut is_cached, mut used) = (vec![false; n], vec![0u64; n]);
+        for node in self.nodes.iter().skip(1).flatten() {
+            is_cached[node.cell] = true;
+            if !kv.is_held(node.cell) {
+                used[node.cell] = node.last_used;
+            }
+        }
+        // Cells before each cell that a run may not take, and cached entries it would drop.
+        let (mut blocked, mut cached) = (vec![0; n + 1], vec![0; n + 1]);
+        for c in 0..n {
+            let held = kv.is_held(c);
+            let taken = held || (kv.pos_of(c).is_some() && !is_cached[c]) || avoid.iter().any(|r| r.contains(&c));
+            blocked[c + 1] = blocked[c] + usize::from(taken);
+            cached[c + 1] = cached[c] + usize::from(is_cached[c] && !held);
+        }
+        // The latest use in each tile of candidate starts, then in a run.
+        let tiles: Vec<u64> = used[first..].chunks(KV_TILE).map(|t| t.iter().copied().max().unwrap_or(0)).collect();
+        let newest = |s: usize| {
+            let (t, full) = ((s - first) / KV_TILE, len / KV_TILE);
+            tiles[t..t + full].iter().chain(&used[s + full * KV_TILE..s + len]).copied().max().unwrap_or(0)
+        };
+        let align = |cell: usize| (cell + KV_TILE - 1 - first) / KV_TILE * KV_TILE + first;
+        let homes: Vec<usize> = (0..n_seq).map(|q| align(kv.home_of(q))).collect();
+        let allowed = |s: usize| if s == own.start { own.len() } else { 0 };
+        (first..=n - len)
+            .step_by(KV_TILE)
+            .filter(|&s| blocked[s + len] - blocked[s] == allowed(s))
+            .min_by_key(|&s| (newest(s), !homes.contains(&s), cached[s + len] - cached[s], (s + n - home % n) % n))
     }
 }

@@ -142,3 +142,48 @@ fn a_transposed_value_write_indexes_each_element_of_each_cell() {
     // V is [n_cells, E]: element i of cell c is at i * n_cells + c.
     assert_eq!(cache(6).v_trans_indices(&[1, 4]), [1, 7, 13, 19, 4, 10, 16, 22]);
 }
+
+#[test]
+fn a_placed_sequence_starts_where_it_was_placed_until_cleared() {
+    let mut kv = cache(8).with_homes(2);
+    kv.place(1, 1);
+    assert_eq!(kv.find_free_for(&[1, 1]), Some(vec![1, 2]), "from cell 1, not its home 4");
+    kv.clear_seq(1);
+    assert_eq!(kv.find_free_for(&[1]), Some(vec![4]), "home again");
+    assert!(kv.is_free_run(5, 3) && !kv.is_free_run(5, 4), "a run past the pool is not free");
+}
+
+#[test]
+fn a_moved_run_keeps_its_keys_values_and_positions_and_leaves_what_others_hold() {
+    for v_trans in [true, false] {
+        // Four values per cell, 200 cells: V is [200, 4] transposed, else [4, 200].
+        let mut kv = KvCache::new(&[BufferType::cpu()], 200, 4, 4, Type::F32, v_trans).unwrap();
+        for (cell, pos) in [(2, 0), (3, 1), (4, 2)] {
+            kv.occupy(cell, 0, pos);
+        }
+        assert!(kv.share(2, 1), "sequence 1 shares cell 2");
+        let (k, v) = (kv.k[0].clone(), kv.v[0].clone());
+        let values: Vec<f32> = (0..4 * 200).map(|i| i as f32).collect();
+        k.write(&values).unwrap();
+        v.write(&values).unwrap();
+        // Element e of cell c: K at c * 4 + e; V at e * 200 + c transposed, else as K.
+        let v_at = |c: usize, e: usize| if v_trans { e * 200 + c } else { c * 4 + e };
+        let err = kv.relocate(0, 3).unwrap_err().to_string();
+        assert!(err.contains("cells 2..=4"), "{err}");
+        kv.relocate(0, 66).unwrap();
+        assert_eq!(kv.entries_of(0), [(66, 0), (67, 1), (68, 2)]);
+        assert_eq!(kv.entries_of(1), [(2, 0)], "the shared cell stays its other sequence's");
+        assert_eq!(kv.n_used(), 4);
+        let (k, v) = (k.to_vec_f32().unwrap(), v.to_vec_f32().unwrap());
+        for (from, to) in [(2, 66), (3, 67), (4, 68)] {
+            for e in 0..4 {
+                assert_eq!(k[to * 4 + e], (from * 4 + e) as f32, "K of cell {to}, element {e}");
+                assert_eq!(v[v_at(to, e)], v_at(from, e) as f32, "V of cell {to}, element {e} (transposed: {v_trans})");
+            }
+        }
+        assert!(kv.relocate(0, 2).is_err() && kv.relocate(0, 65).is_err(), "not free, or not a tile away");
+        kv.occupy(100, 0, 3);
+        assert!(kv.relocate(0, 130).is_err(), "cells that are not one run stay");
+        assert_eq!(kv.cell_of(0, 3), Some(100));
+    }
+}
