@@ -39,7 +39,7 @@ use crate::graph::layer::{attn_groups, Row};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
 use crate::graph::{StepGraph, StepOut};
 use crate::memory::batch::Batch;
-use crate::memory::kv_cache::{KvCache, SeqId, KV_TILE};
+use crate::memory::kv_cache::{KvCache, SeqId, Window, KV_TILE};
 use crate::memory::row_class::RowClasses;
 use crate::model::Model;
 use crate::sampling::TokenLogprob;
@@ -442,17 +442,19 @@ impl<'m> Engine<'m> {
             }
         }
         let kv = &self.kv;
-        let window =
-            |seq| kv.window_of(seq, KV_ALIGN, KV_PAD).expect("a sequence of the batch holds the cells it writes");
+        // Each sequence's window, once per forward (each is a scan of the cells).
+        let windows: Vec<(SeqId, Window)> = batch
+            .seqs()
+            .into_iter()
+            .map(|seq| (seq, kv.window_of(seq, KV_ALIGN, KV_PAD).expect("a sequence of the batch holds its cells")))
+            .collect();
+        let window = |seq| windows.iter().find(|&&(s, _)| s == seq).map(|&(_, w)| w).expect("a sequence of the batch");
         // A window mostly of other sequences' cells is read at a loss: one
         // query row's attention is split across the threads by cells, and
         // the thread with the masked ones idles. Then all rows attend the
         // union of the windows together, as one group.
-        let compact = |seq| {
-            let w = window(seq);
-            w.n_kv < SCATTERED_WINDOW || 2 * kv.n_cells_of(seq) >= w.n_kv
-        };
-        let by_seq = batch.seqs().into_iter().all(compact);
+        let compact = |&(seq, w): &(SeqId, Window)| w.n_kv < SCATTERED_WINDOW || 2 * kv.n_cells_of(seq) >= w.n_kv;
+        let by_seq = windows.iter().all(compact);
         let groups = |r: &[Row]| attn_groups(r, window, by_seq);
         let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, groups, want, rows);
         let per_seq = base::feature_rows_per_seq(&self.model.hp);
