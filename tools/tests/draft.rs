@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
+use testing::reference::Reference;
 use testing::sharegpt::{self, chat};
 use testing::testmodel::tiny_fixture;
 
@@ -40,28 +41,25 @@ fn one_line_error(c: &mut Command) -> String {
     err
 }
 
-/// A work directory whose answers are the fixture's golden generations,
-/// scored as `segment` scores them (the token at 0.8, two neighbours at
-/// 0.15 and 0.05), every third held out, and no prompts left to answer.
+/// A work directory whose answers are the base's own greedy continuations
+/// of the fixture's golden prompts (24 tokens, the f32 reference's),
+/// tokenized as `draft` tokenizes them, every third held out, and no
+/// prompts left to answer.
 fn fixture_work(dir: &Path) {
     let golden: Value =
         serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("golden.json")).unwrap()).unwrap();
+    let reference = Reference::load(&tiny_fixture().join("hamburger.ckpt"), &tiny_fixture()).unwrap();
     let mut lines = String::new();
     for (i, case) in golden["cases"].as_array().unwrap().iter().enumerate() {
-        let prompt: Vec<u64> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
-        let out: Vec<u64> = serde_json::from_value(case["output_ids"].clone()).unwrap();
-        let top: Vec<Value> = out
-            .iter()
-            .map(|&t| json!([[t, 0.8f64.ln()], [(t + 1) % 512, 0.15f64.ln()], [(t + 2) % 512, 0.05f64.ln()]]))
-            .collect();
+        let prompt: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        let (answer, _) = reference.base_greedy(&prompt, 24);
         let split = if i % 3 == 0 { "heldout" } else { "train" };
-        let ids: Vec<u64> = prompt.iter().chain(&out).copied().collect();
-        let row = json!({"id": format!("case{i}"), "split": split, "ids": ids, "n_prompt": prompt.len(),
-                         "entropy": vec![0.5; out.len()], "top": top});
+        let ids: Vec<u32> = prompt.iter().chain(&answer).copied().collect();
+        let row = json!({"id": format!("case{i}"), "split": split, "ids": ids, "n_prompt": prompt.len()});
         lines.push_str(&format!("{row}\n"));
     }
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("scored.jsonl"), lines).unwrap();
+    std::fs::write(dir.join("tokens.jsonl"), lines).unwrap();
     std::fs::write(dir.join("prompts.jsonl"), "").unwrap();
 }
 
@@ -87,12 +85,21 @@ fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_we
     let bytes = std::fs::read(whole.join("features/shard-00000.safetensors")).unwrap();
     let shard = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let feats = shard.tensor("features").unwrap();
-    let tokens: usize = std::fs::read_to_string(whole.join("scored.jsonl"))
+    let answers: Vec<Value> = std::fs::read_to_string(whole.join("tokens.jsonl"))
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["entropy"].as_array().unwrap().len())
-        .sum();
-    assert_eq!((feats.dtype(), feats.shape()), (safetensors::Dtype::F16, &[tokens, 4, 128][..]));
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let answer = |v: &Value| v["ids"].as_array().unwrap()[v["n_prompt"].as_u64().unwrap() as usize..].to_vec();
+    let tokens: Vec<u64> = answers.iter().flat_map(answer).map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!((feats.dtype(), feats.shape()), (safetensors::Dtype::F16, &[tokens.len(), 4, 128][..]));
+    // The base's 8 most likely tokens from the same forward: on its own
+    // greedy answers the first is the answer's next token at every row.
+    let top_ids = shard.tensor("top_ids").unwrap();
+    assert_eq!(top_ids.shape(), &[tokens.len(), 8][..]);
+    let top: Vec<i64> = top_ids.data().chunks(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+    let firsts: Vec<u64> = top.chunks(8).map(|row| row[0] as u64).collect();
+    assert_eq!(firsts, tokens);
 
     // The token loss falls; the acceptance is measured before and after.
     let h = history(&whole);

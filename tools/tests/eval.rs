@@ -149,12 +149,17 @@ fn a_chats_messages_are_scored_and_tokenized_after_the_whole_conversation() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let tokenized: Vec<Value> =
-        eval_with_input(&["tokenize"], &ham, None, &input).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(scored.len(), 2);
-    for (s, t) in scored.iter().zip(&tokenized) {
+    // Tokenized with their answers (what `hamburger-train draft` reads) and without (what `pack` ships).
+    let prompt_only: String = input.lines().map(|l| l.replace("\"response\"", "\"reply\"") + "\n").collect();
+    let [tokenized, prompts]: [Vec<Value>; 2] = [&input, &prompt_only].map(|i| {
+        eval_with_input(&["tokenize"], &ham, None, i).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    });
+    assert_eq!((scored.len(), tokenized.len(), prompts.len()), (2, 2, 2));
+    for ((s, t), p) in scored.iter().zip(&tokenized).zip(&prompts) {
         let n = s["n_prompt"].as_u64().unwrap() as usize;
-        assert_eq!(s["ids"].as_array().unwrap()[..n], t["ids"].as_array().unwrap()[..], "the same prompt ids");
+        assert_eq!((&s["ids"], &s["n_prompt"]), (&t["ids"], &t["n_prompt"]), "the same prompt and answer ids");
+        assert_eq!(s["ids"].as_array().unwrap()[..n], p["ids"].as_array().unwrap()[..], "the same prompt ids");
+        assert!(t.get("entropy").is_none() && p.get("n_prompt").is_none(), "tokenized, not scored: {t} {p}");
     }
     let (chat_n, one_n) = (scored[0]["n_prompt"].as_u64().unwrap(), scored[1]["n_prompt"].as_u64().unwrap());
     assert!(chat_n > one_n, "the earlier turns come before the last: {chat_n} vs {one_n}");

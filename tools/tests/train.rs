@@ -417,7 +417,7 @@ fn diagnose_refuses_a_grafted_file_that_is_not_safetensors_naming_it() {
     assert!(err.contains("diagnose:") && err.contains(&*bad.to_string_lossy()), "{err}");
 }
 
-/// `draft-vocab` counts the scored training answers' tokens (after each
+/// `draft-vocab` counts the training answers' tokens (after each
 /// prompt), most frequent first, reports each size's coverage of the
 /// held-out answers, and writes the list `hamburger-convert --draft-vocab`
 /// stores in a GGUF that loads.
@@ -429,14 +429,19 @@ fn draft_vocab_counts_the_answers_tokens_and_the_converter_stores_them() {
         r#"{"id": "b", "split": "train", "ids": [1, 7, 7, 5, 3], "n_prompt": 1}"#,
         r#"{"id": "c", "split": "heldout", "ids": [2, 5, 7, 4], "n_prompt": 1}"#,
     ];
-    std::fs::write(dir.path().join("scored.jsonl"), scored.join("\n") + "\n").unwrap();
+    // A draft work directory's `tokens.jsonl`, or a training one's `scored.jsonl`.
     let list = dir.path().join("draft-vocab.json");
-    let mut c = train_tool();
-    c.arg("draft-vocab").arg("--work").arg(dir.path()).arg("--base").arg(tiny_fixture()).args(["--k", "2"]);
-    let report = run_ok(c.arg("--out").arg(&list));
-    assert!(report.contains("K =     2: 0.667"), "5 and 7 cover two of the three held-out tokens: {report}");
-    let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&list).unwrap()).unwrap();
-    assert_eq!(ids, [5, 7], "5 four times, 7 three times, 3 once; prompts not counted");
+    for name in ["tokens.jsonl", "scored.jsonl"] {
+        let work = dir.path().join(name.replace(".jsonl", ""));
+        std::fs::create_dir(&work).unwrap();
+        std::fs::write(work.join(name), scored.join("\n") + "\n").unwrap();
+        let mut c = train_tool();
+        c.arg("draft-vocab").arg("--work").arg(&work).arg("--base").arg(tiny_fixture()).args(["--k", "2"]);
+        let report = run_ok(c.arg("--out").arg(&list));
+        assert!(report.contains("K =     2: 0.667"), "5 and 7 cover two of the three held-out tokens: {report}");
+        let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&list).unwrap()).unwrap();
+        assert_eq!(ids, [5, 7], "5 four times, 7 three times, 3 once; prompts not counted");
+    }
     let gguf = dir.path().join("tiny.gguf");
     let src = tiny_fixture().join("model.safetensors");
     let st = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))

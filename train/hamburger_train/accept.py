@@ -4,9 +4,9 @@ decoder as a draft head, on a prompt set, with the runtime's draft rules.
 The verifier (the base with the file's base layers and adapters folded in,
 `drafting.verifier`) answers every prompt greedily through
 `hamburger-server` at confidence > 1, exactly as self-verified greedy
-decoding answers it; `hamburger-eval score` gives the answer's token ids;
-the verifier's features at one token per entry are cached
-(`features`); `drafting.measure` then walks each answer as the runtime
+decoding answers it; `hamburger-eval tokenize` gives the answer's token
+ids; the verifier's features at one token per entry and its most likely
+tokens are cached (`features`); `drafting.measure` then walks each answer as the runtime
 would: at each verify forward the micro decoder drafts from the last
 accepted row, and the base accepts the drafts that equal its own tokens.
 Everything lives in `WORK/accept/<prompt file's stem>/` and is made once
@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import data, features, records, segment
-from .draft import rules_of, verifier_ggufs
+from .draft import rules_of, verifier_gguf
 from .drafting import DraftRule, measure, verifier
 from .export import write_checkpoint
 from .model import HAMburger
@@ -47,19 +47,19 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
         raise SystemExit(f"accept: {prompts} holds no prompts")
     model = verifier(base, grafted, "accept")
     meta = features.meta_of(model, base)
-    teacher, scorer = verifier_ggufs(work, bin_dir, base, model, meta, "accept")
+    teacher = verifier_gguf(work, bin_dir, base, model, meta, "accept")
     here = work / "accept" / prompts.stem
     here.mkdir(parents=True, exist_ok=True)
     data.answer(here / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
-    segment.score(here, bin_dir, teacher, scorer, threads)
-    features.build(here / "features", model, base, records.read(here / "scored.jsonl"))
+    segment.tokenize(here, bin_dir, teacher)
+    features.build(here / "features", model, base, records.read(here / "tokens.jsonl"))
     cache = features.load(here / "features", meta)
     results = measure(model, cache, rules_of(confidences, p_mins, model.cfg.max_steps - 1))
     report = {"grafted": str(grafted), "prompts": str(prompts), "answers": len(cache.answers),
               "tokens": len(cache.next), "rules": [asdict(r) for r in results]}
     if with_runtime:
-        scored = {r["id"]: r for r in records.read(here / "scored.jsonl")}
-        walked = [scored[a["id"]] for a in cache.answers]
+        tokenized = {r["id"]: r for r in records.read(here / "tokens.jsonl")}
+        walked = [tokenized[a["id"]] for a in cache.answers]
         n_max = model.cfg.max_steps - 1
         with tempfile.TemporaryDirectory(dir=here) as tmp:
             gguf = runtime_gguf(bin_dir, model, base, Path(tmp))
@@ -106,7 +106,7 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
     verify forward, the ungated rule of that n_max, which `measure` walks
     alike; else the runtime's own gate, which prices drafts by the times it
     measures and so follows the machine, not `gate.py`) of each answer's prompt ids, as many tokens as
-    the answer has before the end-of-turn token `score` ends it with: its
+    the answer has before the end-of-turn token `tokenize` ends it with: its
     drafts, accepted drafts and verify forwards summed (the CLI's timings),
     its base forwards (one per committed token not accepted as a draft), how
     many outputs equal the answers, and the mean length of the prefix they

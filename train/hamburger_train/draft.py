@@ -8,7 +8,7 @@ stage pays for the base once:
 1. **The verifier.** The base checkpoint (`--base`) with `--init`'s base
    layers and adapters folded in (the shipped model's base: what verified
    decoding of the shipped model runs), written once as a checkpoint
-   (`WORK/verifier/`) for the tools that answer and score.
+   (`WORK/verifier/`) for the tools that answer and tokenize.
 2. **Answers** (`data`'s prompts, `--prompts`, `--skip`): the verifier's own
    greedy answers through `hamburger-server` at confidence > 1, so every
    answer token is the base's greedy choice after the tokens before it.
@@ -16,10 +16,12 @@ stage pays for the base once:
    ShareGPT's own reply instead (EAGLE's fixed data: no answering, so
    about 3.5 times the tokens per CPU hour); the held-out prompts, which
    validate, and the standard library's are still answered by the base.
-3. **Scores** (`segment`'s scoring): token ids and the base's 8 most likely
-   tokens at every answer token, the soft targets.
-4. **Features**, cached once on disk (`features`: `WORK/features/`), and
-   refused by name if they were made with another base or tokenizer.
+3. **Token ids** of every prompt and answer (`segment.tokenize`: the
+   teacher GGUF's chat template and tokenizer, as the runtime reads them).
+4. **Features** and the base's 8 most likely tokens at every answer token
+   (the soft targets), from one f32 forward of the verifier, cached once on
+   disk (`features`: `WORK/features/`), and refused by name if they were
+   made with another base or tokenizer.
 5. **Training**, teacher-forced at every answer row: the micro decoder reads
    [features, t0, t1, t2] (t0 the text's token at the row) and learns the
    base's distribution at the next three tokens (distilled over its top 8);
@@ -28,7 +30,8 @@ stage pays for the base once:
    will be accepted (its teacher-forced argmax is the base's greedy token).
    A draft counts as accepted only along the base's own greedy path, where
    the text so far is what the base would have said: always for the base's
-   answers (up to the scorer's near-ties), not always for references.
+   answers (up to near-ties between the answering Q8_0 GGUF and the f32
+   forward), not always for references.
 
 Only the micro decoder and stop head train; the merger and the base stay as
 `--init` has them. Resumable (`WORK/draft/state.pt` every `SAVE_EVERY`
@@ -88,13 +91,12 @@ def head_state(model: HAMburger) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.original_state(grafted_only=True).items() if k.startswith("micro_step_decoder.")}
 
 
-def verifier_ggufs(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta: dict,
-                   stage: str) -> tuple[Path, Path]:
-    """The verifying model's GGUFs in `work`: the teacher that answers
-    (`data.teacher_gguf`) and the base-only scorer (`segment.base_only_gguf`),
-    converted from `work/verifier/` (the original layout, adapters folded;
-    written once, with the `meta` it was made with). A work directory whose
-    verifier has another base is refused naming it."""
+def verifier_gguf(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta: dict, stage: str) -> Path:
+    """The verifying model's GGUF in `work`, the teacher that answers and
+    tokenizes (`data.teacher_gguf`), converted from `work/verifier/` (the
+    original layout, adapters folded; written once, with the `meta` it was
+    made with). A work directory whose verifier has another base is refused
+    naming it."""
     ckpt = work / "verifier"
     if (ckpt / "meta.json").exists():
         have = json.loads((ckpt / "meta.json").read_text())
@@ -106,20 +108,20 @@ def verifier_ggufs(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta
         write_checkpoint(model, base, ckpt)
         (ckpt / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     work.mkdir(parents=True, exist_ok=True)
-    return data.teacher_gguf(bin_dir, ckpt, work), segment.base_only_gguf(bin_dir, ckpt, work)
+    return data.teacher_gguf(bin_dir, ckpt, work)
 
 
 def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int,
             slots: int, threads: int, share: float = 0.0, source: Path | None = None,
             stdlib_from: int = 0, references: bool = False) -> tuple[HAMburger, dict]:
     """Steps 1-4: the verifier, its answers (ShareGPT's replies for the
-    training prompts that have one, with `references`), their scores and
+    training prompts that have one, with `references`), their token ids and
     their cached features; returns the verifier and the cache's `meta`.
     A work directory whose prompts were built the other way is refused."""
     model = verifier(base, init, "draft")
     meta = features.meta_of(model, base)
     features.check_meta(work / "features", meta)
-    teacher, scorer = verifier_ggufs(work, bin_dir, base, model, meta, "draft")
+    teacher = verifier_gguf(work, bin_dir, base, model, meta, "draft")
     rows = data.build_prompts(work, prompts, share, source, stdlib_from, references)
     general = [r for r in rows if r["id"].startswith("sharegpt:")]
     if general and references != any("reference" in r for r in general):
@@ -129,8 +131,8 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
     if references:
         data.reference_answers(work / "responses.jsonl", rows, max_tokens)
     data.answer(work / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
-    segment.score(work, bin_dir, teacher, scorer, threads)
-    features.build(work / "features", model, base, records.read(work / "scored.jsonl"))
+    segment.tokenize(work, bin_dir, teacher)
+    features.build(work / "features", model, base, records.read(work / "tokens.jsonl"))
     return model, meta
 
 
@@ -170,7 +172,7 @@ def teacher_forced_accepted(model: HAMburger, cache: features.Cache, batch: int 
     """Accepted drafts per row when every draft is taken, teacher-forced
     (`batch_loss`'s count): on the base's own answers, what
     `drafting.measure` finds for the ungated rule with the runtime's
-    autoregressive drafts (up to the scorer's near-ties), since a draft is
+    autoregressive drafts (up to near-ties), since a draft is
     only accepted when the ones before it were, and then it read the text."""
     rows = draftable(cache, model.cfg.eos)
     taken = sum(batch_loss(model, cache, rows[i:i + batch])[1]["accepted"] for i in range(0, len(rows), batch))

@@ -1,8 +1,9 @@
 """`draft-vocab`: the draft vocabulary of self-verified decoding, counted
 from the base's answers (FR-Spec's cut of the output layer).
 
-The answers' tokens are those `segment` scored (`scored.jsonl`: each
-answer's ids after its prompt's). The training split's answers are counted,
+The answers' tokens are those of a `draft` work directory (`tokens.jsonl`:
+each answer's ids after its prompt's), or of a training work directory's
+`scored.jsonl`, where `segment` keeps the same ids. The training split's answers are counted,
 and the K most frequent tokens, most frequent first, are written to `--out`
 as a JSON list, which `hamburger-convert --draft-vocab FILE` (or
 `hamburger.json`'s `draft_vocab`) stores in the GGUF. How much of the
@@ -22,10 +23,10 @@ from . import records
 SIZES = (1024, 2048, 4096, 8192)
 
 
-def answer_tokens(scored: list[dict], split: str) -> Counter:
+def answer_tokens(answers: list[dict], split: str) -> Counter:
     """How often each token id is an answer token in the `split` answers."""
     counts: Counter = Counter()
-    for r in scored:
+    for r in answers:
         if r.get("split", "train") == split:
             counts.update(r["ids"][r["n_prompt"]:])
     return counts
@@ -40,10 +41,13 @@ def coverage(vocab: list[int], counts: Counter) -> float:
 def run(work: Path, k: int, out: Path) -> None:
     """Writes the `k` most frequent answer tokens of `work`'s training split
     to `out`, and prints each size's coverage of the held-out answers."""
-    scored = records.read(work / "scored.jsonl")
-    train, held = answer_tokens(scored, "train"), answer_tokens(scored, "heldout")
+    path = work / "tokens.jsonl"
+    if not path.exists():
+        path = work / "scored.jsonl"
+    answers = records.read(path)
+    train, held = answer_tokens(answers, "train"), answer_tokens(answers, "heldout")
     if not train:
-        raise SystemExit(f"draft-vocab: {work / 'scored.jsonl'} has no scored training answers: run `segment` first")
+        raise SystemExit(f"draft-vocab: {path} has no training answers: run `draft` (or `segment`) first")
     ranked = [t for t, _ in train.most_common()]
     print(f"{sum(train.values())} training answer tokens ({len(ranked)} distinct), "
           f"{sum(held.values())} held-out; coverage of the held-out answers' tokens:")

@@ -18,10 +18,11 @@ A cache directory holds:
   token: `features` [R, F, D] f16 (the features of the stream row that
   predicts that token: the prompt's last row, then each answer row but the
   last), `next` [R] (the token itself: the base's greedy choice at the row),
-  `top_ids` [R, K] and `top_logprobs` [R, K] (the base's K most likely
-  tokens there, as `segment` scores them: libllama on the verifier's
-  base-only Q8_0 export); the header's metadata lists the shard's answers
-  (`id`, `split`, `rows`).
+  `top_ids` [R, K] and `top_logprobs` [R, K] (the base's K = `segment.TOP`
+  most likely tokens there, from the same f32 forward's logits; caches made
+  before 2026-11-30 hold libllama's, scored on the verifier's base-only Q8_0
+  export); the header's metadata lists the shard's answers (`id`, `split`,
+  `rows`).
 * `index.jsonl`: one line per shard once it is in place (what a resumed run
   skips; a shard is written to a `.part` file and renamed).
 
@@ -38,12 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import records
 from .model import HAMburger
 from .progress import Progress
+from .segment import TOP
 
 SHARD = 64
 """Answers per shard file: the unit a resumed caching run redoes at most."""
@@ -102,16 +105,25 @@ def answer_features(model: HAMburger, ids: torch.Tensor, n_prompt: int) -> torch
     return torch.stack([f[0, n_prompt - 1:] for f in feats], 1)
 
 
-def build(cache: Path, model: HAMburger, base: Path, scored: list[dict]) -> None:
-    """Caches the features of every `scored` answer (`segment`'s records:
-    `id`, `split`, `ids`, `n_prompt`, `top`) not cached yet."""
+@torch.no_grad()
+def most_likely(model: HAMburger, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The base's `TOP` most likely tokens [R, TOP] and their log-probabilities
+    at rows whose features are `feats` [R, F, D] (the last after the final
+    norm, so its logits are the base's), most likely first."""
+    return tuple(reversed(F.log_softmax(model.logits(feats[:, -1]).float(), -1).topk(TOP, -1)))
+
+
+def build(cache: Path, model: HAMburger, base: Path, answers: list[dict]) -> None:
+    """Caches the features and the base's most likely tokens of every answer
+    (`segment.tokenize`'s records: `id`, `split`, `ids`, `n_prompt`) not
+    cached yet."""
     cache.mkdir(parents=True, exist_ok=True)
     meta = meta_of(model, base)
     check_meta(cache, meta)
     (cache / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     index = records.read(cache / "index.jsonl")
     done = {i for r in index for i in r["ids"]}
-    todo = [r for r in scored if r["id"] not in done and "top" in r]
+    todo = [r for r in answers if r["id"] not in done]
     if not todo:
         print(f"features: all {len(done)} answers cached in {cache}", file=sys.stderr)
         return
@@ -119,24 +131,25 @@ def build(cache: Path, model: HAMburger, base: Path, scored: list[dict]) -> None
     n = len(done)
     for s in range(0, len(todo), SHARD):
         chunk = todo[s:s + SHARD]
-        feats, nxt, tops, answers = [], [], [], []
+        feats, nxt, top_ids, top_logprobs, listed = [], [], [], [], []
         for r in chunk:
             ids = torch.tensor(r["ids"])
             f = answer_features(model, ids, r["n_prompt"])
+            ti, tv = most_likely(model, f)
             feats.append(f.to(torch.float16))
             nxt.append(ids[r["n_prompt"]:])
-            tops.append(torch.tensor(r["top"]))
-            answers.append({"id": r["id"], "split": r["split"], "rows": len(f)})
+            top_ids.append(ti)
+            top_logprobs.append(tv)
+            listed.append({"id": r["id"], "split": r["split"], "rows": len(f)})
             n += 1
             prog.update(n, len(f))
-        top = torch.cat(tops)
         name = f"shard-{len(index):05d}.safetensors"
         tmp = cache / (name + ".part")
         save_file({"features": torch.cat(feats).contiguous(), "next": torch.cat(nxt),
-                   "top_ids": top[..., 0].long().contiguous(), "top_logprobs": top[..., 1].float().contiguous()},
-                  str(tmp), metadata={"answers": json.dumps(answers)})
+                   "top_ids": torch.cat(top_ids).contiguous(), "top_logprobs": torch.cat(top_logprobs).contiguous()},
+                  str(tmp), metadata={"answers": json.dumps(listed)})
         tmp.replace(cache / name)
-        records.append(cache / "index.jsonl", {"shard": name, "ids": [a["id"] for a in answers]})
+        records.append(cache / "index.jsonl", {"shard": name, "ids": [a["id"] for a in listed]})
         index.append({"shard": name})
     prog.update(n, force=True)
 

@@ -64,33 +64,50 @@ def score(work: Path, bin_dir: Path, teacher: Path, scorer: Path, threads: int) 
     `work/scored.jsonl` (`hamburger-eval score`: the `teacher` GGUF's
     tokenizer and chat template, the base-only `scorer` GGUF's entropies and
     `TOP` most likely tokens at every answer token)."""
-    scored_path = work / "scored.jsonl"
-    done = records.done_ids(scored_path)
+    through_eval(work, work / "scored.jsonl", "segment: scoring",
+                 ["score", "-m", str(teacher), "--baseline", str(scorer), "-t", str(threads), "--top", str(TOP)],
+                 ("id", "split", "ids", "n_prompt", "entropy", "top"), bin_dir)
+
+
+def tokenize(work: Path, bin_dir: Path, teacher: Path) -> None:
+    """Every answer of `work/responses.jsonl` not yet in `work/tokens.jsonl`
+    as `score` makes its ids (`hamburger-eval tokenize`: the `teacher`
+    GGUF's tokenizer and chat template, the answer ended by the end-of-turn
+    token) but unscored: `draft`'s answers, whose scores its features pass
+    computes in the same forward."""
+    through_eval(work, work / "tokens.jsonl", "tokenize", ["tokenize", "-m", str(teacher)],
+                 ("id", "split", "ids", "n_prompt"), bin_dir)
+
+
+def through_eval(work: Path, out_path: Path, label: str, args: list[str], fields: tuple[str, ...],
+                 bin_dir: Path) -> None:
+    """Passes every answer of `work/responses.jsonl` whose id `out_path` does
+    not hold yet through `hamburger-eval ARGS`, appending each record it
+    writes (its `fields`) as it comes: a stopped run keeps what it wrote."""
+    done = records.done_ids(out_path)
     rows = records.read(work / "responses.jsonl")
     todo = [r for r in rows if r["id"] not in done]
     if not todo:
         return
-    prog = Progress("segment: scoring", len(rows), "tokens", initial=len(done))
+    prog = Progress(label, len(rows), "tokens", initial=len(done))
     n = len(done)
-    with tempfile.TemporaryFile("w+") as inp, open(scored_path, "a") as out:
+    with tempfile.TemporaryFile("w+") as inp, open(out_path, "a") as out:
         inp.write("".join(json.dumps({k: r[k] for k in ("id", "split", "prompt", "messages", "response") if k in r})
                           + "\n" for r in todo))
         inp.seek(0)
-        cmd = [str(bin_dir / "hamburger-eval"), "score", "-m", str(teacher), "--baseline", str(scorer),
-               "-t", str(threads), "--top", str(TOP)]
-        proc = subprocess.Popen(cmd, stdin=inp, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([str(bin_dir / "hamburger-eval"), *args], stdin=inp, stdout=subprocess.PIPE, text=True)
         try:
             for line in proc.stdout:
                 v = json.loads(line)
-                out.write(json.dumps({k: v[k] for k in ("id", "split", "ids", "n_prompt", "entropy", "top")}) + "\n")
+                out.write(json.dumps({k: v[k] for k in fields}) + "\n")
                 out.flush()
                 n += 1
-                prog.update(n, len(v["entropy"]))
-        except BaseException:  # stopped: the scorer goes too (its answers so far are kept)
+                prog.update(n, len(v["ids"]) - v["n_prompt"])
+        except BaseException:  # stopped: hamburger-eval goes too (what it wrote so far is kept)
             proc.kill()
             raise
         if proc.wait() != 0:
-            raise RuntimeError(f"hamburger-eval score exited with {proc.returncode}")
+            raise RuntimeError(f"hamburger-eval {args[0]} exited with {proc.returncode}")
     prog.update(n, force=True)
 
 

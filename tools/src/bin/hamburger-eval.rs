@@ -103,11 +103,17 @@ enum Cmd {
     /// Reads JSON lines with a `prompt` (a user message) or `messages` (a
     /// chat) and writes each with `ids`: the prompt rendered with the
     /// model's chat template and tokenized, ready for the answer (what
-    /// `hamburger-train pack` ships to a machine without this runtime).
+    /// `hamburger-train pack` ships to a machine without this runtime). A
+    /// record with a `response` gets the answer's ids after the prompt's,
+    /// as `score` makes them, and `n_prompt`, but no scores (what
+    /// `hamburger-train draft` reads, its base scoring in PyTorch).
     Tokenize {
         /// The GGUF whose tokenizer and chat template are used.
         #[arg(short = 'm', long)]
         model: PathBuf,
+        /// Longest prompt and answer; longer ones are cut there, as `score` cuts them.
+        #[arg(short = 'c', long, default_value_t = 2048, value_parser = tools::cli::at_least_one)]
+        ctx_size: usize,
     },
     /// Speculative decoding with a draft model, greedy, on every prompt in
     /// turn: the target alone (ours and libllama's), the target verifying
@@ -173,7 +179,7 @@ fn main() -> ExitCode {
         Cmd::Score { model, baseline, threads, ctx_size, top, placement } => {
             score(&model, &baseline, threads, ctx_size, top.into(), &placement)
         }
-        Cmd::Tokenize { model } => tokenize(&model),
+        Cmd::Tokenize { model, ctx_size } => tokenize(&model, ctx_size),
         Cmd::Draft {
             target,
             draft,
@@ -293,17 +299,9 @@ fn score(
     let base = load_base(baseline, &BaselinePlacement::new(&model.plan, placement))?;
     let mut scorer = Scorer::new(&base, n_ctx, threads)?;
     each_record(|at, mut v| {
-        let response = v["response"].as_str().map(str::to_owned);
-        let response = response.with_context(|| format!("{at}: no string field 'response'"))?;
-        let mut ids = chat.of_record(&v, at)?;
-        let n_prompt = ids.len();
-        ids.extend(chat.text(&response)?);
-        ids.push(end);
-        ids.truncate(n_ctx);
-        if ids.len() <= n_prompt {
-            log::warn!("{at}: the prompt fills the context; skipped");
+        let Some((ids, n_prompt)) = answered(&chat, &v, at, end, n_ctx)? else {
             return Ok(None);
-        }
+        };
         let s = scorer.score(&ids, n_prompt, top)?;
         v["ids"] = json!(ids);
         v["n_prompt"] = json!(n_prompt);
@@ -336,13 +334,39 @@ fn each_record(mut f: impl FnMut(&str, Value) -> Result<Option<Value>>) -> Resul
 }
 
 /// `hamburger-eval tokenize`: standard input's records with their prompt ids.
-fn tokenize(model: &Path) -> Result<()> {
+fn tokenize(model: &Path, n_ctx: usize) -> Result<()> {
     let model = Model::open(model, &hamburger::LoadOptions::default())?;
     let chat = Prompts::new(&model)?;
+    let end = model.vocab.eos.context("the model has no end-of-turn token")?;
     each_record(|at, mut v| {
-        v["ids"] = json!(chat.of_record(&v, at)?);
+        if v.get("response").is_none() {
+            v["ids"] = json!(chat.of_record(&v, at)?);
+            return Ok(Some(v));
+        }
+        let Some((ids, n_prompt)) = answered(&chat, &v, at, end, n_ctx)? else {
+            return Ok(None);
+        };
+        v["ids"] = json!(ids);
+        v["n_prompt"] = json!(n_prompt);
         Ok(Some(v))
     })
+}
+
+/// A record's prompt and answer as one sequence of ids, the answer (its
+/// string `response`) ended by `end`, cut at `n_ctx`, with the prompt's
+/// length; `None` (logged) when the prompt alone fills `n_ctx`.
+fn answered(chat: &Prompts, v: &Value, at: &str, end: u32, n_ctx: usize) -> Result<Option<(Vec<u32>, usize)>> {
+    let response = v["response"].as_str().with_context(|| format!("{at}: no string field 'response'"))?;
+    let mut ids = chat.of_record(v, at)?;
+    let n_prompt = ids.len();
+    ids.extend(chat.text(response)?);
+    ids.push(end);
+    ids.truncate(n_ctx);
+    if ids.len() <= n_prompt {
+        log::warn!("{at}: the prompt fills the context; skipped");
+        return Ok(None);
+    }
+    Ok(Some((ids, n_prompt)))
 }
 
 struct DraftOptions {
