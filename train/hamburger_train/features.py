@@ -110,7 +110,8 @@ def most_likely(model: HAMburger, feats: torch.Tensor) -> tuple[torch.Tensor, to
     """The base's `TOP` most likely tokens [R, TOP] and their log-probabilities
     at rows whose features are `feats` [R, F, D] (the last after the final
     norm, so its logits are the base's), most likely first."""
-    return tuple(reversed(F.log_softmax(model.logits(feats[:, -1]).float(), -1).topk(TOP, -1)))
+    logprobs, ids = F.log_softmax(model.logits(feats[:, -1]).float(), -1).topk(TOP, -1)
+    return ids, logprobs
 
 
 def build(cache: Path, model: HAMburger, base: Path, answers: list[dict]) -> None:
