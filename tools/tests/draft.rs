@@ -173,7 +173,7 @@ fn macro_modules_kept_and_the_trained_ones_beside_them(grafted: &Path) {
 }
 
 /// `accept` on three prompts: the verifier answers them (the teacher server
-/// at confidence > 1), the answers are scored and their features cached, and
+/// at confidence > 1), the answers are tokenized and their features cached, and
 /// each rule's walk is reported; with no draft allowed (p_min 1) every
 /// draftable row is a verify forward and nothing is accepted. With
 /// `--runtime` the runtime decodes the same prompts self-verified with the

@@ -224,7 +224,7 @@ def parser() -> Parser:
     c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
                    "decoding of the same prompts (hamburger-cli --spec-type draft-mtp) on the measured model "
                    "converted to Q8_0, the teacher's type")
-    v = stage("draft-vocab", "the draft vocabulary: the most frequent tokens of the scored answers, with "
+    v = stage("draft-vocab", "the draft vocabulary: the most frequent tokens of the answers, with "
               "each size's coverage of the held-out answers", work)
     v.add_argument("--k", type=int, default=4096, help="tokens in the vocabulary (default 4096)")
     v.add_argument("--out", type=Path, required=True, help="the JSON list of token ids to write "
