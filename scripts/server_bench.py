@@ -22,7 +22,7 @@ import time
 import urllib.request
 
 
-def prompt_of(kind: str, i: int, burst: int):
+def prompt_of(kind: str, i: int, burst: str):
     """Client `i`'s prompt: one token (llama-bench's tg), a short text (~25
     tokens) or a long one (~750 tokens, each client's and each burst's its
     own, so that no server reuses a cached prompt)."""
@@ -32,7 +32,7 @@ def prompt_of(kind: str, i: int, burst: int):
     return f"Request {i}: the history of the number {i * 7 + 3} is" if kind == "text" else [100 + i]
 
 
-def one_request(url: str, n: int, i: int, out: list, kind: str, burst: int) -> None:
+def one_request(url: str, n: int, i: int, out: list, kind: str, burst: str) -> None:
     body = {
         "prompt": prompt_of(kind, i, burst),
         "max_tokens": n,
@@ -47,7 +47,7 @@ def one_request(url: str, n: int, i: int, out: list, kind: str, burst: int) -> N
     out[i] = v
 
 
-def run(url: str, clients: int, n: int, kind: str = "token", burst: int = 0) -> tuple[float, list]:
+def run(url: str, clients: int, n: int, kind: str = "token", burst: str = "warm-up") -> tuple[float, list]:
     answers: list = [None] * clients
     threads = [threading.Thread(target=one_request, args=(url, n, i, answers, kind, burst)) for i in range(clients)]
     t = time.perf_counter()
@@ -83,7 +83,8 @@ def main() -> None:
         # Repetitions interleave the servers, so the machine's drift hits each alike.
         for rep in range(a.reps):
             for label, url in servers:
-                rate, answers = run(url, c, a.n, kind, rep)
+                # Each burst its own prompts: a client count's bursts never repeat another's.
+                rate, answers = run(url, c, a.n, kind, f"{c}.{rep}")
                 rates[label].append(rate)
                 if "kv_entries" in answers[0].get("timings", {}):
                     # Entries written for generated tokens (the prompt's are one per token in both).
