@@ -8,7 +8,8 @@ The suite comes from the PyPI source distribution of llama-cpp-python
 Every server the suite starts is started through this script's `wrap` mode
 (the suite's `LLAMA_SERVER_BIN_PATH`), which drops the hub flags
 (`--hf-repo`, `--hf-file`, `--offline`, `--model-url`) and passes
-`--model GGUF` instead. The suite's session fixture that downloads every
+`--model GGUF` instead, and `-fa on` unless the test sets `-fa` (what
+llama-server's `-fa auto` is on the CPU: `wrap` says why). The suite's session fixture that downloads every
 preset's model is turned off in the working copy: nothing leaves loopback.
 
     llama_server_suite.py run --server BIN --model GGUF [--junit FILE] [--check]
@@ -159,7 +160,13 @@ def venv_python() -> Path:
 
 
 def wrap(argv: list[str]) -> None:
-    """Runs $SUITE_SERVER with the suite's arguments, the hub flags replaced by --model $SUITE_MODEL."""
+    """Runs $SUITE_SERVER with the suite's arguments, the hub flags replaced
+    by --model $SUITE_MODEL, and `-fa on` where the test sets no `-fa`:
+    llama-server's `-fa auto` fuses attention on the CPU, and its recorded
+    answers come from that kernel; hamburger-server's auto computes
+    attention as separate products there (it decodes faster,
+    docs/performance.md), which sums in another order and turns the suite
+    model's near-ties into other words. So both run the same kernel."""
     server, model = os.environ["SUITE_SERVER"], os.environ["SUITE_MODEL"]
     args, i = [], 0
     while i < len(argv):
@@ -170,6 +177,8 @@ def wrap(argv: list[str]) -> None:
         i += 1
     if "--model" not in args and "-m" not in args:
         args += ["--model", model]
+    if not {"-fa", "--flash-attn"} & set(args):
+        args += ["-fa", "on"]
     os.execv(server, [server] + args)
 
 

@@ -79,7 +79,13 @@ fn assert_same(got: &Generation, want: &Generation, rule: &StepRule, what: &str)
 fn check(flash_attn: bool, confidence: f64, group: usize) {
     let model = tiny_f32();
     let params = SessionParams {
-        engine: EngineParams { n_ctx: 512, kv_type: ggml::Type::F32, flash_attn, n_threads: 2, ..Default::default() },
+        engine: EngineParams {
+            n_ctx: 512,
+            kv_type: ggml::Type::F32,
+            flash_attn: Some(flash_attn),
+            n_threads: 2,
+            ..Default::default()
+        },
         step: StepParams { confidence: confidence as f32, ..Default::default() },
         keep_logits: true,
         ..Default::default()

@@ -29,7 +29,7 @@ const NEAR_TIE: f32 = 1e-3;
 /// One thread: a row's result does not depend on the thread count, and a
 /// shared machine's other load leaves ggml's barriers spinning less.
 fn engine() -> EngineParams {
-    EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, n_threads: 1, ..Default::default() }
+    EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: Some(false), n_threads: 1, ..Default::default() }
 }
 
 /// One drafting setting: the draft's stop rule and the draft's length.

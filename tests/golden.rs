@@ -13,7 +13,13 @@ fn check_all_cases(params: SessionParams, logit_tol: f32, stop_tol: f32) {
 
 /// The golden cases' settings: an F32 cache, every micro step's logits kept.
 fn f32_session(flash_attn: bool) -> SessionParams {
-    let engine = EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn, n_threads: 2, ..Default::default() };
+    let engine = EngineParams {
+        n_ctx: 256,
+        kv_type: ggml::Type::F32,
+        flash_attn: Some(flash_attn),
+        n_threads: 2,
+        ..Default::default()
+    };
     SessionParams { engine, keep_logits: true, ..Default::default() }
 }
 

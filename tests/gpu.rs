@@ -66,7 +66,8 @@ const TINY_OFFLOADS: [usize; 3] = [0, 8, 16];
 fn golden_on_the_gpu(ty: ggml::Type) {
     let (logit_tol, stop_tol) = golden_tolerances(gpu_choice(), ty);
     let gguf = converted(&tiny_fixture().join("hamburger.ckpt"), "tiny", ty, false).unwrap();
-    let engine = EngineParams { n_ctx: 256, kv_type: ty, flash_attn: ty == ggml::Type::F16, ..Default::default() };
+    let engine =
+        EngineParams { n_ctx: 256, kv_type: ty, flash_attn: Some(ty == ggml::Type::F16), ..Default::default() };
     let p = SessionParams { engine, keep_logits: true, ..Default::default() };
     for ngl in TINY_OFFLOADS {
         let model = on_gpu(&gguf, ngl);
@@ -95,7 +96,7 @@ fn partial_offload_decodes_like_the_cpu_in_f32() {
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
     let cpu = Model::open(&gguf, &LoadOptions::default()).unwrap();
     let p = SessionParams {
-        engine: EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, ..Default::default() },
+        engine: EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: Some(false), ..Default::default() },
         step: StepParams { confidence: 0.3, ..Default::default() },
         keep_logits: true,
         ..Default::default()

@@ -135,7 +135,7 @@ fn a_preempted_sequence_resumes_with_the_same_entries_and_answer() {
 /// entries follow a cached start): its greedy answer, logits kept.
 fn adopted_answer(model: &Model, prompt: &[u32], flash_attn: bool, to: Option<usize>) -> Generation {
     let mut p = params();
-    p.engine.flash_attn = flash_attn;
+    p.engine.flash_attn = Some(flash_attn);
     let cfg = p.decode_config(model).unwrap();
     let mut engine = Engine::new(model, &p.engine).unwrap();
     let n = prompt.len() - 1;

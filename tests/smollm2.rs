@@ -42,7 +42,7 @@ fn parity_with_libllama(ty: ggml::Type, kv_type: ggml::Type, flash: bool, base_o
     let lp = LlamaContextParams { n_ctx: 256, flash_attn: Some(flash), kv_type, n_threads: 2, ..Default::default() };
     let mut llama = LlamaContext::new(&base, lp).unwrap();
     let sp = SessionParams {
-        engine: EngineParams { n_ctx: 256, kv_type, flash_attn: flash, n_threads: 2, ..Default::default() },
+        engine: EngineParams { n_ctx: 256, kv_type, flash_attn: Some(flash), n_threads: 2, ..Default::default() },
         step: StepParams { confidence: 1.01, ..Default::default() },
         keep_logits: true,
         ..Default::default()
@@ -92,7 +92,7 @@ fn lower_confidence_emits_several_tokens_per_kv_entry() {
         engine: EngineParams {
             n_ctx: 256,
             kv_type: ggml::Type::F32,
-            flash_attn: false,
+            flash_attn: Some(false),
             n_threads: 2,
             ..Default::default()
         },

@@ -1,8 +1,11 @@
 //! Unit checks of the graph pieces against the plain-Rust f32 reference:
 //! the merger alone, the rope position of a merged input, and the micro
-//! cache over all four micro positions.
+//! cache over all four micro positions; and which attention an engine
+//! builds when the settings leave it to the engine.
 
 use ggml::Type;
+use hamburger::budget::MAX_UNFUSED_SCORES;
+use hamburger::row_class::RowClasses;
 use hamburger::{
     Engine, EngineParams, LoadOptions, Model, SamplerParams, Session, SessionParams, StepParams, StepRule, TokenLogprob,
 };
@@ -15,6 +18,11 @@ fn tiny() -> (Model, Reference) {
     let ck = tiny_fixture().join("hamburger.ckpt");
     let model = Model::open(&converted(&ck, "tiny", Type::F32, false).unwrap(), &LoadOptions::default()).unwrap();
     (model, Reference::load(&ck, &tiny_fixture()).unwrap())
+}
+
+/// The unit checks' engine: 64 cells of F32 cache, attention unfused.
+fn f32_engine() -> EngineParams {
+    EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: Some(false), n_threads: 2, ..Default::default() }
 }
 
 fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
@@ -50,7 +58,7 @@ fn scoring_a_prompt_gives_the_bases_log_probability_of_every_token() {
     let (model, reference) = tiny();
     let prompt = [54u32, 442, 437, 223, 368, 12, 200, 7];
     let want = reference.base_logits(&prompt);
-    let p = EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() };
+    let p = f32_engine();
     for n_batch in [3, 512] {
         let mut engine = Engine::new(&model, &p).unwrap();
         let got = engine.score(0, &prompt, n_batch, 3).unwrap();
@@ -80,11 +88,7 @@ fn merged_input_sits_at_the_position_of_its_last_token() {
     let (model, reference) = tiny();
     let prompt = [54u32, 442, 437, 223, 368];
     let step = [162u32, 12, 200];
-    let p = SessionParams {
-        engine: EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() },
-        keep_logits: true,
-        ..Default::default()
-    };
+    let p = SessionParams { engine: f32_engine(), keep_logits: true, ..Default::default() };
     let mut s = Session::new(&model, p).unwrap();
     s.feed(&prompt, false).unwrap();
     // Feed the step's tokens as the pending output of a macro step: merged into one input.
@@ -102,7 +106,7 @@ fn micro_cache_serves_every_micro_position() {
     let (model, reference) = tiny();
     let prompt = [54u32, 442, 437, 223, 368, 402, 85];
     let p = SessionParams {
-        engine: EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() },
+        engine: f32_engine(),
         step: StepParams { forced_steps: Some(4), ..Default::default() },
         keep_logits: true,
         ignore_eog: true,
@@ -133,7 +137,7 @@ fn micro_cache_serves_every_micro_position() {
 fn a_session_owns_its_sampler_and_clear_restarts_it() {
     let (model, _) = tiny();
     let prompt = [54u32, 442, 437, 223, 368];
-    let engine = EngineParams { n_ctx: 64, kv_type: Type::F32, flash_attn: false, n_threads: 2, ..Default::default() };
+    let engine = f32_engine();
     let sampling = SamplerParams { temp: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
     let mut s = Session::new(&model, SessionParams { engine: engine.clone(), sampling, ..Default::default() }).unwrap();
     let first = s.generate(&prompt, 16, |_| true).unwrap().output_ids;
@@ -142,4 +146,28 @@ fn a_session_owns_its_sampler_and_clear_restarts_it() {
     let mut greedy = Session::new(&model, SessionParams { engine, ..Default::default() }).unwrap();
     let want: Vec<u32> = greedy.generate(&prompt, 16, |_| true).unwrap().output_ids;
     assert_ne!(first, want, "sampling at temperature 1.5 leaves the greedy path");
+}
+
+/// Flash attention left to the engine (llama.cpp's `-fa auto`, the default)
+/// is off on the CPU, where ggml's fused kernel decodes slower: on for a
+/// quantized cache, which only the fused kernel reads, and for a context
+/// whose separate scores would pass the bound; a given setting is kept.
+#[test]
+fn auto_attention_is_unfused_on_the_cpu_but_for_quantized_caches_and_huge_contexts() {
+    let (model, _) = tiny();
+    let auto = EngineParams { n_ctx: 64, n_threads: 2, ..Default::default() };
+    assert_eq!(auto.flash_attn, None, "auto is the default");
+    let engine = |p: &EngineParams| Engine::new(&model, p).unwrap();
+    assert!(!engine(&auto).fuses_attention());
+    assert_eq!(engine(&auto).row_classes(), RowClasses::Cpu);
+    let quantized = engine(&EngineParams { kv_type: Type::Q8_0, ..auto.clone() });
+    assert!(quantized.fuses_attention());
+    assert_eq!(quantized.row_classes(), RowClasses::CpuFlashAttention);
+    assert!(engine(&EngineParams { flash_attn: Some(true), ..auto.clone() }).fuses_attention());
+    // 512 prompt rows against every cell, every head's f32 score and the mask.
+    let per_cell = 512 * 4 * (model.hp.n_head as u128 + 1);
+    let largest = (MAX_UNFUSED_SCORES / per_cell) as usize;
+    assert!(!EngineParams { n_ctx: largest, ..auto.clone() }.fused_attention(&model));
+    assert!(EngineParams { n_ctx: largest + 1, ..auto.clone() }.fused_attention(&model));
+    assert!(!EngineParams { n_ctx: largest + 1, flash_attn: Some(false), ..auto }.fused_attention(&model));
 }

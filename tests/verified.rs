@@ -78,7 +78,13 @@ fn smollm2_prompts(model: &Model) -> Vec<Vec<u32>> {
 fn engine_params(flash_attn: bool) -> EngineParams {
     // One thread: the same sums as two (ggml splits a product by rows), and
     // no spinning barriers on a busy machine.
-    EngineParams { n_ctx: 512, kv_type: ggml::Type::F32, flash_attn, n_threads: 1, ..Default::default() }
+    EngineParams {
+        n_ctx: 512,
+        kv_type: ggml::Type::F32,
+        flash_attn: Some(flash_attn),
+        n_threads: 1,
+        ..Default::default()
+    }
 }
 
 /// A greedy session, self-verified with `draft` or one token per step.

@@ -181,7 +181,7 @@ class Llama:
             n_gpu_layers=999 if n_gpu_layers < 0 else n_gpu_layers,
             device=device or "auto",
             kv_type_name=kv,
-            flash_attn=True if flash_attn is None else bool(flash_attn),
+            flash_attn=None if flash_attn is None else bool(flash_attn),
             n_parallel=n_parallel,
             seed=self._seed,
             confidence=confidence,

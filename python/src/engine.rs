@@ -65,7 +65,7 @@ impl Engine {
         n_gpu_layers: usize,
         device: &str,
         kv_type_name: &str,
-        flash_attn: bool,
+        flash_attn: Option<bool>,
         n_parallel: usize,
         seed: Option<u64>,
         confidence: Option<f32>,
@@ -81,7 +81,7 @@ impl Engine {
             return Err(PyFileNotFoundError::new_err(format!("model_path: no such file: {}", model_path.display())));
         }
         let kv_type = kv_type(kv_type_name)?;
-        if kv_type.is_quantized() && !flash_attn {
+        if kv_type.is_quantized() && flash_attn == Some(false) {
             return Err(PyValueError::new_err(format!(
                 "type_k {kv_type_name} needs flash attention (flash_attn=True)"
             )));

@@ -46,6 +46,8 @@ pub struct ModelInfo {
     pub n_vocab: usize,
     /// The most tokens a macro step can emit.
     pub max_steps: usize,
+    /// Whether the engine fuses attention (`-fa`, or what auto chose).
+    pub flash_attn: bool,
     /// The server's stop rule, whose `confidence` and `max_steps` a request may override.
     pub step: StepParams,
     /// The drafts of the server's draft model (`-md`), when it has one: a

@@ -30,8 +30,10 @@ pub struct EngineParams {
     pub n_threads: usize,
     /// KV cache element type.
     pub kv_type: Type,
-    /// Fused flash attention.
-    pub flash_attn: bool,
+    /// Fused flash attention: `Some` as given, `None` (llama.cpp's `-fa
+    /// auto`) as [`EngineParams::fused_attention`] chooses for the model's
+    /// placement.
+    pub flash_attn: Option<bool>,
 }
 
 impl Default for EngineParams {
@@ -43,12 +45,38 @@ impl Default for EngineParams {
             n_batch: 512,
             n_threads: std::thread::available_parallelism().map_or(4, |n| n.get()),
             kv_type: Type::F16,
-            flash_attn: true,
+            flash_attn: None,
         }
     }
 }
 
+/// The most bytes of attention scores per forward that `flash_attn: None`
+/// lets the separate products allocate (a batch of prompt tokens by every
+/// cell of the context and every head, in f32) before it fuses instead.
+pub const MAX_UNFUSED_SCORES: u128 = 1 << 30;
+
 impl EngineParams {
+    /// Whether attention is fused (flash attention) for `model` as placed.
+    ///
+    /// Given, as given. Else fused wherever a layer or the micro decoder
+    /// runs off the CPU (the GPU backends' fused kernels are their fast
+    /// ones) and for a quantized cache (only the fused kernel reads one).
+    /// On the CPU alone, the separate products: ggml's fused CPU kernel
+    /// scans the cache one cell at a time, and decoding SmolLM2 with it took
+    /// 1.8x the time at 1,024 cached tokens and 2.8x at 4,096 (one row; 2.9x
+    /// and 5.3x at 8 rows; docs/performance.md), where the separate products
+    /// run as matrix products. Those allocate the scores of every head,
+    /// though, so a context whose scores would pass
+    /// [`MAX_UNFUSED_SCORES`] is fused there too.
+    pub fn fused_attention(&self, model: &Model) -> bool {
+        if let Some(fused) = self.flash_attn {
+            return fused;
+        }
+        let tokens = self.n_batch.min(self.n_ctx) as u128;
+        let scores = tokens * self.n_ctx as u128 * 4 * (model.hp.n_head as u128 + 1);
+        !model.plan.cpu_only() || self.kv_type.is_quantized() || scores > MAX_UNFUSED_SCORES
+    }
+
     /// Checks these settings against ggml's limits and the machine's memory for `model`.
     ///
     /// # Errors
@@ -82,7 +110,7 @@ impl EngineParams {
         // flash attention the f32 scores of every head.
         let window = cells;
         let tokens = p.n_batch.min(p.n_ctx) as u128;
-        let per_token_cell = if p.flash_attn { 4 } else { 4 * (hp.n_head as u128 + 1) };
+        let per_token_cell = if p.fused_attention(model) { 4 } else { 4 * (hp.n_head as u128 + 1) };
         let scores = tokens * window * per_token_cell;
         let elements_ok = cells * (hp.n_embd_kv() as u128) < i64::MAX as u128
             && tokens * window * (hp.n_head as u128) < i64::MAX as u128;

@@ -103,7 +103,8 @@ impl<'m> Engine<'m> {
         let hp = &model.hp;
         p.check(model)?;
         let plan = &model.plan;
-        let v_trans = !p.flash_attn;
+        let flash = p.fused_attention(model);
+        let v_trans = !flash;
         let base_bufts: Vec<_> = (0..hp.n_layer).map(|il| plan.cache_layer(il)).collect();
         let kv = KvCache::new(&base_bufts, p.n_ctx, hp.n_embd_kv(), hp.head_dim, p.kv_type, v_trans)
             .map_err(|e| {
@@ -121,7 +122,7 @@ impl<'m> Engine<'m> {
         let features_buf = Buffer::alloc_context(&fctx, plan.tail())?;
         Ok(Engine {
             model,
-            flash: p.flash_attn,
+            flash,
             n_threads: p.n_threads,
             kv_type: p.kv_type,
             backends: plan.backends(p.n_threads)?,
@@ -162,11 +163,16 @@ impl<'m> Engine<'m> {
         self.next_pos[seq]
     }
 
+    /// Whether it fuses attention (flash attention): as its settings gave,
+    /// or as [`EngineParams::fused_attention`] chose.
+    pub fn fuses_attention(&self) -> bool {
+        self.flash
+    }
+
     /// Which of its base forwards compute a row alike ([`crate::memory::row_class`]):
     /// known for ggml's CPU backend alone.
     pub fn row_classes(&self) -> RowClasses {
-        let plan = &self.model.plan;
-        if plan.n_gpu_layers() > 0 || plan.tail_device().is_some() {
+        if !self.model.plan.cpu_only() {
             RowClasses::Unknown
         } else if self.flash {
             RowClasses::CpuFlashAttention

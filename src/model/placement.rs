@@ -213,6 +213,11 @@ impl PlacementPlan {
         self.tail_device.map(|i| self.devices[i])
     }
 
+    /// Whether every layer and the micro decoder run on this machine's CPU.
+    pub fn cpu_only(&self) -> bool {
+        self.n_gpu_layers() == 0 && self.tail_device.is_none()
+    }
+
     /// Base layers offloaded (to any device).
     pub fn n_gpu_layers(&self) -> usize {
         self.layer_device.iter().filter(|d| d.is_some()).count()

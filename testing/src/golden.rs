@@ -209,7 +209,7 @@ pub fn tf32_emulation() -> (Worst, Worst) {
         engine: EngineParams {
             n_ctx: 256,
             kv_type: ggml::Type::F16,
-            flash_attn: false,
+            flash_attn: Some(false),
             n_threads: 2,
             ..Default::default()
         },

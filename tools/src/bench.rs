@@ -332,7 +332,7 @@ fn llama_params(params: &EngineParams, n_ctx: usize) -> LlamaContextParams {
         n_ctx: n_ctx as u32,
         n_batch: params.n_batch as u32,
         n_threads: params.n_threads as i32,
-        flash_attn: Some(params.flash_attn),
+        flash_attn: params.flash_attn,
         kv_type: params.kv_type,
         ..Default::default()
     }

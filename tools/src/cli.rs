@@ -138,8 +138,7 @@ pub fn flag(p: Param) -> &'static str {
 }
 
 /// Flash attention as llama.cpp's tools take it: on, off or auto, and
-/// llama-bench's 1 and 0. Every attention kernel of ours has a fused
-/// version, so auto means on.
+/// llama-bench's 1 and 0.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlashAttn {
     /// Fused flash attention (also 1).
@@ -148,21 +147,28 @@ pub enum FlashAttn {
     /// Separate softmax and products (also 0).
     #[value(alias = "0")]
     Off,
-    /// On wherever it is supported: everywhere.
+    /// Where it is faster: on a GPU and for a quantized cache; off on the
+    /// CPU alone, unless the context is too large for the separate scores.
     Auto,
 }
 
 impl FlashAttn {
-    /// Whether the engine fuses attention.
-    pub fn enabled(self) -> bool {
-        self != FlashAttn::Off
+    /// The engine's setting: `None` lets it choose for the model's placement
+    /// ([`hamburger::EngineParams::fused_attention`]).
+    pub fn choice(self) -> Option<bool> {
+        match self {
+            FlashAttn::On => Some(true),
+            FlashAttn::Off => Some(false),
+            FlashAttn::Auto => None,
+        }
     }
 }
 
 /// The KV cache and attention flags, as llama.cpp's tools take them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct KvArgs {
-    /// Flash attention: on, off or auto (on); also 1 and 0. Also -fa.
+    /// Flash attention: on, off or auto (on a GPU or for a quantized cache,
+    /// else off: ggml's fused CPU kernel decodes slower); also 1 and 0. Also -fa.
     #[arg(long = "flash-attn", short = 'F', value_enum, default_value_t = FlashAttn::Auto)]
     pub flash_attn: FlashAttn,
     /// KV cache type of K: f16, f32 or q8_0 (q8_0 needs flash attention).
@@ -185,18 +191,18 @@ impl Default for KvArgs {
 }
 
 impl KvArgs {
-    /// The KV cache type and whether attention is fused.
+    /// The KV cache type and whether attention is fused (`None`: auto).
     ///
     /// # Errors
-    /// -ctv unlike -ctk, or a quantized cache without flash attention.
-    pub fn kv(&self) -> anyhow::Result<(ggml::Type, bool)> {
+    /// -ctv unlike -ctk, or a quantized cache with flash attention off.
+    pub fn kv(&self) -> anyhow::Result<(ggml::Type, Option<bool>)> {
         if let Some(v) = self.cache_type_v.as_ref().filter(|v| **v != self.cache_type_k) {
             anyhow::bail!("-ctv {v}: K and V are cached in one type here; give -ctk {v} too, or drop -ctv");
         }
         let kv = ggml::Type::from_name(&self.cache_type_k).expect("clap checked the name");
-        let fa = self.flash_attn.enabled();
-        if kv.is_quantized() && !fa {
-            anyhow::bail!("-ctk {} needs flash attention (-fa on)", self.cache_type_k);
+        let fa = self.flash_attn.choice();
+        if kv.is_quantized() && fa == Some(false) {
+            anyhow::bail!("-ctk {} needs flash attention (-fa on or auto)", self.cache_type_k);
         }
         Ok((kv, fa))
     }

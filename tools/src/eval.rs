@@ -43,16 +43,20 @@ pub struct Scorer<'m> {
 }
 
 impl<'m> Scorer<'m> {
-    /// A scorer of sequences up to `n_ctx` tokens on `model`.
+    /// A scorer of sequences up to `n_ctx` tokens on `model`, attending
+    /// fused (flash attention) or not as `fused` says: as our engine does
+    /// ([`hamburger::EngineParams::fused_attention`]), so that its
+    /// log-probabilities are the ones the server's `echo` gives.
     ///
     /// # Errors
     /// When libllama cannot create the context.
-    pub fn new(model: &'m LlamaModel, n_ctx: usize, threads: usize) -> Result<Scorer<'m>> {
+    pub fn new(model: &'m LlamaModel, n_ctx: usize, threads: usize, fused: bool) -> Result<Scorer<'m>> {
         let n_batch = 512.min(n_ctx);
         let params = LlamaContextParams {
             n_ctx: n_ctx as u32,
             n_batch: n_batch as u32,
             n_threads: threads as i32,
+            flash_attn: Some(fused),
             ..Default::default()
         };
         Ok(Scorer { ctx: LlamaContext::new(model, params)?, n_batch, n_ctx })

@@ -140,7 +140,7 @@ fn a_draft_model_gives_the_targets_greedy_output() {
     let case = &testing::golden::cases()[1];
     let n = 24;
     let target = Model::open(&base, &LoadOptions::default()).unwrap();
-    let engine = EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: false, ..Default::default() };
+    let engine = EngineParams { n_ctx: 256, kv_type: ggml::Type::F32, flash_attn: Some(false), ..Default::default() };
     let p = SessionParams {
         engine: EngineParams { n_threads: 2, ..engine },
         step: StepParams { confidence: 1.01, ..Default::default() },

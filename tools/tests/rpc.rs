@@ -66,7 +66,7 @@ fn golden_cases_with_layers_on_two_servers_and_the_cpu() {
         engine: EngineParams {
             n_ctx: 256,
             kv_type: ggml::Type::F32,
-            flash_attn: false,
+            flash_attn: Some(false),
             n_threads: 1,
             ..Default::default()
         },

@@ -141,6 +141,7 @@ fn setup<'m>(cfg: &SchedulerConfig, model: &'m Model) -> hamburger::Result<(Arc<
         n_vocab: model.hp.n_vocab,
         grammars: OnceLock::new(),
         max_steps: model.hp.max_steps,
+        flash_attn: engine.fuses_attention(),
         step: cfg.step,
         draft_model: cfg.draft.as_ref().map(|d| d.params),
         synthetic_rates: cfg.draft.as_ref().and_then(|d| d.synthetic_rates.clone()),

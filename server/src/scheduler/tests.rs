@@ -18,7 +18,7 @@ fn scheduler() -> Scheduler {
         n_ctx: 1024,
         n_seq: 2,
         kv_type: ggml::Type::F32,
-        flash_attn: false,
+        flash_attn: Some(false),
         n_threads: 2,
         ..Default::default()
     };

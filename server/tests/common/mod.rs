@@ -63,7 +63,7 @@ impl TestServer {
             n_ctx: n_ctx_slot * n_slots,
             n_seq: n_slots,
             kv_type: ggml::Type::F32,
-            flash_attn: true,
+            flash_attn: Some(true),
             n_threads: 2,
             ..Default::default()
         };

@@ -157,9 +157,11 @@ fn measure(
         n_ctx: 0,
         n_batch: args.batch_size,
         n_threads: threads,
-        flash_attn: args.flash_attn.enabled(),
+        flash_attn: args.flash_attn.choice(),
         ..Default::default()
     };
+    // libllama gets the attention ours resolves to, so the two run alike.
+    let engine = EngineParams { flash_attn: Some(engine.fused_attention(model)), ..engine };
     let params = SessionParams { engine, step: args.decode.step_params(None), ..Default::default() };
     let with = |s: &Setting| SessionParams { step: s.step, ..params.clone() };
     let r = args.repetitions.max(1);
@@ -369,7 +371,10 @@ mod tests {
         ] {
             assert_eq!(flash_attn(value).unwrap(), want, "-fa {value}");
         }
-        assert!(FlashAttn::Auto.enabled() && !FlashAttn::Off.enabled());
+        assert_eq!(
+            [FlashAttn::On, FlashAttn::Off, FlashAttn::Auto].map(FlashAttn::choice),
+            [Some(true), Some(false), None]
+        );
         assert!(flash_attn("2").is_err());
     }
 }

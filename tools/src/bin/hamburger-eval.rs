@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
-use hamburger::{Model, Session, SessionParams};
+use hamburger::{EngineParams, Model, Session, SessionParams};
 use serde_json::{json, Value};
 use tools::devices::BaselinePlacement;
 use tools::eval::{self, Prompts, Row, Scorer};
@@ -55,7 +55,7 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "0.8", value_parser = tools::cli::finite, allow_negative_numbers = true)]
         confidence: Vec<f32>,
         /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
-        #[arg(short = 't', long, default_value_t = hamburger::EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
+        #[arg(short = 't', long, default_value_t = EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
         threads: usize,
         /// Output: md or json.
         #[arg(short = 'o', long, default_value = "md", value_parser = ["md", "json"])]
@@ -87,7 +87,7 @@ enum Cmd {
         #[arg(long)]
         baseline: PathBuf,
         /// CPU threads (default: every core the system reports, the same in every tool; llama.cpp takes the physical cores).
-        #[arg(short = 't', long, default_value_t = hamburger::EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
+        #[arg(short = 't', long, default_value_t = EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
         threads: usize,
         /// Longest sequence scored; longer ones are cut there.
         #[arg(short = 'c', long, default_value_t = 2048, value_parser = tools::cli::at_least_one)]
@@ -146,7 +146,7 @@ enum Cmd {
         #[arg(long, default_value_t = hamburger::draft_model::DraftModelParams::default().n_max)]
         spec_draft_n_max: usize,
         /// CPU threads.
-        #[arg(short = 't', long, default_value_t = hamburger::EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
+        #[arg(short = 't', long, default_value_t = EngineParams::default().n_threads, value_parser = tools::cli::thread_count)]
         threads: usize,
     },
 }
@@ -242,8 +242,15 @@ fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: 
     let placement = BaselinePlacement::new(&model.plan, &o.placement);
     let base = load_base(baseline, &placement)?;
     let score_model = scorer.map(|s| load_base(s, &placement)).transpose()?;
-    let mut scorer = Scorer::new(score_model.as_ref().unwrap_or(&base), n_ctx, o.threads)?;
-    let llama_params = LlamaContextParams { n_ctx: n_ctx as u32, n_threads: o.threads as i32, ..Default::default() };
+    // libllama's plain decoding and scoring attend as ours does (fused or not).
+    let fused = eval::session_params(1.0, None, o.threads, n_ctx).engine.fused_attention(&model);
+    let mut scorer = Scorer::new(score_model.as_ref().unwrap_or(&base), n_ctx, o.threads, fused)?;
+    let llama_params = LlamaContextParams {
+        n_ctx: n_ctx as u32,
+        n_threads: o.threads as i32,
+        flash_attn: Some(fused),
+        ..Default::default()
+    };
     let mut base_ctx = LlamaContext::new(&base, llama_params)?;
     let constraint = if o.grammar.is_set() {
         Some(o.grammar.constraint(&hamburger::tokenizer::Tokenizer::from_model(&model)?, &model.vocab.eog)?)
@@ -297,7 +304,8 @@ fn score(
     let chat = Prompts::new(&model)?;
     let end = model.vocab.eos.context("the model has no end-of-turn token")?;
     let base = load_base(baseline, &BaselinePlacement::new(&model.plan, placement))?;
-    let mut scorer = Scorer::new(&base, n_ctx, threads)?;
+    let fused = EngineParams { n_ctx, n_threads: threads, ..Default::default() }.fused_attention(&model);
+    let mut scorer = Scorer::new(&base, n_ctx, threads, fused)?;
     each_record(|at, mut v| {
         let Some((ids, n_prompt)) = answered(&chat, &v, at, end, n_ctx)? else {
             return Ok(None);

@@ -250,11 +250,12 @@ fn run(mut args: Args) -> Result<()> {
     let scheduler = Scheduler::start(cfg)?;
     let info = &scheduler.info;
     log::info!(
-        "model {}: {} tokens of vocabulary, up to {} tokens per macro step; {parallel} slots drawing on one pool of {} KV cells, {mode} at confidence {confidence} unless a request sets them",
+        "model {}: {} tokens of vocabulary, up to {} tokens per macro step; {parallel} slots drawing on one pool of {} KV cells, flash attention {}, {mode} at confidence {confidence} unless a request sets them",
         info.name,
         info.n_vocab,
         info.max_steps,
-        info.n_ctx
+        info.n_ctx,
+        if info.flash_attn { "on" } else { "off" }
     );
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     // Vertex AI's environment (llama-server's): its port wins over --port.
