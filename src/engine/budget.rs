@@ -72,9 +72,16 @@ impl EngineParams {
         if let Some(fused) = self.flash_attn {
             return fused;
         }
+        !model.plan.cpu_only() || self.kv_type.is_quantized() || self.scores_bytes(model, false) > MAX_UNFUSED_SCORES
+    }
+
+    /// Bytes of the widest forward's attention scores: a batch of prompt
+    /// tokens against the whole context (the engine's padded window never
+    /// passes it), the f32 mask, and unfused the f32 scores of every head.
+    fn scores_bytes(&self, model: &Model, fused: bool) -> u128 {
         let tokens = self.n_batch.min(self.n_ctx) as u128;
-        let scores = tokens * self.n_ctx as u128 * 4 * (model.hp.n_head as u128 + 1);
-        !model.plan.cpu_only() || self.kv_type.is_quantized() || scores > MAX_UNFUSED_SCORES
+        let per_token_cell = if fused { 4 } else { 4 * (model.hp.n_head as u128 + 1) };
+        tokens * self.n_ctx as u128 * per_token_cell
     }
 
     /// Checks these settings against ggml's limits and the machine's memory for `model`.
@@ -105,15 +112,10 @@ impl EngineParams {
         // One K and one V row per cell and layer.
         let row = crate::memory::kv_cache::row_bytes(p.kv_type, hp.n_embd_kv())? as u128;
         let per_layer = 2 * row * cells;
-        // The widest forward: a batch of prompt tokens attending to the whole context
-        // (the engine's padded window never passes it): the f32 mask, and without
-        // flash attention the f32 scores of every head.
-        let window = cells;
         let tokens = p.n_batch.min(p.n_ctx) as u128;
-        let per_token_cell = if p.fused_attention(model) { 4 } else { 4 * (hp.n_head as u128 + 1) };
-        let scores = tokens * window * per_token_cell;
+        let scores = p.scores_bytes(model, p.fused_attention(model));
         let elements_ok = cells * (hp.n_embd_kv() as u128) < i64::MAX as u128
-            && tokens * window * (hp.n_head as u128) < i64::MAX as u128;
+            && tokens * cells * (hp.n_head as u128) < i64::MAX as u128;
         if !elements_ok {
             return Err(refused(
                 &[Param::NCtx, Param::NBatch],
