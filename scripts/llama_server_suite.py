@@ -9,7 +9,10 @@ Every server the suite starts is started through this script's `wrap` mode
 (the suite's `LLAMA_SERVER_BIN_PATH`), which drops the hub flags
 (`--hf-repo`, `--hf-file`, `--offline`, `--model-url`) and passes
 `--model GGUF` instead, and `-fa on` unless the test sets `-fa` (what
-llama-server's `-fa auto` is on the CPU: `wrap` says why). The suite's session fixture that downloads every
+llama-server's `-fa auto` is on the CPU: `wrap` says why), with
+`SOURCE_DATE_EPOCH` at the day llama-server's answers were recorded
+(KIND/`recorded-on.txt`): llama.cpp gives Llama 3.x's templates the day's
+date, so their prompts change every day. The suite's session fixture that downloads every
 preset's model is turned off in the working copy: nothing leaves loopback.
 
     llama_server_suite.py run --server BIN --model GGUF [--junit FILE] [--check]
@@ -31,12 +34,13 @@ The answers themselves are compared too: a pytest plugin
 (llama_suite_answers.py) records every answer's text per test, and each
 test's texts must be llama-server's on the same model
 (KIND/`llama-server-answers.json`, recorded with `--record-answers`
-against llama-server), but for `answers-differ.txt` (by design, each with why) and
-a couple of near-ties. It prints one cargo-style `test result:` line and
+against llama-server, which also writes the day, `recorded-on.txt`), but for
+`answers-differ.txt` (by design, each with why) and a couple of near-ties. It prints one cargo-style `test result:` line and
 exits non-zero when a test did neither.
 """
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -102,6 +106,10 @@ ANSWERS_DIFFER = LISTS / "answers-differ.txt"
 # which can differ between the two engines. A regression (a sampler's
 # order, its random numbers, a template) parts dozens.
 NEAR_TIES_ALLOWED = 2
+# The day llama-server's answers of a kind were recorded (YYYY-MM-DD), in its folder.
+RECORDED_ON = "recorded-on.txt"
+# Tests that check that the prompt holds the real today's date: their servers render today.
+TODAY_TESTS = ("test_template.py::test_date_inside_prompt",)
 HUB_FLAGS = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "-hf": 1, "-hff": 1}
 
 
@@ -166,8 +174,14 @@ def wrap(argv: list[str]) -> None:
     answers come from that kernel; hamburger-server's auto computes
     attention as separate products there (it decodes faster,
     docs/performance.md), which sums in another order and turns the suite
-    model's near-ties into other words. So both run the same kernel."""
+    model's near-ties into other words. So both run the same kernel.
+    $SUITE_DATE_EPOCH (`recorded_epoch`) becomes the server's
+    SOURCE_DATE_EPOCH, the day its templates render, but in TODAY_TESTS
+    (pytest names the test that starts the server in $PYTEST_CURRENT_TEST)."""
     server, model = os.environ["SUITE_SERVER"], os.environ["SUITE_MODEL"]
+    test = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if os.environ.get("SUITE_DATE_EPOCH") and not any(t in test for t in TODAY_TESTS):
+        os.environ["SOURCE_DATE_EPOCH"] = os.environ["SUITE_DATE_EPOCH"]
     args, i = [], 0
     while i < len(argv):
         if argv[i] in HUB_FLAGS:
@@ -243,6 +257,19 @@ def recorded() -> Path:
     return folder
 
 
+def recorded_epoch(folder: Path) -> str:
+    """Noon (UTC) of the day `folder`'s answers were recorded, in seconds
+    since 1970: what the servers under test render as today (Llama 3.x's
+    templates print the date, and llama-server rendered that day's)."""
+    path = folder / RECORDED_ON
+    try:
+        day = datetime.date.fromisoformat(path.read_text().strip())
+    except (OSError, ValueError) as e:
+        fail(f"{path}: expected the day llama-server's answers were recorded, YYYY-MM-DD ({e})")
+    noon = datetime.datetime.combine(day, datetime.time(12), datetime.timezone.utc)
+    return str(int(noon.timestamp()))
+
+
 def read_list(path: Path) -> dict[str, str]:
     """Test ids of a list file, each with the rest of its line (the reason)."""
     out = {}
@@ -265,6 +292,9 @@ def run(a: argparse.Namespace) -> int:
            "SUITE_SERVER": str(Path(a.server).resolve()), "SUITE_MODEL": str(Path(a.model).resolve()),
            "HF_HUB_OFFLINE": "1", "PORT": str(a.port), "SUITE_ANSWERS": str(answers_file),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")])}
+    # Checked against a recording: the servers render its day, as llama-server did.
+    if recording is not None:
+        env["SUITE_DATE_EPOCH"] = recorded_epoch(recording)
     # test_speculative.py's draft model, which its own code would download
     # from the hub into tests/tmp: the same local model stands in.
     draft = tests / "tmp" / DRAFT_MODEL
@@ -283,6 +313,11 @@ def run(a: argparse.Namespace) -> int:
     if a.record:
         Path(a.record).write_text("".join(t + "\n" for t in passed))
         print(f"wrote {a.record}")
+    if a.record_answers:
+        # llama-server rendered today's date (Llama 3.x's templates print it): a check renders this day.
+        day = Path(a.record_answers).resolve().parent / RECORDED_ON
+        day.write_text(datetime.date.today().isoformat() + "\n")
+        print(f"wrote {day}")
     if a.record_failures:
         failed = sorted(f"{t}  {where}" for t, (o, where) in got.items() if o == "failed")
         Path(a.record_failures).write_text("".join(f + "\n" for f in failed))

@@ -69,9 +69,12 @@ pub fn render(
     let functions =
         if tools.is_empty() { String::new() } else { serde_json::to_string_pretty(tools).unwrap_or_default() };
     kwargs.insert("functions".into(), Value::String(functions));
-    // llama.cpp's dates: Llama 3.x's `date_string`, FireFunction's `datetime`.
-    kwargs.insert("date_string".into(), Value::String(hamburger::chat::local_date("%d %b %Y")));
-    kwargs.insert("datetime".into(), Value::String(hamburger::chat::local_date("%b %d %Y")));
+    // llama.cpp's dates: Llama 3.x's `date_string`, FireFunction's `datetime`
+    // (today's, or SOURCE_DATE_EPOCH's: `hamburger::chat::template_now`).
+    for (key, format) in [("date_string", "%d %b %Y"), ("datetime", "%b %d %Y")] {
+        let date = hamburger::chat::template_date(format).map_err(|e| ApiError::field("messages", e.to_string()))?;
+        kwargs.insert(key.into(), Value::String(date));
+    }
     kwargs.extend(req.chat_template_kwargs.clone().unwrap_or_default());
     let text = template
         .render_with_kwargs(&messages, tools, add_generation_prompt, &kwargs)

@@ -65,9 +65,15 @@ fn post(addr: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::V
 
 /// Starts the server on `model` with `args` on an ephemeral port.
 fn start_with(model: &std::path::Path, args: &[&str]) -> (Child, String) {
+    start_in(model, args, &[])
+}
+
+/// [`start_with`], with the variables `env` set in the server's environment.
+fn start_in(model: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hamburger-server"))
         .args(["-m", model.to_str().unwrap(), "--port", "0", "-t", "2", "--metrics"])
         .args(args)
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

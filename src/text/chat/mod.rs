@@ -101,28 +101,60 @@ fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error>
     Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
 }
 
-/// The local date and time now in C's `strftime` format, as transformers
-/// gives templates (Llama 3.x print "Today Date" with it): a fixed date would
-/// tell the model a day that is not today.
-fn strftime_now(fmt: String) -> std::result::Result<String, minijinja::Error> {
+/// The environment variable that fixes the time chat templates render as
+/// now: seconds since 1970 (UTC), the reproducible-builds convention for the
+/// dates a tool prints. Llama 3.x's templates print "Today Date", so without
+/// it the same chat is another prompt, and another answer, from one day to
+/// the next (llama-server's suite compares answers recorded on one day).
+pub const TEMPLATE_CLOCK_ENV: &str = "SOURCE_DATE_EPOCH";
+
+/// The time chat templates render as now: [`TEMPLATE_CLOCK_ENV`]'s, in UTC,
+/// when it is set, else the local time now.
+///
+/// # Errors
+/// When [`TEMPLATE_CLOCK_ENV`] is set but not a whole number of seconds
+/// that a date can hold (the message names it).
+pub fn template_now() -> Result<chrono::DateTime<chrono::FixedOffset>> {
+    clock_now().map_err(Error::Template)
+}
+
+fn clock_now() -> std::result::Result<chrono::DateTime<chrono::FixedOffset>, String> {
+    let Ok(value) = std::env::var(TEMPLATE_CLOCK_ENV) else {
+        return Ok(chrono::Local::now().fixed_offset());
+    };
+    let at = value.trim().parse::<i64>().ok().and_then(|secs| chrono::DateTime::from_timestamp(secs, 0));
+    at.map(|t| t.fixed_offset())
+        .ok_or_else(|| format!("{TEMPLATE_CLOCK_ENV} {value:?}: expected the seconds since 1970-01-01 UTC"))
+}
+
+/// [`template_now`] in C's `strftime` format `fmt`.
+fn format_now(fmt: &str) -> std::result::Result<String, String> {
     use chrono::format::{Item, StrftimeItems};
     use std::fmt::Write;
-    let invalid = || {
-        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("strftime_now: invalid format {fmt:?}"))
-    };
-    let items: Vec<Item> = StrftimeItems::new(&fmt).collect();
+    let invalid = || format!("strftime_now: invalid format {fmt:?}");
+    let items: Vec<Item> = StrftimeItems::new(fmt).collect();
     if items.contains(&Item::Error) {
         return Err(invalid());
     }
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format_with_items(items.into_iter())).map_err(|_| invalid())?;
+    write!(out, "{}", clock_now()?.format_with_items(items.into_iter())).map_err(|_| invalid())?;
     Ok(out)
 }
 
-/// The local date now in C's `strftime` format (`%d %b %Y`), for the
-/// variables llama.cpp gives templates (`date_string`); empty for a bad format.
-pub fn local_date(fmt: &str) -> String {
-    strftime_now(fmt.to_string()).unwrap_or_default()
+/// Templates' `strftime_now`, as transformers gives it (Llama 3.x print
+/// "Today Date" with it): [`template_now`] formatted, the date of the day
+/// unless [`TEMPLATE_CLOCK_ENV`] fixes it.
+fn strftime_now(fmt: String) -> std::result::Result<String, minijinja::Error> {
+    format_now(&fmt).map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e))
+}
+
+/// [`template_now`]'s date in C's `strftime` format (`%d %b %Y`), for the
+/// variables llama.cpp gives templates (`date_string`).
+///
+/// # Errors
+/// As [`template_now`]; a format `strftime` does not know.
+pub fn template_date(fmt: &str) -> Result<String> {
+    format_now(fmt).map_err(Error::Template)
 }
 
 /// `source` with transformers' `{% generation %}` / `{% endgeneration %}`
@@ -390,6 +422,8 @@ mod tests {
     #[test]
     fn strftime_now_is_today_and_refuses_bad_formats() {
         let t = ChatTemplate::new("{{ strftime_now('%Y-%m-%d') }}", "", "").unwrap();
+        // (SOURCE_DATE_EPOCH is this process's own: no test of this binary sets it.)
+        assert!(std::env::var(TEMPLATE_CLOCK_ENV).is_err(), "{TEMPLATE_CLOCK_ENV} is set for the tests");
         let today = chrono::Local::now().format("%Y-%m-%d").to_string();
         assert_eq!(t.render(&[], false).unwrap(), today);
         let e = ChatTemplate::new("{{ strftime_now('%Q') }}", "", "").unwrap().render(&[], false).unwrap_err();

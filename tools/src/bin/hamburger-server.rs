@@ -172,6 +172,8 @@ const AUTO_PARALLEL: usize = 4;
 
 fn run(mut args: Args) -> Result<()> {
     args.llama.refused.check()?;
+    // A malformed SOURCE_DATE_EPOCH would fail every chat request: refused before loading.
+    hamburger::chat::template_now()?;
     if args.cors {
         log::info!("--cors: browsers of any origin may call the API (the default; --cors-origins narrows it)");
     }

@@ -7,6 +7,7 @@ use std::io::BufReader;
 use serde_json::{json, Value};
 
 use super::served::{client, eventually, read_until, Served};
+use super::{post, start_in, tiny, Killed};
 
 /// llama-server's launch flags mean what they mean there: `-n` is the
 /// default token budget of a request (not the slot count, which is `-np`),
@@ -35,6 +36,42 @@ fn no_jinja_renders_the_built_in_template_llama_cpp_detects() {
     let (status, v) = s.post("/apply-template", &json!({"messages": [{"role": "user", "content": parts}]}));
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["prompt"], "<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n", "{v}");
+}
+
+/// llama.cpp gives Llama 3.x's templates the day's date (`date_string`),
+/// and transformers gives them `strftime_now`: `SOURCE_DATE_EPOCH` fixes
+/// both (llama-server's suite renders its recordings' day so), and a
+/// malformed one stops the server at start in one line naming it.
+#[test]
+fn source_date_epoch_fixes_the_date_templates_render() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("dated.jinja");
+    let source = "{{ date_string }}|{{ strftime_now('%Y-%m-%d') }}|{% for m in messages %}{{ m.content }}{% endfor %}";
+    std::fs::write(&template, source).unwrap();
+    let args = ["-np", "1", "-c", "512", "--jinja", "--chat-template-file", template.to_str().unwrap()];
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}]});
+    let rendered = |env: &[(&str, &str)]| {
+        let (child, addr) = start_in(&tiny(), &args, env);
+        let _server = Killed(child);
+        let (status, v) = post(&addr, "/apply-template", &chat);
+        assert_eq!(status, 200, "{v}");
+        v["prompt"].as_str().unwrap().to_string()
+    };
+    // 2025-11-30 12:00 UTC.
+    assert_eq!(rendered(&[("SOURCE_DATE_EPOCH", "1764504000")]), "30 Nov 2025|2025-11-30|Hi");
+    // Unset, the day's (read before and after, for a run across midnight).
+    let day = || chrono::Local::now().format("%d %b %Y|%Y-%m-%d|Hi").to_string();
+    let (before, today, after) = (day(), rendered(&[]), day());
+    assert!(today == before || today == after, "{today}");
+    testing::process::assert_one_line_error(
+        testing::process::limited(env!("CARGO_BIN_EXE_hamburger-server")).env("SOURCE_DATE_EPOCH", "yesterday").args([
+            "-m",
+            tiny().to_str().unwrap(),
+            "--port",
+            "0",
+        ]),
+        &["SOURCE_DATE_EPOCH", "yesterday"],
+    );
 }
 
 /// llama-server's operations routes: `/props` tells the settings, slots,
