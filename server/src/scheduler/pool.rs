@@ -12,7 +12,8 @@
 //! the pool), taken back from the cache where needed: its attention window
 //! then spans its own cells and few others (see
 //! [`hamburger::kv_cache::KvCache::with_homes`]). Cached entries it adopts
-//! that are not followed by such a run are copied to the start of one.
+//! that are not followed by such a run, or that another running request
+//! holds too, are copied to the start of one.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -80,17 +81,18 @@ impl Pool {
     /// most its share of the pool) that no other running sequence's run
     /// crosses: the run after its cells where it is free, else one freed of
     /// cached entries (see [`PrefixCache::clear_run`]), to which its cells
-    /// are copied unless the run starts with them. Where its cells are not
-    /// one run, another running sequence holds them too (so they stay
-    /// shared), or no run can be had, it stays as it is.
+    /// are copied unless the run starts with them. Cells another running
+    /// sequence holds too (a system prompt both start with, the `n` choices
+    /// of one prompt) are copied as well, and stay with that sequence: left
+    /// shared, the new sequence's window would span both runs, and
+    /// attention would read every cell between them at every step. Where
+    /// its cells are not one run or no run can be had, it stays as it is.
     fn seat(&mut self, engine: &mut Engine, seq: SeqId, cells: &[usize], grow: usize) {
         let share = engine.kv().n_cells() / engine.n_seq().max(1);
         let len = cells.len();
         let want = (len + grow).min(share.max(len));
         let avoid: Vec<Range<usize>> = self.runs.values().cloned().collect();
         let own = match cells {
-            // Shared with a running sequence (`n` choices): the cells stay shared.
-            _ if cells.iter().any(|&c| engine.kv().is_shared(c)) => return,
             [] => 0..0,
             [c0, .., last] | [c0 @ last] if *last + 1 - c0 == len => *c0..last + 1,
             _ => return,

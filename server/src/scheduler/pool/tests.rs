@@ -80,3 +80,25 @@ fn a_request_takes_a_free_run_before_evicting_what_is_cached_at_its_home() {
     read(&mut engine, seq, &[6; 2]);
     assert_eq!((cells_of(&engine, seq), pool.n_cached()), (vec![0, 1], 0));
 }
+
+#[test]
+fn a_cached_start_a_running_request_holds_too_is_copied_and_stays_with_it() {
+    let model = tiny_f32();
+    let a: Vec<u32> = (1..=64).collect();
+    let (mut engine, mut pool) = cached_pool(&model, 512, 2, &a);
+    // B adopts all of A's entries and goes on after them, where they are.
+    let found = pool.lookup(&a, 64, None);
+    let seq_b = pool.take(&mut engine, &found.cells, 64, 64).unwrap();
+    assert_eq!(cells_of(&engine, seq_b), (0..64).collect::<Vec<_>>());
+    // C starts with the same 32 tokens while B runs: they are copied to a
+    // run of C's own, by whole tiles, outside B's run (0..128); B keeps its cells.
+    let found = pool.lookup(&a, 32, None);
+    let seq_c = pool.take(&mut engine, &found.cells, 64, 64).unwrap();
+    let c = cells_of(&engine, seq_c);
+    assert!(c[0] >= 128 && c[0] % 64 == 0 && c == (c[0]..c[0] + 32).collect::<Vec<_>>(), "{c:?}");
+    assert_eq!(cells_of(&engine, seq_b), (0..64).collect::<Vec<_>>());
+    let positions: Vec<i32> = engine.kv().entries_of(seq_c).iter().map(|&(_, pos)| pos).collect();
+    assert_eq!(positions, (0..32).collect::<Vec<i32>>());
+    read(&mut engine, seq_c, &[7; 4]);
+    assert_eq!(cells_of(&engine, seq_c), (c[0]..c[0] + 36).collect::<Vec<_>>(), "it goes on in its run");
+}
