@@ -95,7 +95,7 @@ fn a_cached_start_a_running_request_holds_too_is_copied_and_stays_with_it() {
     let found = pool.lookup(&a, 32, None);
     let seq_c = pool.take(&mut engine, &found.cells, 64, 64).unwrap();
     let c = cells_of(&engine, seq_c);
-    assert!(c[0] >= 128 && c[0] % 64 == 0 && c == (c[0]..c[0] + 32).collect::<Vec<_>>(), "{c:?}");
+    assert!(c[0] >= 128 && c[0].is_multiple_of(64) && c == (c[0]..c[0] + 32).collect::<Vec<_>>(), "{c:?}");
     assert_eq!(cells_of(&engine, seq_b), (0..64).collect::<Vec<_>>());
     let positions: Vec<i32> = engine.kv().entries_of(seq_c).iter().map(|&(_, pos)| pos).collect();
     assert_eq!(positions, (0..32).collect::<Vec<i32>>());
