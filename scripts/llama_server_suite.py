@@ -283,6 +283,8 @@ def read_list(path: Path) -> dict[str, str]:
 def run(a: argparse.Namespace) -> int:
     # Known before the suite runs: a kind with nothing to compare with is refused at once.
     recording = recorded() if a.check else None
+    # Checked against a recording: the servers render its day, as llama-server did.
+    day = recorded_epoch(recording) if recording is not None else None
     suite = unpack_suite()
     py = venv_python()
     tests = suite / "tools/server/tests"
@@ -292,9 +294,8 @@ def run(a: argparse.Namespace) -> int:
            "SUITE_SERVER": str(Path(a.server).resolve()), "SUITE_MODEL": str(Path(a.model).resolve()),
            "HF_HUB_OFFLINE": "1", "PORT": str(a.port), "SUITE_ANSWERS": str(answers_file),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")])}
-    # Checked against a recording: the servers render its day, as llama-server did.
-    if recording is not None:
-        env["SUITE_DATE_EPOCH"] = recorded_epoch(recording)
+    if day is not None:
+        env["SUITE_DATE_EPOCH"] = day
     # test_speculative.py's draft model, which its own code would download
     # from the hub into tests/tmp: the same local model stands in.
     draft = tests / "tmp" / DRAFT_MODEL
@@ -315,9 +316,9 @@ def run(a: argparse.Namespace) -> int:
         print(f"wrote {a.record}")
     if a.record_answers:
         # llama-server rendered today's date (Llama 3.x's templates print it): a check renders this day.
-        day = Path(a.record_answers).resolve().parent / RECORDED_ON
-        day.write_text(datetime.date.today().isoformat() + "\n")
-        print(f"wrote {day}")
+        written = Path(a.record_answers).resolve().parent / RECORDED_ON
+        written.write_text(datetime.date.today().isoformat() + "\n")
+        print(f"wrote {written}")
     if a.record_failures:
         failed = sorted(f"{t}  {where}" for t, (o, where) in got.items() if o == "failed")
         Path(a.record_failures).write_text("".join(f + "\n" for f in failed))
