@@ -7,7 +7,8 @@
 # test (Debian's chromium and chromium-driver, and selenium in its own
 # environment, .venv-browser), lm-eval's API models (.venv-lm-eval), the
 # training tool's environment (train/.venv: PyTorch on the CPU), which its
-# tests run. Building and chatting need none of these. (The GPU tests'
+# tests run, the Python package's (.venv-python: python-venv.sh), and
+# llama-server's test suite with its environment (.venv-llama-suite). Building and chatting need none of these. (The GPU tests'
 # own, the `vulkan` build's packages and Mesa's lavapipe, come with
 # scripts/gpu-tests.sh, through install-vulkan.sh.)
 set -euo pipefail
@@ -53,3 +54,7 @@ lm_eval_venv="$(dirname "$0")/../.venv-lm-eval"
 }
 # hamburger-train's environment (does nothing when already complete).
 bash "$(dirname "$0")/../train/install.sh"
+# The Python package's build and test environment.
+bash "$(dirname "$0")/python-venv.sh"
+# llama-server's test suite (from llama-cpp-python's source distribution) and its environment.
+python3 "$(dirname "$0")/llama_server_suite.py" prepare

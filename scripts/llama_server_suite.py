@@ -16,6 +16,10 @@ date, so their prompts change every day. The suite's session fixture that downlo
 preset's model is turned off in the working copy: nothing leaves loopback.
 
     llama_server_suite.py run --server BIN --model GGUF [--junit FILE] [--check]
+    llama_server_suite.py prepare
+
+`prepare` only unpacks the suite and installs its environment, as `run`
+does first (scripts/install-deps.sh runs it while the tests build).
 
 runs SUITE_FILES; with `--check` it then compares the outcome with what
 llama-server did on the same model and the same kind of CPU
@@ -386,6 +390,7 @@ def main() -> None:
         wrap(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare", help="unpack the suite and install its environment, and run nothing")
     r = sub.add_parser("run", help="run the suite against --server")
     r.add_argument("--server", required=True, help="the server binary (hamburger-server or llama-server)")
     r.add_argument("--model", required=True, help="the GGUF every server of the suite loads")
@@ -399,6 +404,10 @@ def main() -> None:
     r.add_argument("--verbose", action="store_true", help="show pytest's output")
     r.add_argument("pytest", nargs="*", help="after --: pytest's own arguments")
     a = p.parse_args()
+    if a.cmd == "prepare":
+        unpack_suite()
+        venv_python()
+        return
     for path, what in ((a.server, "--server"), (a.model, "--model")):
         if not Path(path).is_file():
             fail(f"{what} {path}: no such file")

@@ -8,11 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The binaries the tests run, built as scripts/llama-suite.sh says why.
 cargo test --release --workspace --no-run --quiet
+bash scripts/python-venv.sh
 venv=.venv-python
-"$venv/bin/python" -c "import maturin, pytest, jsonschema" >/dev/null 2>&1 || {
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q maturin pytest jsonschema
-}
 # Built in the workspace's target folder with the tests' dependency features
 # (python/Cargo.toml's `build-like-the-tests`), so the wheel shares their
 # crates: only pyo3 and the extension compile after the tests' build.
