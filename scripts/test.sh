@@ -1,38 +1,27 @@
 #!/usr/bin/env bash
 # The tests, in one command (the README's, and what .ci/run runs): installs
-# what they need (install-deps.sh, beside the build: does nothing when all
-# is there), runs every crate's tests in the release build, llama-server's
-# own test suite against hamburger-server (scripts/llama-suite.sh, some 6
-# minutes) and the Python package's (scripts/python-tests.sh, about 2
-# minutes), and ends with one line totalling every test binary's results:
-# "tests: N passed, N failed". Exits non-zero when any test failed. The GPU
-# tests are their own command (scripts/gpu-tests.sh: a second, `vulkan`
-# build and Mesa's lavapipe, 15 minutes alone on a 2-core AVX2 machine,
-# which CI's time limit does not hold beside the rest).
+# what they need (install-deps.sh: does nothing when all is there), runs
+# every crate's tests in the release build, llama-server's own test suite
+# against hamburger-server (scripts/llama-suite.sh, some 6 minutes) and the
+# Python package's (scripts/python-tests.sh, under 2 minutes), and ends with
+# one line totalling every test binary's results: "tests: N passed, N
+# failed". Exits non-zero when any test failed. The GPU tests are their own
+# command (scripts/gpu-tests.sh: a second, `vulkan` build and Mesa's
+# lavapipe, 15 minutes alone on a 2-core AVX2 machine, which CI's time limit
+# does not hold beside the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # After each phase a line says how long it took (CI allows 45 minutes in all).
 start=$SECONDS
 took() { echo "== $1 took $((SECONDS - start)) s"; start=$SECONDS; }
-bash scripts/install-build-deps.sh
-took "installing what building needs"
+bash scripts/install-deps.sh
+took "installing what is missing"
 log=$(mktemp)
-deps_log=$(mktemp)
-trap 'rm -f "$log" "$deps_log"' EXIT
-# What only the tests need (install-deps.sh: Python environments, PyTorch,
-# the browser, llama-server's suite), mostly downloads, installs while the
-# build compiles; its output follows the build's.
-bash scripts/install-deps.sh >"$deps_log" 2>&1 &
-deps=$!
+trap 'rm -f "$log"' EXIT
 # Every crate's tests run even after a failure; the totals print either way.
 status=0
 cargo test --release --workspace --no-run 2>&1 | tee "$log" || status=$?
 took "building the tests"
-deps_status=0
-wait "$deps" || deps_status=$?
-cat "$deps_log"
-took "installing what the tests need (beside the build)"
-[ "$deps_status" -eq 0 ] || { echo "test.sh: scripts/install-deps.sh failed (above)" >&2; exit "$deps_status"; }
 cargo test --release --workspace --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 took "every crate's tests"
 # llama-server's own test suite against hamburger-server (docs/server.md).
