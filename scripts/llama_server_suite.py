@@ -19,7 +19,7 @@ preset's model is turned off in the working copy: nothing leaves loopback.
     llama_server_suite.py prepare
 
 `prepare` only unpacks the suite and installs its environment, as `run`
-does first (scripts/install-deps.sh runs it while the tests build).
+does first (scripts/install-deps.sh runs it with the other installs).
 
 runs SUITE_FILES; with `--check` it then compares the outcome with what
 llama-server did on the same model and the same kind of CPU
