@@ -9,7 +9,8 @@
 # training tool's environment (train/.venv: PyTorch on the CPU), which its
 # tests run, the Python package's (.venv-python: python-venv.sh), and
 # llama-server's test suite with its environment (.venv-llama-suite).
-# Building and chatting need none of these. (The GPU tests' own, the `vulkan` build's packages and Mesa's lavapipe, come with
+# Building and chatting need none of these. (The GPU tests' own, the
+# `vulkan` build's packages and Mesa's lavapipe, come with
 # scripts/gpu-tests.sh, through install-vulkan.sh.)
 set -euo pipefail
 trap 'echo "install-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
