@@ -13,14 +13,14 @@ cd "$(dirname "$0")/.."
 status=0
 bash scripts/install-vulkan.sh || status=$?
 
-# The golden cases at -ngl 0, part and all in F32 and F16 (tests/gpu.rs; `$2`
+# The golden cases at -ngl 0, part and all in F32 and F16 (tests/integration/gpu.rs; `$2`
 # filters them), and the tools and the server on the device, built with the
 # `$1` feature beside the CPU build in the same target directory.
 gpu_tests() {
   local feature=$1 filter=$2 start=$SECONDS
   local cargo=(cargo test --release --no-fail-fast --features "$feature")
-  "${cargo[@]}" -p hamburger --test gpu -- --ignored "$filter" || status=$?
-  "${cargo[@]}" -p hamburger-tools --test gpu --test server -- --ignored || status=$?
+  "${cargo[@]}" -p hamburger --test integration -- --ignored "$filter" || status=$?
+  "${cargo[@]}" -p hamburger-tools --test integration -- --ignored || status=$?
   echo "GPU tests ($feature): $((SECONDS - start)) s"
 }
 

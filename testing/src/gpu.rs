@@ -8,7 +8,7 @@ use hamburger::{DeviceChoice, LoadOptions, Model};
 
 /// Why the GPU tests are ignored, and how to run them.
 pub const NEEDS_GPU: &str =
-    "needs a GPU: cargo test --release --features vulkan (or cuda, metal) --test gpu -- --ignored; \
+    "needs a GPU: cargo test --release --features vulkan (or cuda, metal) --test integration -- --ignored gpu::; \
      on Mesa's lavapipe with GGML_VK_VISIBLE_DEVICES=0";
 
 /// The `--device` choice naming the first GPU of this build and machine

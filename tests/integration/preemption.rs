@@ -19,7 +19,7 @@ use testing::near_tie::{assert_agree, decisions_of_generation};
 use testing::testmodel::{converted, tiny_fixture};
 
 /// How far a logit / stop probability may move where the entries fed again
-/// were read in a forward of another row count (as `tests/batch.rs`).
+/// were read in a forward of another row count (as `tests/integration/batch.rs`).
 const LOGIT_TOL: f32 = 1e-4;
 const STOP_TOL: f32 = 1e-5;
 

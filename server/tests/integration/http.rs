@@ -8,11 +8,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::TestServer;
+use crate::common::TestServer;
 use hamburger::StepParams;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 
 fn chat_body(text: &str, max_tokens: usize) -> Value {
     json!({"model": "x", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0})

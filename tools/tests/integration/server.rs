@@ -17,21 +17,13 @@ use std::process::{Child, Command, Stdio};
 
 use testing::testmodel::{converted, tiny_fixture};
 
-#[path = "server/echo.rs"]
 mod echo;
-#[path = "server/gpu.rs"]
 mod gpu;
-#[path = "server/llama_server.rs"]
 mod llama_server;
-#[path = "server/prompt_cache.rs"]
 mod prompt_cache;
-#[path = "server/requests.rs"]
 mod requests;
-#[path = "server/served.rs"]
 mod served;
-#[path = "server/speculative.rs"]
 mod speculative;
-#[path = "server/webui.rs"]
 mod webui;
 
 /// The tiny fixture, converted to F32.

@@ -48,7 +48,7 @@ fn a_two_turn_chat_in_chromium_shows_the_apis_answers_step_by_step() {
     let model = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
     let (child, addr) = start_with(&model, &["-np", "2", "-c", "2048"]);
     let _server = Killed(child);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/server/webui_chat.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/server/webui_chat.py");
     let out = Command::new(python)
         .arg(script)
         .args(["--url", &format!("http://{addr}"), "--confidence", "0.3", "--max-tokens", "40"])

@@ -5,13 +5,12 @@
 //! alone), and prompt prefixes are computed once for every request that
 //! shares them.
 
-use common::TestServer;
+use crate::common::TestServer;
 use hamburger::row_class::{reusable_prefix, RowClasses};
 use hamburger::StepParams;
 use serde_json::{json, Value};
 
-#[allow(dead_code)] // each test binary uses part of the shared harness
-mod common;
+use crate::common;
 
 fn step() -> StepParams {
     StepParams { confidence: 0.3, ..Default::default() }

@@ -7,10 +7,9 @@
 //! drafts with `speculative.*`, and synthetic acceptance
 //! (`--spec-synth-rates`) keeps the drafts at the rates given.
 
-#[allow(dead_code)] // each test binary uses part of the shared harness
-mod common;
+use crate::common;
 
-use common::TestServer;
+use crate::common::TestServer;
 use hamburger::draft_model::DraftModelParams;
 use hamburger::StepParams;
 use serde_json::{json, Value};

@@ -1,5 +1,5 @@
 //! The tools on a GPU (`--device cuda|metal|vulkan`, the first GPU of this
-//! build; ignored by default like `tests/gpu.rs`, CI runs them through
+//! build; ignored by default like `tests/integration/gpu.rs`, CI runs them through
 //! Vulkan on Mesa's lavapipe): `--list-devices` shows it; hamburger-cli
 //! decodes golden cases with half the base layers on it; hamburger-bench and
 //! hamburger-eval run both engines there, libllama placed as we are. The
@@ -25,7 +25,7 @@ fn run(bin: &str, args: &[&str]) -> Output {
 }
 
 #[test]
-#[ignore = "needs a GPU: cargo test --release --features vulkan -p hamburger-tools --test gpu -- --ignored"]
+#[ignore = "needs a GPU: cargo test --release --features vulkan -p hamburger-tools --test integration -- --ignored gpu::"]
 fn the_tools_run_on_the_gpu() {
     let device = testing::gpu::gpu_flag();
     let (model, base) = (tiny(false), tiny(true));
@@ -65,7 +65,7 @@ fn the_tools_run_on_the_gpu() {
 
 #[cfg(feature = "vulkan")]
 #[test]
-#[ignore = "a Vulkan build: cargo test --release --features vulkan -p hamburger-tools --test gpu -- --ignored"]
+#[ignore = "a Vulkan build: cargo test --release --features vulkan -p hamburger-tools --test integration -- --ignored gpu::"]
 fn vulkan_without_a_vulkan_device_is_one_line() {
     // The Vulkan loader with no driver to load: no device at all.
     let mut cli = Command::new(env!("CARGO_BIN_EXE_hamburger-cli"));

@@ -7,12 +7,11 @@
 //! rendered; SmolLM2's own ChatML template renders no tools: they are offered
 //! in a system message and called the same way, streamed or not.
 
-use common::TestServer;
+use crate::common::TestServer;
 use hamburger::StepParams;
 use serde_json::{json, Value};
 
-#[allow(dead_code)] // each test binary uses part of the shared harness
-mod common;
+use crate::common;
 
 /// Two tools of real APIs' shapes: enums, bounds, patterns, an optional field.
 fn tools() -> Value {

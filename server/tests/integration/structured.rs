@@ -5,11 +5,10 @@
 //! equals the unstreamed one, and a constraint that does not compile is a 400
 //! naming its field.
 
-use common::TestServer;
+use crate::common::TestServer;
 use serde_json::{json, Value};
 
-#[allow(dead_code)] // each test binary uses part of the shared harness
-mod common;
+use crate::common;
 
 fn chat(text: &str, extra: Value) -> Value {
     let mut body = json!({"messages": [{"role": "user", "content": text}], "max_tokens": 200, "temperature": 0});

@@ -1,16 +1,16 @@
 //! hamburger-server with every layer on a GPU (`--device cuda|metal|vulkan
 //! -ngl 99`, its defaults otherwise: an F16 cache, flash attention) answers
 //! the tiny fixture's golden cases over HTTP (the six of
-//! `testing::golden::SAMPLED`; `tests/gpu.rs` decodes all 18): the original
+//! `testing::golden::SAMPLED`; `tests/integration/gpu.rs` decodes all 18): the original
 //! implementation's text, token count and macro steps. Ignored like
-//! `tests/gpu.rs`; CI runs it through Vulkan on Mesa's lavapipe.
+//! `tests/integration/gpu.rs`; CI runs it through Vulkan on Mesa's lavapipe.
 
 use serde_json::json;
 
 use super::served::Served;
 
 #[test]
-#[ignore = "needs a GPU: cargo test --release --features vulkan -p hamburger-tools --test server gpu -- --ignored"]
+#[ignore = "needs a GPU: cargo test --release --features vulkan -p hamburger-tools --test integration -- --ignored server::gpu::"]
 fn server_answers_the_golden_cases_on_the_gpu() {
     let device = testing::gpu::gpu_flag();
     let s = Served::tiny(&["--device", &device, "-ngl", "99", "-np", "2", "-c", "1024"]);

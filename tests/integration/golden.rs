@@ -34,7 +34,7 @@ fn golden_cases_in_f32_flash_attention() {
 }
 
 /// TF32's arithmetic on the CPU (`testing::golden::tf32_emulation`): the
-/// golden tokens hold, the logits move measurably, and `tests/gpu.rs` takes
+/// golden tokens hold, the logits move measurably, and `tests/integration/gpu.rs` takes
 /// its tolerances from these departures.
 #[test]
 fn golden_cases_in_tf32_precision() {

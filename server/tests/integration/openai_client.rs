@@ -4,10 +4,7 @@
 
 use std::process::Command;
 
-use common::TestServer;
-
-#[allow(dead_code)] // each test binary uses part of the shared harness
-mod common;
+use crate::common::TestServer;
 
 #[test]
 fn openai_python_client_and_lm_eval_requests_work_unchanged() {

@@ -4,7 +4,7 @@
 //! offload decoding like the CPU in F32 (the same decisions up to a
 //! near-tie, `testing::near_tie`); and Q8_0 agreeing with the CPU. They are
 //! ignored by default and, when asked for, fail where this build or machine
-//! has no GPU: `cargo test --release --features vulkan --test gpu -- --ignored`.
+//! has no GPU: `cargo test --release --features vulkan --test integration -- --ignored gpu::`.
 //!
 //! The SmolLM2 tests read the GGUF from the test cache (`$HAMBURGER_CACHE`);
 //! on a machine without network, copy that cache from one that has run
@@ -77,7 +77,7 @@ fn golden_on_the_gpu(ty: ggml::Type) {
 }
 
 #[test]
-#[ignore = "needs a GPU: cargo test --release --features vulkan --test gpu -- --ignored"]
+#[ignore = "needs a GPU: cargo test --release --features vulkan --test integration -- --ignored gpu::"]
 fn golden_cases_on_the_gpu_in_f32() {
     golden_on_the_gpu(ggml::Type::F32);
 }
@@ -85,13 +85,13 @@ fn golden_cases_on_the_gpu_in_f32() {
 /// F16 accumulation moves logits by tenths (lavapipe: case 17 takes the
 /// original's second choice where it trailed by 0.055): near-ties part.
 #[test]
-#[ignore = "needs a GPU: cargo test --release --features vulkan --test gpu -- --ignored"]
+#[ignore = "needs a GPU: cargo test --release --features vulkan --test integration -- --ignored gpu::"]
 fn golden_cases_on_the_gpu_in_f16() {
     golden_on_the_gpu(ggml::Type::F16);
 }
 
 #[test]
-#[ignore = "needs a GPU: cargo test --release --features vulkan --test gpu -- --ignored"]
+#[ignore = "needs a GPU: cargo test --release --features vulkan --test integration -- --ignored gpu::"]
 fn partial_offload_decodes_like_the_cpu_in_f32() {
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::F32, false).unwrap();
     let cpu = Model::open(&gguf, &LoadOptions::default()).unwrap();
@@ -117,7 +117,7 @@ fn partial_offload_decodes_like_the_cpu_in_f32() {
 }
 
 #[test]
-#[ignore = "needs a GPU: cargo test --release --features vulkan --test gpu -- --ignored"]
+#[ignore = "needs a GPU: cargo test --release --features vulkan --test integration -- --ignored gpu::"]
 fn q8_0_on_the_gpu_agrees_with_the_cpu() {
     let gguf = converted(&smollm2_checkpoint().unwrap(), "smollm2", ggml::Type::Q8_0, false).unwrap();
     let cpu = Model::open(&gguf, &LoadOptions::default()).unwrap();

@@ -5,12 +5,11 @@
 //! of sequences in every forward, fixed macro steps, short prompts: see the
 //! harness), and up to a near-tie against a lone request.
 
-use common::TestServer;
+use crate::common::TestServer;
 use hamburger::StepParams;
 use serde_json::{json, Value};
 
-#[allow(dead_code)] // each test binary uses part of the shared harness
-mod common;
+use crate::common;
 
 /// The JSON chunks of a streamed request (its last payload `[DONE]`).
 fn stream(s: &TestServer, path: &str, body: &Value) -> Vec<Value> {
