@@ -269,6 +269,20 @@ pub struct Row {
     pub shared: usize,
     /// Prompts whose kept outputs are identical.
     pub identical: usize,
+    /// Per prompt whose outputs part: at the first token they differ in,
+    /// the larger of the base's log-probability gaps from its best token to
+    /// ours and to its own greedy one (nats). Near 0 means the base all but
+    /// tied the two tokens there: rounding, not a different decision, parted
+    /// the texts.
+    pub divergence_gaps: Vec<f64>,
+    /// libllama against itself over the prompts: the positions of its
+    /// greedy outputs where its own scoring forward (many rows at once)
+    /// ranks another token first, and the largest such gap (nats): the
+    /// rounding noise of the base alone, the floor under
+    /// [`Row::divergence_gaps`].
+    pub base_flips: usize,
+    /// The largest of those gaps.
+    pub base_flip_gap: f64,
 }
 
 impl Row {
@@ -303,6 +317,14 @@ impl Row {
         self.accepted as f64 / self.verify_forwards.max(1) as f64
     }
 
+    /// The median and the largest of [`Row::divergence_gaps`] (0 when no
+    /// output parted from the base's).
+    pub fn divergence_gap(&self) -> (f64, f64) {
+        let mut g = self.divergence_gaps.clone();
+        g.sort_by(f64::total_cmp);
+        (g.get(g.len() / 2).copied().unwrap_or(0.0), g.last().copied().unwrap_or(0.0))
+    }
+
     /// The row's name in reports: its confidence, or `draft-mtp`.
     pub fn mode(&self) -> String {
         if self.verified {
@@ -331,6 +353,10 @@ impl Row {
             "ll_loss": self.ll_loss(),
             "shared_prefix": self.shared as f64 / self.prompts.max(1) as f64,
             "identical": self.identical,
+            "divergence_gap_median": self.divergence_gap().0,
+            "divergence_gap_max": self.divergence_gap().1,
+            "base_flips": self.base_flips,
+            "base_flip_gap": self.base_flip_gap,
         })
     }
 }
@@ -344,7 +370,8 @@ pub fn kept<'a>(ids: &'a [u32], eog: &[u32]) -> &'a [u32] {
 }
 
 /// A run with its quality: the output kept up to the first end of
-/// generation, and the base's log-likelihood of that (summed).
+/// generation, the base's log-likelihood of that (summed), and how far each
+/// kept token stood below the base's choice there.
 #[derive(Debug, Clone)]
 pub struct Judged {
     /// The run.
@@ -353,6 +380,9 @@ pub struct Judged {
     pub kept: Vec<u32>,
     /// `sum ln p_base(kept[i] | prompt, kept[..i])`.
     pub ll: f64,
+    /// Per kept token: the base's most likely log-probability there less the
+    /// kept token's (nats, 0 where the kept token is the base's choice).
+    pub below_best: Vec<f32>,
 }
 
 /// Scores `run`'s kept output after `prompt` with the base.
@@ -362,8 +392,10 @@ pub struct Judged {
 pub fn judge(scorer: &mut Scorer, prompt: &[u32], run: Run, eog: &[u32]) -> Result<Judged> {
     let kept = kept(&run.ids, eog).to_vec();
     let seq: Vec<u32> = prompt.iter().chain(&kept).copied().collect();
-    let ll = scorer.score(&seq, prompt.len(), 0)?.logprob.iter().map(|&x| x as f64).sum();
-    Ok(Judged { run, kept, ll })
+    let scored = scorer.score(&seq, prompt.len(), 1)?;
+    let ll = scored.logprob.iter().map(|&x| x as f64).sum();
+    let below_best = scored.logprob.iter().zip(&scored.top).map(|(&lp, top)| (top[0].1 - lp).max(0.0)).collect();
+    Ok(Judged { run, kept, ll, below_best })
 }
 
 /// Adds one prompt's runs to `row`: speed from the full runs, quality from
@@ -382,8 +414,19 @@ pub fn account(row: &mut Row, ours: &Judged, base: &Judged) {
     row.kept += a.len();
     row.base_ll += base.ll;
     row.base_kept += b.len();
-    row.shared += a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let shared = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    row.shared += shared;
     row.identical += usize::from(a == b);
+    for &g in base.below_best.iter().filter(|&&g| g > 0.0) {
+        row.base_flips += 1;
+        row.base_flip_gap = row.base_flip_gap.max(g as f64);
+    }
+    if shared < a.len().min(b.len()) {
+        // Both texts follow the same prefix here: the base's preference for
+        // its best token over ours, and over its own greedy one (the
+        // scorer's batched forward may rank libllama's choice second).
+        row.divergence_gaps.push(ours.below_best[shared].max(base.below_best[shared]) as f64);
+    }
 }
 
 /// Session parameters of an evaluation at `confidence`, self-verified with `draft`.
@@ -399,14 +442,14 @@ pub fn session_params(confidence: f32, draft: Option<DraftParams>, threads: usiz
 /// The rows as a Markdown table.
 pub fn markdown(rows: &[Row]) -> String {
     let mut s = String::from(
-        "| confidence | tokens/step | KV entries/token | accepted/verify | tok/s | base tok/s | speedup | LL (ours) | LL (base) | LL loss | shared prefix | identical |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| confidence | tokens/step | KV entries/token | accepted/verify | tok/s | base tok/s | speedup | LL (ours) | LL (base) | LL loss | shared prefix | identical | gap at parting (median / max) |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in rows {
         let j = r.to_json();
         let f = |k: &str| j[k].as_f64().unwrap_or(0.0);
         s.push_str(&format!(
-            "| {} | {:.2} | {:.2} | {} | {:.1} | {:.1} | {:.2}x | {:.3} | {:.3} | {:+.1}% | {:.1} | {}/{} |\n",
+            "| {} | {:.2} | {:.2} | {} | {:.1} | {:.1} | {:.2}x | {:.3} | {:.3} | {:+.1}% | {:.1} | {}/{} | {:.3} / {:.3} |\n",
             r.mode(),
             f("tokens_per_step"),
             f("kv_entries_per_token"),
@@ -419,7 +462,15 @@ pub fn markdown(rows: &[Row]) -> String {
             100.0 * f("ll_loss"),
             f("shared_prefix"),
             r.identical,
-            r.prompts
+            r.prompts,
+            f("divergence_gap_median"),
+            f("divergence_gap_max")
+        ));
+    }
+    if let Some(r) = rows.first() {
+        s.push_str(&format!(
+            "\nlibllama against itself: {} of its {} greedy tokens ranked below another by its own batched scoring forward (largest gap {:.3} nats)\n",
+            r.base_flips, r.base_kept, r.base_flip_gap
         ));
     }
     s

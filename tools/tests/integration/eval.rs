@@ -1,7 +1,8 @@
 //! `hamburger-eval` on the tiny fixture against its own base-only export in
 //! libllama: at confidence > 1 HAMburger is its base (same tokens, no
 //! log-likelihood loss, one token per step); at a low confidence it takes
-//! several tokens per step; `score` gives one entropy and log-probability
+//! several tokens per step, and where its outputs part from the base's the
+//! base preferred its own token; `score` gives one entropy and log-probability
 //! per answer token; bad prompt files get one line naming the file and line.
 
 use std::path::{Path, PathBuf};
@@ -57,7 +58,16 @@ fn eval_reports_the_base_at_confidence_above_one_and_several_tokens_per_step_bel
     assert_eq!(exact["identical"], 2, "confidence > 1 decodes exactly like the base: {exact}");
     assert!(exact["ll_loss"].as_f64().unwrap().abs() < 1e-9, "{exact}");
     assert!(exact["base_mean_ll"].as_f64().unwrap() < 0.0);
+    assert_eq!(exact["divergence_gap_max"], 0.0, "no output parted: {exact}");
     assert!(fast["tokens_per_step"].as_f64().unwrap() > 1.2, "{fast}");
+    // Merged steps take tokens the base ranks lower: where the outputs
+    // part, the base preferred its own token by a margin.
+    assert!(fast["identical"].as_u64().unwrap() < 2, "{fast}");
+    assert!(fast["divergence_gap_median"].as_f64().unwrap() > 0.0, "{fast}");
+    assert!(fast["divergence_gap_max"].as_f64().unwrap() >= fast["divergence_gap_median"].as_f64().unwrap());
+    // libllama's greedy tokens are its own scoring forward's best, but for
+    // rounding (F32 here): any disagreement is a tie to a few 1e-4.
+    assert!(exact["base_flip_gap"].as_f64().unwrap() < 1e-3, "{exact}");
     assert!(fast["kv_entries_per_token"].as_f64().unwrap() < 0.85, "{fast}");
 }
 
