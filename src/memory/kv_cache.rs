@@ -119,6 +119,14 @@ pub struct KvCache {
     /// Bytes of one head's `head_dim` values.
     head_bytes: usize,
     cells: Vec<Option<Cell>>,
+    /// Cells the tensors hold: `cells.len()` rounded up to whole tiles
+    /// ([`KV_TILE`]). The cells past `cells.len()` never hold an entry; they
+    /// let a window padded to a tile end past the last usable cell instead of
+    /// being cut there, since a window of another length is summed in
+    /// another order (ggml's products sum a row's last, odd cells apart, and
+    /// its flash attention sums by tiles): cut, the same context would give
+    /// other logits in a cache of another size.
+    n_columns: usize,
     /// Sequences the pool is shared among, each with a home (see [`KvCache::with_homes`]).
     n_homes: usize,
     /// Where each sequence's first cell is sought instead of its home, when
@@ -128,8 +136,9 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Allocates and zeroes a cache of `n_cells` cells whose layer `il` lives
-    /// in a buffer of type `bufts[il]` (the device of that layer's weights).
+    /// Allocates and zeroes a cache of `n_cells` cells (in tensors of whole
+    /// tiles) whose layer `il` lives in a buffer of type `bufts[il]` (the
+    /// device of that layer's weights).
     ///
     /// # Errors
     /// When the row size overflows or a buffer cannot be allocated.
@@ -144,7 +153,8 @@ impl KvCache {
         let (row_bytes, head_bytes) = (row_bytes(ty, n_embd_kv)?, row_bytes(ty, head_dim)?);
         let mut groups = ContextGroups::new(2 * bufts.len());
         let (mut k, mut v) = (Vec::new(), Vec::new());
-        let (e, n) = (n_embd_kv as i64, n_cells as i64);
+        let n_columns = n_cells.next_multiple_of(KV_TILE);
+        let (e, n) = (n_embd_kv as i64, n_columns as i64);
         for (il, buft) in bufts.iter().enumerate() {
             let ctx = groups.get(*buft)?;
             k.push(ctx.new_tensor(ty, &[e, n]).named(&format!("cache_k_l{il}")));
@@ -169,6 +179,7 @@ impl KvCache {
             row_bytes,
             head_bytes,
             cells: vec![None; n_cells],
+            n_columns,
             n_homes: 1,
             placed: vec![None],
             buffers,
@@ -249,12 +260,13 @@ impl KvCache {
     /// The window of `seq`'s cells: from a multiple of `align` cells (so
     /// that where attention sums in tiles, they are the same tiles whatever
     /// the window) to a multiple of `pad` (so that a growing sequence keeps
-    /// its graph's shape for `pad` steps), within the pool; `None` when it
-    /// holds no cell.
+    /// its graph's shape for `pad` steps), within the tensors' cells (past
+    /// the usable ones up to a whole tile, which no window with `pad` a
+    /// divisor of [`KV_TILE`] then cuts); `None` when it holds no cell.
     pub fn window_of(&self, seq: SeqId, align: usize, pad: usize) -> Option<Window> {
         let (lo, hi) = self.span_of(seq)?;
         let first = lo / align * align;
-        Some(Window { first, n_kv: (hi + 1 - first).next_multiple_of(pad).min(self.cells.len() - first) })
+        Some(Window { first, n_kv: (hi + 1 - first).next_multiple_of(pad).min(self.n_columns - first) })
     }
 
     /// Cells per layer.
@@ -430,7 +442,7 @@ impl KvCache {
 
     /// Whether a query of `seq` at position `pos` attends cell `cell`.
     pub fn attends(&self, cell: usize, seq: SeqId, pos: i32) -> bool {
-        self.cells[cell].is_some_and(|c| c.seqs.contains(seq) && c.pos <= pos)
+        self.cells.get(cell).copied().flatten().is_some_and(|c| c.seqs.contains(seq) && c.pos <= pos)
     }
 }
 

@@ -6,6 +6,7 @@ mod batch;
 mod chat;
 mod chat_templates;
 mod constraint;
+mod context_size;
 mod draft_model;
 mod fast_forward;
 mod golden;

@@ -103,7 +103,7 @@ fn with_homes_each_sequence_starts_in_its_own_share_and_runs_on_past_it() {
         kv.occupy(cell, seq, pos);
     }
     assert_eq!(kv.span_of(1), Some((4, 7)));
-    assert_eq!(kv.window_of(1, 3, 3), Some(Window { first: 3, n_kv: 5 }), "widened, within the pool");
+    assert_eq!(kv.window_of(1, 3, 3), Some(Window { first: 3, n_kv: 6 }), "widened, into the tensors' last tile");
     assert_eq!(kv.span_of(0), None);
     // A sequence past the pool's end, or a new one whose home and the
     // cells after it are full, takes the first free cell.
@@ -125,6 +125,20 @@ fn a_sequences_window_spans_its_own_and_shared_cells() {
 }
 
 #[test]
+fn a_window_at_the_end_of_a_cache_of_any_size_is_a_whole_number_of_tiles() {
+    // 100 usable cells, tensors of 128: the window is never cut at 100,
+    // and the padding cells are attended by nobody.
+    let mut kv = cache(100);
+    assert_eq!(kv.n_cells(), 100);
+    for pos in 0..100 {
+        kv.occupy(pos, 0, pos as i32);
+    }
+    assert_eq!(kv.window_of(0, KV_TILE, KV_TILE), Some(Window { first: 0, n_kv: 128 }));
+    assert!(kv.attends(99, 0, 99) && !kv.attends(100, 0, 200) && !kv.attends(127, 0, 200));
+    assert_eq!(kv.find_free_for(&[0]), None, "no entry goes past the usable cells");
+}
+
+#[test]
 fn a_query_attends_its_own_sequences_cells_up_to_its_position() {
     let mut kv = cache(4);
     kv.occupy(0, 0, 0);
@@ -139,8 +153,8 @@ fn a_query_attends_its_own_sequences_cells_up_to_its_position() {
 
 #[test]
 fn a_transposed_value_write_indexes_each_element_of_each_cell() {
-    // V is [n_cells, E]: element i of cell c is at i * n_cells + c.
-    assert_eq!(cache(6).v_trans_indices(&[1, 4]), [1, 7, 13, 19, 4, 10, 16, 22]);
+    // V is [64, E] for 6 cells (whole tiles): element i of cell c is at i * 64 + c.
+    assert_eq!(cache(6).v_trans_indices(&[1, 4]), [1, 65, 129, 193, 4, 68, 132, 196]);
 }
 
 #[test]
@@ -156,18 +170,18 @@ fn a_placed_sequence_starts_where_it_was_placed_until_cleared() {
 #[test]
 fn a_moved_run_keeps_its_keys_values_and_positions_and_leaves_what_others_hold() {
     for v_trans in [true, false] {
-        // Four values per cell, 200 cells: V is [200, 4] transposed, else [4, 200].
+        // Four values per cell, 200 cells in tensors of 256: V is [256, 4] transposed, else [4, 256].
         let mut kv = KvCache::new(&[BufferType::cpu()], 200, 4, 4, Type::F32, v_trans).unwrap();
         for (cell, pos) in [(2, 0), (3, 1), (4, 2)] {
             kv.occupy(cell, 0, pos);
         }
         assert!(kv.share(2, 1), "sequence 1 shares cell 2");
         let (k, v) = (kv.k[0].clone(), kv.v[0].clone());
-        let values: Vec<f32> = (0..4 * 200).map(|i| i as f32).collect();
+        let values: Vec<f32> = (0..4 * 256).map(|i| i as f32).collect();
         k.write(&values).unwrap();
         v.write(&values).unwrap();
-        // Element e of cell c: K at c * 4 + e; V at e * 200 + c transposed, else as K.
-        let v_at = |c: usize, e: usize| if v_trans { e * 200 + c } else { c * 4 + e };
+        // Element e of cell c: K at c * 4 + e; V at e * 256 + c transposed, else as K.
+        let v_at = |c: usize, e: usize| if v_trans { e * 256 + c } else { c * 4 + e };
         let err = kv.relocate(0, 3).unwrap_err().to_string();
         assert!(err.contains("cells 2..=4"), "{err}");
         kv.relocate(0, 66).unwrap();
