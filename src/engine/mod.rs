@@ -57,6 +57,9 @@ const KV_ALIGN: usize = 4 * KV_TILE;
 /// cells at its end (one query row's attention is split evenly across the
 /// threads by cells, so masked cells leave a thread idle).
 const KV_PAD: usize = 64;
+// A window padded so always ends within the cache's whole last tile
+// (`KvCache::window_of`), never cut at its last usable cell.
+const _: () = assert!(KV_TILE.is_multiple_of(KV_PAD));
 
 /// Windows from this many cells are read in groups of their own only where
 /// their sequence holds at least half of their cells.

@@ -119,14 +119,6 @@ pub struct KvCache {
     /// Bytes of one head's `head_dim` values.
     head_bytes: usize,
     cells: Vec<Option<Cell>>,
-    /// Cells the tensors hold: `cells.len()` rounded up to whole tiles
-    /// ([`KV_TILE`]). The cells past `cells.len()` never hold an entry; they
-    /// let a window padded to a tile end past the last usable cell instead of
-    /// being cut there, since a window of another length is summed in
-    /// another order (ggml's products sum a row's last, odd cells apart, and
-    /// its flash attention sums by tiles): cut, the same context would give
-    /// other logits in a cache of another size.
-    n_columns: usize,
     /// Sequences the pool is shared among, each with a home (see [`KvCache::with_homes`]).
     n_homes: usize,
     /// Where each sequence's first cell is sought instead of its home, when
@@ -153,8 +145,7 @@ impl KvCache {
         let (row_bytes, head_bytes) = (row_bytes(ty, n_embd_kv)?, row_bytes(ty, head_dim)?);
         let mut groups = ContextGroups::new(2 * bufts.len());
         let (mut k, mut v) = (Vec::new(), Vec::new());
-        let n_columns = n_cells.next_multiple_of(KV_TILE);
-        let (e, n) = (n_embd_kv as i64, n_columns as i64);
+        let (e, n) = (n_embd_kv as i64, columns(n_cells) as i64);
         for (il, buft) in bufts.iter().enumerate() {
             let ctx = groups.get(*buft)?;
             k.push(ctx.new_tensor(ty, &[e, n]).named(&format!("cache_k_l{il}")));
@@ -179,7 +170,6 @@ impl KvCache {
             row_bytes,
             head_bytes,
             cells: vec![None; n_cells],
-            n_columns,
             n_homes: 1,
             placed: vec![None],
             buffers,
@@ -266,7 +256,13 @@ impl KvCache {
     pub fn window_of(&self, seq: SeqId, align: usize, pad: usize) -> Option<Window> {
         let (lo, hi) = self.span_of(seq)?;
         let first = lo / align * align;
-        Some(Window { first, n_kv: (hi + 1 - first).next_multiple_of(pad).min(self.n_columns - first) })
+        Some(Window { first, n_kv: (hi + 1 - first).next_multiple_of(pad).min(self.n_columns() - first) })
+    }
+
+    /// Cells the tensors hold: the usable ones rounded up to whole tiles
+    /// ([`columns`]).
+    pub(super) fn n_columns(&self) -> usize {
+        columns(self.cells.len())
     }
 
     /// Cells per layer.
@@ -444,6 +440,17 @@ impl KvCache {
     pub fn attends(&self, cell: usize, seq: SeqId, pos: i32) -> bool {
         self.cells.get(cell).copied().flatten().is_some_and(|c| c.seqs.contains(seq) && c.pos <= pos)
     }
+}
+
+/// Cells the tensors of a cache of `n_cells` usable cells hold: whole tiles
+/// ([`KV_TILE`]). The cells past the usable ones never hold an entry; they
+/// let a window padded to a tile end past the last usable cell instead of
+/// being cut there, since a window of another length is summed in another
+/// order (ggml's products sum a row's last, odd cells apart, and its flash
+/// attention sums by tiles): cut, the same context would give other logits
+/// in a cache of another size.
+fn columns(n_cells: usize) -> usize {
+    n_cells.next_multiple_of(KV_TILE)
 }
 
 /// Bytes of one cache row of `n` values of type `ty`.

@@ -336,6 +336,7 @@ impl Row {
 
     /// The row as JSON (the columns of every report).
     pub fn to_json(&self) -> Value {
+        let (gap_median, gap_max) = self.divergence_gap();
         json!({
             "confidence": if self.verified { Value::Null } else { json!(self.confidence) },
             "spec_type": if self.verified { "draft-mtp" } else { "none" },
@@ -353,8 +354,8 @@ impl Row {
             "ll_loss": self.ll_loss(),
             "shared_prefix": self.shared as f64 / self.prompts.max(1) as f64,
             "identical": self.identical,
-            "divergence_gap_median": self.divergence_gap().0,
-            "divergence_gap_max": self.divergence_gap().1,
+            "divergence_gap_median": gap_median,
+            "divergence_gap_max": gap_max,
             "base_flips": self.base_flips,
             "base_flip_gap": self.base_flip_gap,
         })

@@ -24,7 +24,7 @@ impl KvCache {
         let k = g.set_rows(&self.k[il], k_cur, k_idx);
         let v = if self.v_trans {
             let e = self.n_embd_kv as i64;
-            let dst = g.reshape(&self.v[il], &[1, e * self.n_columns as i64]);
+            let dst = g.reshape(&self.v[il], &[1, e * self.n_columns() as i64]);
             let src = g.reshape(v_cur, &[1, e * n]);
             g.set_rows(&dst, &src, v_idx)
         } else {
@@ -57,7 +57,7 @@ impl KvCache {
 
     /// The element indices of a transposed-V write of `cells` (see [`KvCache::store`]).
     pub fn v_trans_indices(&self, cells: &[i64]) -> Vec<i64> {
-        let (e, n) = (self.n_embd_kv as i64, self.n_columns as i64);
+        let (e, n) = (self.n_embd_kv as i64, self.n_columns() as i64);
         cells.iter().flat_map(|&c| (0..e).map(move |i| i * n + c)).collect()
     }
 
