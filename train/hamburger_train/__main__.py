@@ -12,6 +12,7 @@
     hamburger-train window    --pack DIR --work DIR --out DIR  # on the GPU machine: answers, training, export
     hamburger-train draft     --work DIR --init GRAFTED   # the micro decoder as a draft head (verified decoding)
     hamburger-train accept    --work DIR --prompts FILE   # accepted tokens per verify forward of a draft head
+    hamburger-train answers   --work DIR --into FILE      # a draft run's answers kept in a corpus (train/answers/)
 
 Each subcommand takes its own flags (`hamburger-train STAGE --help`), `all`
 those of the stages it runs; `-t N` (CPU threads) goes before or after the
@@ -36,7 +37,7 @@ ALL_STAGES = ("data", "segment", "train", "calibrate", "diagnose", "export")
 DTYPES = ("f32", "bf16")
 """`--dtype`'s choices, the precision of the training passes (`device.autocast`)."""
 
-WITHOUT_TORCH = ("data",)
+WITHOUT_TORCH = ("data", "answers")
 """The stages that never touch PyTorch: they start without importing it (some
 4 s), as the parser does, so a bad flag or file is reported at once."""
 
@@ -156,6 +157,9 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference-answers", action="store_true", help="train on ShareGPT's own replies to its "
                    "training prompts instead of the base's answers (no answering: EAGLE's fixed data); held-out "
                    "and standard-library prompts are still answered by the base. Chosen when WORK's prompts are made")
+    p.add_argument("--answers", type=Path, metavar="CORPUS", help="a corpus of this verifier's answers "
+                   "(train/answers/*.jsonl.gz, `hamburger-train answers`): the prompts it answered are not answered "
+                   "again")
 
 
 def rule_flags(p: argparse.ArgumentParser) -> None:
@@ -224,6 +228,12 @@ def parser() -> Parser:
     c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
                    "decoding of the same prompts (hamburger-cli --spec-type draft-mtp) on the measured model "
                    "converted to Q8_0, the teacher's type")
+    r = stage("answers", "a draft work directory's answers by the base added to a corpus that outlives the machine "
+              "(draft --answers reads it)")
+    r.add_argument("--work", type=Path, required=True, help="the draft work directory")
+    r.add_argument("--into", type=Path, required=True, metavar="CORPUS",
+                   help="the corpus (train/answers/*.jsonl.gz; made when missing)")
+    r.add_argument("--max-tokens", type=int, default=192, help="the answers' token budget (draft's --max-tokens)")
     v = stage("draft-vocab", "the draft vocabulary: the most frequent tokens of the answers, with "
               "each size's coverage of the held-out answers", work)
     v.add_argument("--k", type=int, default=4096, help="tokens in the vocabulary (default 4096)")
@@ -281,7 +291,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         from . import draft
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
-                  a.stdlib_from, a.reference_answers)
+                  a.stdlib_from, a.reference_answers, a.answers)
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
@@ -348,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import window
         window.run(a.pack, a.work, a.out, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,
                    train_args(a) | {"init": a.init, "dtype": a.dtype}, a.ratio, a.min_entropy)
+        return 0
+    if a.stage == "answers":
+        from . import corpus
+        corpus.save(a.work, a.into, a.max_tokens)
         return 0
     if a.stage == "greedy":
         from .model import HAMburger, greedy

@@ -221,6 +221,15 @@ def run(out: Path, bin_dir: Path, base: Path, limit: int, max_tokens: int, slots
     answer(out / "responses.jsonl", bin_dir, teacher_gguf(bin_dir, base, out), rows, max_tokens, slots, threads)
 
 
+def response_record(row: dict, response: str, finish_reason: str | None, max_tokens: int) -> dict:
+    """The `responses.jsonl` record of `row`'s answer `response`, made
+    within `max_tokens` tokens: its id, split (held out when unknown), the
+    chat asked, the answer and why it ended."""
+    asked = {k: row[k] for k in ("prompt", "messages") if k in row}
+    return {"id": row["id"], "split": row.get("split", "heldout"), **asked, "response": response,
+            "finish_reason": finish_reason, "max_tokens": max_tokens}
+
+
 REFERENCE_CHARS_PER_TOKEN = 4
 """Characters a reference reply keeps per answer token asked for (English
 text runs about 4 characters a token), so it is about as long as an answer."""
@@ -243,9 +252,7 @@ def reference_answers(resp_path: Path, rows: list[dict], max_tokens: int) -> Non
             if len(text) > limit:
                 cut = text.rfind(" ", 0, limit)
                 text = text[:cut if cut > 0 else limit]
-            asked = {k: r[k] for k in ("prompt", "messages") if k in r}
-            f.write(json.dumps({"id": r["id"], "split": "train", **asked, "response": text,
-                                "finish_reason": "reference"}) + "\n")
+            f.write(json.dumps(response_record(r, text, "reference", max_tokens)) + "\n")
 
 
 def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tokens: int, slots: int,
@@ -275,10 +282,8 @@ def answer(resp_path: Path, bin_dir: Path, gguf: Path, rows: list[dict], max_tok
                     print(f"data: prompt {r['id']} not answered ({e})", file=sys.stderr, flush=True)
                     continue
                 choice = a["choices"][0]
-                asked = {k: r[k] for k in ("prompt", "messages") if k in r}
-                f.write(json.dumps({"id": r["id"], "split": r.get("split", "heldout"), **asked,
-                                    "response": choice["message"]["content"],
-                                    "finish_reason": choice["finish_reason"]}) + "\n")
+                record = response_record(r, choice["message"]["content"], choice["finish_reason"], max_tokens)
+                f.write(json.dumps(record) + "\n")
                 f.flush()
                 n_done += 1
                 prog.update(n_done, a["usage"]["completion_tokens"])

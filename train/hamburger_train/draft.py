@@ -16,6 +16,9 @@ stage pays for the base once:
    ShareGPT's own reply instead (EAGLE's fixed data: no answering, so
    about 3.5 times the tokens per CPU hour); the held-out prompts, which
    validate, and the standard library's are still answered by the base.
+   With `--answers CORPUS`, the answers a corpus in the repository keeps
+   for these prompts (`corpus`: the same verifier, chat and budget) are
+   taken instead of answered again.
 3. **Token ids** of every prompt and answer (`segment.tokenize`: the
    teacher GGUF's chat template and tokenizer, as the runtime reads them).
 4. **Features** and the base's 8 most likely tokens at every answer token
@@ -58,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from . import data, features, records, segment
+from . import corpus, data, features, records, segment
 from .drafting import DRAFT_HEAD, DraftRule, measure, text_after, draftable, verifier
 from .export import write_checkpoint, write_safetensors
 from .gate import GatedRule
@@ -113,11 +116,13 @@ def verifier_gguf(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta:
 
 def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int,
             slots: int, threads: int, share: float = 0.0, source: Path | None = None,
-            stdlib_from: int = 0, references: bool = False) -> tuple[HAMburger, dict]:
+            stdlib_from: int = 0, references: bool = False,
+            answers: corpus.Corpus | None = None) -> tuple[HAMburger, dict]:
     """Steps 1-4: the verifier, its answers (ShareGPT's replies for the
-    training prompts that have one, with `references`), their token ids and
-    their cached features; returns the verifier and the cache's `meta`.
-    A work directory whose prompts were built the other way is refused."""
+    training prompts that have one, with `references`; those the corpus
+    `answers` holds taken from it), their token ids and their cached
+    features; returns the verifier and the cache's `meta`. A work directory
+    whose prompts were built the other way is refused."""
     model = verifier(base, init, "draft")
     meta = features.meta_of(model, base)
     features.check_meta(work / "features", meta)
@@ -130,6 +135,8 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
     rows = rows[skip:prompts]
     if references:
         data.reference_answers(work / "responses.jsonl", rows, max_tokens)
+    if answers is not None:
+        corpus.seed(work / "responses.jsonl", answers, rows, meta, max_tokens)
     data.answer(work / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
     segment.tokenize(work, bin_dir, teacher)
     features.build(work / "features", model, base, records.read(work / "tokens.jsonl"))
@@ -200,17 +207,20 @@ def rules_of(confidences: list[float], p_mins: list[float], n_max: int) -> list[
 def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int, slots: int,
         threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
         p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0, share: float = 0.0,
-        source: Path | None = None, stdlib_from: int = 0, references: bool = False) -> None:
+        source: Path | None = None, stdlib_from: int = 0, references: bool = False,
+        answers: Path | None = None) -> None:
     """Prepares the work directory (`prepare`; ShareGPT's own replies as the
-    training answers with `references`), then trains until `steps`
+    training answers with `references`, the corpus `answers`' answers
+    where it has them), then trains until `steps`
     optimizer steps of `batch` rows, resuming from `out/state.pt` (default
     `WORK/draft/`, where the run's history and result go too); the micro
     decoder learns at `micro_lr_scale` times `lr` (0: only the stop head
     learns). SIGINT or SIGTERM stops it after the step under way, saved."""
     if init is not None and not init.exists():
         raise SystemExit(f"draft: --init {init} does not exist")
+    kept = corpus.read(answers) if answers is not None else None  # a broken corpus is refused before any work
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
-                          stdlib_from, references)
+                          stdlib_from, references, kept)
     # What macro steps keep: `--init`'s file, else the base's own modules.
     macro = load_file(str(init)) if init is not None else {
         k: t.detach().clone() for k, t in model.original_state(grafted_only=True).items()}

@@ -3,7 +3,8 @@
 //! features cached once; an interrupted run resuming to the same weights as
 //! one that was not; caches of another base or tokenizer refused by name;
 //! the acceptance measure's walk and its teacher-forced twin agreeing;
-//! ShareGPT's own replies as the training text (`--reference-answers`).
+//! ShareGPT's own replies as the training text (`--reference-answers`);
+//! the base's answers kept in a corpus that seeds a new work directory.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -320,11 +321,7 @@ fn reference_answers_train_on_sharegpts_replies_and_keep_the_base_for_held_out_p
     flags.extend(["--max-tokens", "16", "--slots", "2", "--steps", "2", "--batch", "4"]);
     run_ok(&mut stage("draft", &work, &tiny_fixture(), &[&flags[..], &["--reference-answers"]].concat()));
 
-    let responses: Vec<Value> = std::fs::read_to_string(work.join("responses.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let responses = responses(&work);
     let by_id = |id: &str| responses.iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("no {id}")).clone();
     let cut = by_id("sharegpt:toy1#0");
     let text = cut["response"].as_str().unwrap();
@@ -346,4 +343,83 @@ fn reference_answers_train_on_sharegpts_replies_and_keep_the_base_for_held_out_p
         err.contains("--reference-answers") && err.contains(&*work.join("prompts.jsonl").to_string_lossy()),
         "{err}"
     );
+}
+
+/// A work directory's `responses.jsonl`, one record per answer.
+fn responses(work: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(work.join("responses.jsonl")).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// `hamburger-train answers --work WORK --into CORPUS --max-tokens N`.
+fn keep_answers(work: &Path, corpus: &Path, max_tokens: &str) -> Command {
+    let mut c = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/hamburger-train"));
+    c.args(["answers", "--work"]).arg(work).arg("--into").arg(corpus).args(["--max-tokens", max_tokens]);
+    c
+}
+
+/// The answers corpus (`train/answers/`): the base's answers of one draft
+/// run, kept with `answers`, seed another work directory (`draft
+/// --answers`), whose server then answers only what the corpus does not
+/// hold for the very chat asked; keeping them again adds nothing, and a
+/// corpus of another budget, or one cut short, is refused naming it.
+#[test]
+fn answers_kept_in_a_corpus_are_not_answered_again_in_a_new_work_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let sharegpt_file = |name: &str, first: &str| {
+        let path = dir.path().join(name);
+        let chats = [first, "Explain recursion to a ten-year-old.", "Write a haiku about autumn leaves."];
+        let entries: Vec<Value> = chats.iter().enumerate().map(|(i, t)| chat(&format!("toy{i}"), &[t])).collect();
+        sharegpt::write_file(&path, &entries);
+        path
+    };
+    let draft = |work: &Path, source: &Path, extra: &[&str]| {
+        let mut flags = vec!["--sharegpt", source.to_str().unwrap(), "--sharegpt-share", "1", "--prompts", "3"];
+        flags.extend(["--max-tokens", "16", "--slots", "2", "--steps", "1", "--batch", "4"]);
+        let out = stage("draft", work, &tiny_fixture(), &[&flags[..], extra].concat()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "draft failed: {err}");
+        err
+    };
+    let source = sharegpt_file("sharegpt.json", "Give me three tips for sleeping better.");
+    let first = dir.path().join("first");
+    draft(&first, &source, &[]);
+    let corpus = dir.path().join("answers/verifier.jsonl.gz");
+    run_ok(&mut keep_answers(&first, &corpus, "16"));
+    let kept = run_ok(Command::new("gzip").arg("-dc").arg(&corpus));
+    let kept: Vec<Value> = kept.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(first.join("verifier/meta.json")).unwrap()).unwrap();
+    assert_eq!((&kept[0]["teacher"], &kept[0]["max_tokens"]), (&meta["base"], &json!(16)), "{}", kept[0]);
+    assert_eq!(kept.len(), 4, "a header and 3 answers");
+    let answers = |rs: &[Value]| -> Vec<(String, String)> {
+        let mut v: Vec<_> = rs.iter().map(|r| (r["id"].to_string(), r["response"].to_string())).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(answers(&kept[1..]), answers(&responses(&first)));
+
+    // A new work directory takes all three from the corpus: no server answers.
+    let second = dir.path().join("second");
+    let log = draft(&second, &source, &["--answers", corpus.to_str().unwrap()]);
+    assert!(log.contains("answers: 3 of 3 prompts answered from") && log.contains("data: all 3 prompts answered"));
+    assert_eq!(answers(&responses(&second)), answers(&responses(&first)));
+    // One chat changed under the same id: that one is answered anew.
+    let changed = sharegpt_file("changed.json", "Give me three tips for waking up early.");
+    let third = dir.path().join("third");
+    let log = draft(&third, &changed, &["--answers", corpus.to_str().unwrap()]);
+    assert!(log.contains("answers: 2 of 3 prompts answered from") && !log.contains("data: all 3"), "{log}");
+    assert_eq!(responses(&third).len(), 3);
+
+    // Kept again: nothing new, the same bytes.
+    let before = std::fs::read(&corpus).unwrap();
+    run_ok(&mut keep_answers(&second, &corpus, "16"));
+    assert_eq!(std::fs::read(&corpus).unwrap(), before);
+    // Another budget, and a corpus cut short: refused naming the file.
+    let err = one_line_error(&mut keep_answers(&first, &corpus, "32"));
+    assert!(err.contains(&*corpus.to_string_lossy()) && err.contains("--max-tokens"), "{err}");
+    std::fs::write(&corpus, &before[..before.len() / 2]).unwrap();
+    let mut fourth = stage("draft", &dir.path().join("4"), &tiny_fixture(), &["--answers", corpus.to_str().unwrap()]);
+    let err = one_line_error(&mut fourth);
+    assert!(err.contains(&*corpus.to_string_lossy()) && err.contains("not a whole answers corpus"), "{err}");
 }
