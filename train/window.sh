@@ -3,9 +3,10 @@
 # (hamburger-train pack lays this script into each folder it makes):
 #   bash .device/train/pN/window.sh stage        # keep this folder's files in $HAMBURGER_PACK
 #   bash .device/train/pN/window.sh run FLAGS    # stage the last folder, join the pieces, run the window
-# `run` runs `hamburger-train window` (train/ of the working tree, python3)
-# with FLAGS ($PYTHON, default python3), its work in $HAMBURGER_WORK and
-# what comes back in $OUT.
+#   bash .device/train/pN/window.sh draft FLAGS  # the same, then a draft head's window instead
+# `run` runs `hamburger-train window` (`draft`: `hamburger-train
+# draft-window`; train/ of the working tree, python3) with FLAGS ($PYTHON,
+# default python3), its work in $HAMBURGER_WORK and what comes back in $OUT.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 pack=${HAMBURGER_PACK:-/tmp/hamburger-pack}
@@ -19,7 +20,8 @@ stage() {
 }
 case "${1:-}" in
   stage) stage ;;
-  run)
+  run | draft)
+    stage_name=$([ "$1" = run ] && echo window || echo draft-window)
     shift
     stage
     # a file cut into NN pieces is joined once all NN are staged (else `window` names it)
@@ -34,7 +36,8 @@ case "${1:-}" in
     mkdir -p "$out"
     set -o pipefail
     PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/train${PYTHONPATH:+:$PYTHONPATH}" \
-      "${PYTHON:-python3}" -m hamburger_train window --pack "$pack" --work "$work" --out "$out" "$@" 2>&1 | tee "$out/window.log"
+      "${PYTHON:-python3}" -m hamburger_train "$stage_name" --pack "$pack" --work "$work" --out "$out" "$@" 2>&1 |
+      tee "$out/$stage_name.log"
     ;;
-  *) echo "usage: window.sh stage | window.sh run FLAGS" >&2; exit 2 ;;
+  *) echo "usage: window.sh stage | window.sh run FLAGS | window.sh draft FLAGS" >&2; exit 2 ;;
 esac

@@ -10,6 +10,7 @@
     hamburger-train greedy    --out CKPT --ids 1,2,3 # the runtime's greedy decoding of a checkpoint (a check; --cases FILE: many)
     hamburger-train pack      --work DIR --out .device/train   # a GPU window's prompts and files, in parts that travel
     hamburger-train window    --pack DIR --work DIR --out DIR  # on the GPU machine: answers, training, export
+    hamburger-train draft-window --pack DIR --work DIR --out DIR  # there: a draft head, the same way
     hamburger-train draft     --work DIR --init GRAFTED   # the micro decoder as a draft head (verified decoding)
     hamburger-train accept    --work DIR --prompts FILE   # accepted tokens per verify forward of a draft head
     hamburger-train answers   --work DIR --into FILE      # a draft run's answers kept in a corpus (train/answers/)
@@ -137,21 +138,43 @@ def train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-windows", action="store_true", help="the micro decoder and stop head learn the up to 3 "
                    "tokens after every step's first, not only the step's own (the stop head then ends steps)")
     p.add_argument("--init", type=Path, help="start from this grafted.safetensors (e.g. the shipped model's)")
+    device_flags(p)
+
+
+def device_flags(p: argparse.ArgumentParser) -> None:
+    """Where and in what precision training runs (`train`, and the windows on a GPU machine)."""
     p.add_argument("--device", default="cpu", help="the torch device (cpu, cuda, cuda:N; default cpu)")
     p.add_argument("--dtype", default="f32", choices=DTYPES,
                    help="precision of the training passes (bf16: autocast, the losses in f32; default f32)")
 
 
+def window_flags(p: argparse.ArgumentParser) -> None:
+    """A GPU window's pack, folders and clock (`window`, `draft-window`)."""
+    p.add_argument("--pack", type=Path, required=True, help="the staged pack (window.sh stage)")
+    p.add_argument("--work", type=Path, required=True, help="work directory (resumable state)")
+    p.add_argument("--out", type=Path, required=True, help="what comes back: the trained parts, history, summary")
+    p.add_argument("--minutes", type=float, default=8.0, help="the window's clock (default 8)")
+    p.add_argument("--answer-share", type=share, default=0.4, help="the share of the clock new answers may take")
+    p.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer")
+    p.add_argument("--answer-batch", type=int, default=128, help="prompts answered at once")
+
+
+def head_flags(steps: int, batch: int, lr: float) -> Callable[[argparse.ArgumentParser], None]:
+    """A draft head's training schedule (`draft`, `draft-window`), with these defaults."""
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--steps", type=int, default=steps, help="optimizer steps in all")
+        p.add_argument("--batch", type=int, default=batch, help="answer rows (drafting positions) per optimizer step")
+        p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+        p.add_argument("--seed", type=int, default=0, help="seed")
+        p.add_argument("--micro-lr-scale", type=float, default=1.0, help="the micro decoder's learning rate as a "
+                       "share of --lr (0: frozen, only the stop head learns: about half the compute a row)")
+    return add
+
+
 def draft_flags(p: argparse.ArgumentParser) -> None:
-    """`draft`'s training flags."""
+    """`draft`'s own flags."""
     p.add_argument("--init", type=Path, help="the grafted.safetensors whose base verifies and whose micro decoder "
                    "and stop head training starts from (default: the base checkpoint's own modules)")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps in all")
-    p.add_argument("--batch", type=int, default=32, help="answer rows (drafting positions) per optimizer step")
-    p.add_argument("--lr", type=float, default=2e-4, help="peak learning rate")
-    p.add_argument("--seed", type=int, default=0, help="seed")
-    p.add_argument("--micro-lr-scale", type=float, default=1.0, help="the micro decoder's learning rate as a "
-                   "share of --lr (0: frozen, only the stop head learns: about half the compute a row)")
     p.add_argument("--out", type=Path, help="where the run's state, history and grafted.safetensors go "
                    "(default WORK/draft; several runs can share one work directory's features)")
     p.add_argument("--reference-answers", action="store_true", help="train on ShareGPT's own replies to its "
@@ -216,7 +239,7 @@ def parser() -> Parser:
     a.set_defaults(grafted=None, snapshot=None)
     drafting = flags(rule_flags)
     stage("draft", "the micro decoder and stop head trained as a draft head on the frozen base's cached features "
-          "at one token per entry", work, data, flags(draft_flags), drafting)
+          "at one token per entry", work, data, flags(head_flags(1000, 32, 2e-4)), flags(draft_flags), drafting)
     c = stage("accept", "accepted tokens per verify forward of a draft head on a prompt set", work, drafting)
     c.add_argument("--prompts", type=Path, required=True, help="JSON lines with id and prompt "
                    "(e.g. train/heldout-prompts.jsonl)")
@@ -249,15 +272,14 @@ def parser() -> Parser:
                    "answered again)")
     k.add_argument("--room-mib", type=int, help="the most one folder holds (default: what a call carries, "
                    "60 MiB, less the working tree, which travels with every call)")
-    w = stage("window", "on a GPU machine, from a pack: the base's answers, segmentation, training, "
-              "calibration and export against one clock", train, segment)
-    w.add_argument("--pack", type=Path, required=True, help="the staged pack (window.sh stage)")
-    w.add_argument("--work", type=Path, required=True, help="work directory (resumable state)")
-    w.add_argument("--out", type=Path, required=True, help="what comes back: grafted parts, answers, history")
-    w.add_argument("--minutes", type=float, default=8.0, help="the window's clock (default 8)")
-    w.add_argument("--answer-share", type=share, default=0.4, help="the share of the clock new answers may take")
-    w.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer")
-    w.add_argument("--answer-batch", type=int, default=128, help="prompts answered at once")
+    stage("window", "on a GPU machine, from a pack: the base's answers, segmentation, training, "
+          "calibration and export against one clock", train, segment, flags(window_flags))
+    dw = stage("draft-window", "on a GPU machine, from a pack: the verifier's answers, their features and a draft "
+               "head trained on them against one clock", flags(window_flags), flags(device_flags),
+               flags(head_flags(4000, 256, 3e-4)))
+    dw.add_argument("--init", type=Path, help="the grafted.safetensors whose base verifies and whose draft head "
+                    "(else micro decoder) training starts from (default: the pack's; after a window in the same "
+                    "lease, WORK/export/grafted.safetensors goes on from its result)")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
     g.add_argument("--out", type=Path, required=True, metavar="CHECKPOINT", help="the checkpoint directory")
     prompts = g.add_mutually_exclusive_group(required=True)
@@ -354,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         from . import device
         torch.set_num_threads(a.threads)
         device.use(getattr(a, "device", "cpu"))
+    if a.stage == "draft-window":
+        from . import draft_window
+        draft_window.run(a.pack, a.work, a.out, a.init, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,
+                         a.steps, a.batch, a.lr, a.seed, a.micro_lr_scale, a.dtype)
+        return 0
     if a.stage == "window":
         from . import window
         window.run(a.pack, a.work, a.out, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from . import corpus, data, features, records, segment
+from . import corpus, data, device, features, records, segment
 from .drafting import DRAFT_HEAD, DraftRule, measure, text_after, draftable, verifier
 from .export import write_checkpoint, write_safetensors
 from .gate import GatedRule
@@ -211,11 +211,8 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
         answers: Path | None = None) -> None:
     """Prepares the work directory (`prepare`; ShareGPT's own replies as the
     training answers with `references`, the corpus `answers`' answers
-    where it has them), then trains until `steps`
-    optimizer steps of `batch` rows, resuming from `out/state.pt` (default
-    `WORK/draft/`, where the run's history and result go too); the micro
-    decoder learns at `micro_lr_scale` times `lr` (0: only the stop head
-    learns). SIGINT or SIGTERM stops it after the step under way, saved."""
+    where it has them), then trains (`train_head`) into `out` (default
+    `WORK/draft/`)."""
     if init is not None and not init.exists():
         raise SystemExit(f"draft: --init {init} does not exist")
     kept = corpus.read(answers) if answers is not None else None  # a broken corpus is refused before any work
@@ -224,7 +221,20 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     # What macro steps keep: `--init`'s file, else the base's own modules.
     macro = load_file(str(init)) if init is not None else {
         k: t.detach().clone() for k, t in model.original_state(grafted_only=True).items()}
-    out = out or work / "draft"
+    train_head(work, model, meta, macro, out or work / "draft", steps, batch, lr, seed, confidences, p_mins,
+               micro_lr_scale)
+
+
+def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.Tensor], out: Path, steps: int,
+               batch: int, lr: float, seed: int, confidences: list[float], p_mins: list[float],
+               micro_lr_scale: float = 1.0, dtype: str = "f32", deadline: float | None = None) -> None:
+    """Trains `model`'s micro decoder (at `micro_lr_scale` times `lr`; 0:
+    only the stop head learns) and stop head as a draft head on `work`'s
+    cached features until `steps` optimizer steps of `batch` rows, under
+    `device.autocast(dtype)`, resuming from `out/state.pt`; then writes the
+    macro modules `macro` with the head beside them (`export`). SIGINT or
+    SIGTERM stops it after the step under way, saved; at `deadline`
+    (time.monotonic()) it stops saved and exports what it has."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "state.pt"
     st = torch.load(path, weights_only=False) if path.exists() else None
@@ -234,14 +244,14 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     step, history, cpu_s = 0, [], 0.0
     if st is not None:
         if st["base"] != meta["base"]:
-            raise SystemExit(f"draft: {path} was trained on another base than this one (--init {init})")
+            raise SystemExit(f"draft: {path} was trained on another base than this one")
         load_head(model, st["head"])
         opt.load_state_dict(st["opt"])
         step, history, cpu_s = st["step"], st["history"], st["cpu_s"]
         print(f"draft: resumed at step {step}", file=sys.stderr)
     rules = rules_of(confidences, p_mins, model.cfg.max_steps - 1)
     cache = features.load(work / "features", meta, "train")
-    held = features.load(work / "features", meta, "heldout", VAL_ANSWERS)
+    held = features.load(work / "features", meta, "heldout", VAL_ANSWERS, required=False)
     rows = draftable(cache, model.cfg.eos)
     seen = history[-1]["seen_rows"] if history else 0
     t0 = time.process_time()
@@ -251,8 +261,10 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
         return cpu_s + time.process_time() - t0
 
     def validate() -> None:
-        """The acceptance of every rule on the held-out answers, into the
-        history, with the ungated rule's teacher-forced twin."""
+        """The acceptance of every rule on the held-out answers (when there
+        are any), into the history, with the ungated rule's teacher-forced twin."""
+        if held is None:
+            return
         forced = teacher_forced_accepted(model, held)
         for a in measure(model, held, rules):
             history.append({"kind": "val", "step": step, "seen_rows": seen, "cpu_s": cpu(), **asdict(a),
@@ -271,6 +283,10 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     order, order_epoch = [], -1
     with StopSignals() as stop:
         while step < steps:
+            if deadline is not None and time.monotonic() > deadline:
+                save()
+                print(f"draft: stopped at the deadline, step {step} of {steps} (saved)", file=sys.stderr)
+                break
             epoch, i0 = divmod(step * batch, len(rows))
             if epoch != order_epoch:
                 order, order_epoch = list(range(len(rows))), epoch
@@ -279,7 +295,8 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, lr) * g["scale"]
             opt.zero_grad()
-            loss, sums = batch_loss(model, cache, picks)
+            with device.autocast(dtype):
+                loss, sums = batch_loss(model, cache, picks)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
@@ -346,7 +363,7 @@ def export(model: HAMburger, macro: dict[str, torch.Tensor], path: Path) -> None
     alone goes to `draft-head.safetensors` beside it, the file a repository
     ships next to grafted modules it already has (`hamburger-testmodel
     smollm2 --grafted GRAFTED --grafted HEAD`)."""
-    head = {DRAFT_HEAD + k.removeprefix("micro_step_decoder."): v.detach().to(torch.float16)
+    head = {DRAFT_HEAD + k.removeprefix("micro_step_decoder."): v.detach().to("cpu", torch.float16)
             for k, v in head_state(model).items()}
     write_safetensors({**macro, **head}, path)
     write_safetensors(head, path.with_name("draft-head.safetensors"))

@@ -188,10 +188,12 @@ def in_memory(model: HAMburger, texts: list[tuple[str, list[int], int]]) -> Cach
     return Cache(torch.cat(feats), torch.cat(nxt), no_top.long(), no_top, torch.cat(ends), answers)
 
 
-def load(cache: Path, want: dict, split: str | None = None, limit: int | None = None) -> Cache:
+def load(cache: Path, want: dict, split: str | None = None, limit: int | None = None,
+         required: bool = True) -> Cache | None:
     """The cached rows of the answers of `split` (all when None; the first
-    `limit` answers when given), refusing a cache made with another base or
-    tokenizer than `want` (`meta_of`)."""
+    `limit` answers when given) on the default device, refusing a cache
+    made with another base or tokenizer than `want` (`meta_of`); with no
+    such answers, a one-line error, or None when not `required`."""
     if not (cache / "meta.json").exists():
         raise SystemExit(f"features: {cache} holds no feature cache")
     check_meta(cache, want)
@@ -217,5 +219,8 @@ def load(cache: Path, want: dict, split: str | None = None, limit: int | None = 
             rows += a["rows"]
             ends.append(torch.full((a["rows"],), rows))
     if not answers:
+        if not required:
+            return None
         raise SystemExit(f"features: {cache} holds no {split or ''} answers".replace("  ", " "))
-    return Cache(*(torch.cat(parts[k]) for k in parts), torch.cat(ends), answers)
+    on = torch.get_default_device()
+    return Cache(*(torch.cat(parts[k]).to(on) for k in parts), torch.cat(ends).to(on), answers)

@@ -9,7 +9,8 @@ window, the answers it returned (`--answers`). The files, large ones cut into
 pieces, are laid into folders `OUT/p1 .. pN`, each small enough to travel
 beside the working tree in one call, each with a copy of `window.sh`, which
 stages a folder on the GPU machine (`window.sh stage`) and, from the last,
-runs the window (`window.sh run FLAGS`); `OUT/steps.txt` lists the calls.
+runs the window (`window.sh run FLAGS`) or a draft head's window
+(`window.sh draft FLAGS`); `OUT/steps.txt` lists the calls.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ WINDOW_SH = Path(__file__).resolve().parents[1] / "window.sh"
 WINDOW_FLAGS = ("--device cuda --dtype bf16 --minutes 8 --steps 1500 --batch 16 --lr 2e-4 --lora-rank 8 "
                 "--plain-weight 1 --answer-batch 256")
 """The window's flags `steps.txt` suggests: the shipped model's recipe, bf16 on the GPU, an 8-minute clock."""
+DRAFT_WINDOW_FLAGS = "--device cuda --dtype bf16 --minutes 5 --steps 4000 --batch 256 --lr 3e-4 --answer-batch 256"
+"""The draft head's window flags `steps.txt` suggests: draft run 6's rate, rows in batches a GPU fills."""
 TRAVEL_BYTES = 60 * 1024 * 1024
 """What one call may carry, the working tree included (the device takes 64 MiB; a margin kept)."""
 
@@ -150,6 +153,8 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     shown = [d.relative_to(ROOT) if d.is_relative_to(ROOT) else d for d in folders]
     steps = [f"bash {d}/window.sh stage" for d in shown[:-1]]
     steps.append(f"bash {shown[-1]}/window.sh run {WINDOW_FLAGS}")
+    steps.append(f"# or, in its place or in a later call, a draft head: "
+                 f"bash {shown[-1]}/window.sh draft {DRAFT_WINDOW_FLAGS}")
     if init_in_tree:  # here, before the first call and after the last
         keep = f"/tmp/hamburger-init-{init.name}"
         steps = [f"# here: mv {init} {keep}", *steps, f"# here: mv {keep} {init}"]

@@ -107,22 +107,37 @@ def check_pack(pack: Path) -> None:
                              "before window.sh run")
 
 
+class Clock:
+    """A window's clock, `minutes` from its making, and its summary, written
+    anew to `path` at every `note`, so a window cut short says how far it got."""
+
+    def __init__(self, minutes: float, path: Path):
+        self.start = time.monotonic()
+        self.end = self.start + minutes * 60
+        self.path = path
+        self.summary: dict = {"minutes": minutes, "device": str(torch.get_default_device())}
+
+    def note(self, **kv) -> None:
+        """Adds `kv` and the seconds elapsed to the summary, and writes it."""
+        self.summary.update(kv, elapsed_s=round(time.monotonic() - self.start, 1))
+        self.path.write_text(json.dumps(self.summary, indent=1) + "\n")
+
+
+def start(pack: Path, work: Path, out: Path, minutes: float, summary: str) -> Clock:
+    """A window's start: the pack checked whole, the folders made, the clock
+    started with its summary in `out/summary`."""
+    check_pack(pack)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return Clock(minutes, out / summary)
+
+
 def run(pack: Path, work: Path, out: Path, minutes: float, answer_share: float, max_tokens: int,
         answer_batch: int, train_args: dict, ratio: float, min_entropy: float) -> None:
     """The window's steps (the module's list), against a clock of `minutes`;
     training starts from `train_args["init"]`, by default the pack's `init.safetensors`."""
-    check_pack(pack)
-    start = time.monotonic()
-    end = start + minutes * 60
-    work.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"minutes": minutes, "device": str(torch.get_default_device())}
-
-    def note(**kv) -> None:
-        """Adds to `window.json` and writes it at once."""
-        summary.update(kv, elapsed_s=round(time.monotonic() - start, 1))
-        (out / "window.json").write_text(json.dumps(summary, indent=1) + "\n")
-
+    clock = start(pack, work, out, minutes, "window.json")
+    note = clock.note
     base = base_checkpoint(pack, work)
     note(base="built")
     prompts = read_gz_lines(pack / "prompt-ids.jsonl.gz")
@@ -131,14 +146,15 @@ def run(pack: Path, work: Path, out: Path, minutes: float, answer_share: float, 
     teacher.eval()
     known = [r for r in prompts if r["id"] in earlier]
     generate.run(work, teacher, known, max_tokens, answer_batch, forced=earlier)
-    generate.run(work, teacher, prompts, max_tokens, answer_batch, deadline=start + answer_share * minutes * 60)
+    answering_ends = clock.start + answer_share * minutes * 60
+    generate.run(work, teacher, prompts, max_tokens, answer_batch, deadline=answering_ends)
     del teacher
     answers = answer_ids(work)
     write_gz_lines(answers, out / "answers.jsonl.gz")
     note(answered=len(answers), answer_tokens=sum(len(a["answer"]) for a in answers))
     segment.write_segments(work, json.loads((base / "hamburger.json").read_text())["max_steps"], ratio, min_entropy)
     train_args = train_args | {"init": train_args.get("init") or pack / "init.safetensors"}
-    train.run(work, base, deadline=end - EXPORT_RESERVE_S, **train_args)
+    train.run(work, base, deadline=clock.end - EXPORT_RESERVE_S, **train_args)
     st = torch.load(train_dir(work) / "state.pt", weights_only=False, map_location="cpu")
     note(steps=st["step"], seen_tokens=st["history"][-1]["seen_tokens"] if st["history"] else 0)
     if calibrate.calibration_rows(work):

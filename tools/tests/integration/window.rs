@@ -5,12 +5,14 @@
 //! `window.sh run` from the last (the base from its GGUF, its answers, two
 //! training steps from the shipped modules, calibration, export); then the
 //! returned parts joined into a model that converts and runs, and a second
-//! window that scores the first one's answers instead of answering again.
+//! window that scores the first one's answers instead of answering again;
+//! and a draft head's window (`window.sh draft`) whose returned head joins,
+//! converts and drafts.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use testing::process::assert_one_line_error;
 use testing::sharegpt::{self, chat};
 use testing::testmodel::{self, from_gguf};
@@ -51,12 +53,18 @@ fn window_sh(dir: &Path, folder: &Path, args: &[&str]) -> Command {
     c
 }
 
-/// Stages every folder of `pack` as on the GPU machine, runs the window from
-/// the last with the toy flags and `extra`, and returns its `window.json`.
-fn stage_and_run(d: &Path, pack: &Path, extra: &[&str]) -> Value {
+/// The folders of `pack`, in the order they travel.
+fn folders(pack: &Path) -> Vec<PathBuf> {
     let mut folders: Vec<PathBuf> =
         std::fs::read_dir(pack).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     folders.sort();
+    folders
+}
+
+/// Stages every folder of `pack` as on the GPU machine, runs the window from
+/// the last with the toy flags and `extra`, and returns its `window.json`.
+fn stage_and_run(d: &Path, pack: &Path, extra: &[&str]) -> Value {
+    let folders = folders(pack);
     for f in &folders[..folders.len() - 1] {
         run_ok(&mut window_sh(d, f, &["stage"]));
     }
@@ -73,6 +81,31 @@ fn calibrated(out: &Path) -> bool {
 fn gz_lines(path: &Path) -> Vec<Value> {
     let text = run_ok(Command::new("gzip").arg("-dc").arg(path));
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The returned `parts` (under `out`, each at most 15 MiB) joined in order into `to`.
+fn joined(out: &Path, parts: &[String], to: &Path) -> PathBuf {
+    let paths: Vec<PathBuf> = parts.iter().map(|p| out.join(p)).collect();
+    assert!(paths.iter().all(|p| p.metadata().unwrap().len() <= 15 << 20), "{paths:?}");
+    std::fs::write(to, paths.iter().flat_map(|p| std::fs::read(p).unwrap()).collect::<Vec<u8>>()).unwrap();
+    to.to_path_buf()
+}
+
+/// The PyPI SmolLM2 with the `grafted` files folded in (`d/name`), converted to
+/// Q8_0 and decoding 8 tokens of "Hello" greedily with `extra` flags: the CLI's JSON report.
+fn decoded(d: &Path, name: &str, grafted: &[&Path], extra: &[&str]) -> Value {
+    let base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
+    std::fs::create_dir_all(d.join(name)).unwrap();
+    from_gguf::write(&base, &d.join(name), from_gguf::Grafted::Trained(grafted)).unwrap();
+    let gguf = d.join(format!("{name}-q8_0.gguf"));
+    run_ok(Command::new(env!("CARGO_BIN_EXE_hamburger-convert")).arg(d.join(name)).arg("--outfile").arg(&gguf).args([
+        "--outtype",
+        "q8_0",
+        "--no-progress",
+    ]));
+    let mut cli = Command::new(env!("CARGO_BIN_EXE_hamburger-cli"));
+    cli.arg("-m").arg(&gguf).args(["-p", "Hello", "-n", "8", "--temp", "0", "--json", "--ignore-eos"]).args(extra);
+    serde_json::from_str(run_ok(&mut cli).lines().last().unwrap()).unwrap()
 }
 
 const TOY: [&str; 14] = [
@@ -120,9 +153,7 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     assert_eq!(ids.len(), 8, "the rest from the standard library: {ids:?}");
 
     let steps = std::fs::read_to_string(pack.join("steps.txt")).unwrap();
-    let mut folders: Vec<PathBuf> =
-        std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
-    folders.sort();
+    let folders = folders(&pack);
     assert!(folders.len() >= 4, "a 98 MB GGUF and a 59 MB init in folders of 40 MiB: {folders:?}");
     assert_eq!(steps.lines().filter(|l| !l.starts_with('#')).count(), folders.len(), "{steps}");
     assert!(
@@ -147,38 +178,10 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     }
 
     // The returned parts join into the trained modules, which convert and run.
-    let mut parts: Vec<PathBuf> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("grafted.safetensors.part-"))
-        .collect();
-    parts.sort();
-    assert!(parts.len() >= 4 && parts.iter().all(|p| p.metadata().unwrap().len() <= 15 << 20), "{parts:?}");
-    let joined: Vec<u8> = parts.iter().flat_map(|p| std::fs::read(p).unwrap()).collect();
-    std::fs::write(d.join("grafted.safetensors"), joined).unwrap();
-    let base = testmodel::smollm2_gguf(&testmodel::cache_dir()).unwrap();
-    let grafted = d.join("grafted.safetensors");
-    std::fs::create_dir_all(d.join("trained")).unwrap();
-    from_gguf::write(&base, &d.join("trained"), from_gguf::Grafted::Trained(&[grafted.as_path()])).unwrap();
-    let gguf = d.join("trained-q8_0.gguf");
-    run_ok(
-        Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
-            .arg(d.join("trained"))
-            .arg("--outfile")
-            .arg(&gguf)
-            .args(["--outtype", "q8_0", "--no-progress"]),
-    );
-    let cli = run_ok(Command::new(env!("CARGO_BIN_EXE_hamburger-cli")).arg("-m").arg(&gguf).args([
-        "-p",
-        "Hello",
-        "-n",
-        "8",
-        "--temp",
-        "0",
-        "--json",
-        "--ignore-eos",
-    ]));
-    let v: Value = serde_json::from_str(cli.lines().last().unwrap()).unwrap();
+    let parts: Vec<String> = summary["parts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().into()).collect();
+    assert!(parts.len() >= 4, "{parts:?}");
+    let grafted = joined(&out, &parts, &d.join("grafted.safetensors"));
+    let v = decoded(d, "trained", &[grafted.as_path()], &[]);
     assert_eq!(v["output_ids"].as_array().unwrap().len(), 8, "{v}");
 
     // A second window from a pack that carries the first one's answers scores them, teacher-forced,
@@ -230,7 +233,8 @@ fn a_missing_or_broken_data_package_or_answers_file_is_one_line_naming_it() {
 }
 
 /// A window whose held-out answers are all evaluation prompts (which
-/// calibration never fits on) still exports its trained modules, uncalibrated.
+/// calibration never fits on) still exports its trained modules,
+/// uncalibrated; then a draft head's window from the same pack.
 #[test]
 fn a_window_with_only_evaluation_prompts_held_out_exports_uncalibrated() {
     let dir = tempfile::tempdir().unwrap();
@@ -250,4 +254,33 @@ fn a_window_with_only_evaluation_prompts_held_out_exports_uncalibrated() {
     assert!(!calibrated(&d.join("out")), "nothing to calibrate on");
     let log = std::fs::read_to_string(d.join("out/window.log")).unwrap();
     assert!(log.contains("not calibrated"), "{log}");
+
+    // The same pack's draft window: the verifier's answers, their features and the draft
+    // head trained from the shipped one, returned in parts that join into a head the
+    // runtime drafts with.
+    let last = folders(&pack).pop().unwrap();
+    let toy = ["--device", "cpu", "--minutes", "10", "--steps", "2", "--batch", "8", "--max-tokens", "8"];
+    run_ok(&mut window_sh(d, &last, &[&["draft"], &toy[..], &["--answer-batch", "3", "-t", "2"]].concat()));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out/draft-window.json")).unwrap()).unwrap();
+    assert_eq!((&summary["done"], &summary["answered"], &summary["steps"]), (&json!(true), &json!(3), &json!(2)));
+    let parts: Vec<String> = summary["parts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().into()).collect();
+    assert!(parts.len() >= 2, "{parts:?}");
+    let head = joined(&d.join("out"), &parts, &d.join("draft-head.safetensors"));
+    let shipped = repo().join("models/smollm2-hamburger/draft-head.safetensors");
+    let (ours, theirs) = (std::fs::read(&head).unwrap(), std::fs::read(&shipped).unwrap());
+    let (ours, theirs) = (
+        safetensors::SafeTensors::deserialize(&ours).unwrap(),
+        safetensors::SafeTensors::deserialize(&theirs).unwrap(),
+    );
+    let (mut a, mut b) = (ours.names(), theirs.names());
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b, "every tensor of a draft head");
+    assert!(a.iter().all(|k| ours.tensor(k).unwrap().shape() == theirs.tensor(k).unwrap().shape()));
+    assert!(a.iter().any(|k| ours.tensor(k).unwrap().data() != theirs.tensor(k).unwrap().data()), "it trained");
+    let grafted = repo().join("models/smollm2-hamburger/grafted.safetensors");
+    let forced = ["--spec-type", "draft-mtp", "--spec-draft-n-min", "3"];
+    let v = decoded(d, "drafting", &[grafted.as_path(), head.as_path()], &forced);
+    assert_eq!(v["output_ids"].as_array().unwrap().len(), 8, "{v}");
 }

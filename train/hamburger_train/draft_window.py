@@ -1,0 +1,66 @@
+"""`draft-window`: a draft head trained inside one window on a GPU machine.
+
+What `draft` does on the CPU in hours, from the same pack as `window`
+(`pack`: the base's GGUF, its side files, the grafted modules to start
+from, the prompts as token ids) and against one clock (`--minutes`):
+
+1. the verifier: the base from its GGUF with `--init` (the pack's
+   `init.safetensors` by default; its tuned base layers and adapters folded
+   in: the base that verifies the shipped model's drafts), as `draft`
+   builds it, the same weights to the bit (the same fingerprint);
+2. the verifier's greedy answers (`generate`, the CPU path's greedy rule),
+   until `--answer-share` of the clock is spent;
+3. their features and the verifier's 8 most likely tokens (`features`);
+4. the draft head trained from `init`'s micro decoder and stop head
+   (`draft.train_head`) until the steps are done or the clock leaves only
+   the export's time;
+5. the head exported (`draft-head.safetensors`, f16) in parts under 16 MiB.
+
+What comes back (`--out`), each as soon as it exists: the head's parts,
+`draft-history.json` and `draft-window.json` (what was done, in how long),
+so a window cut short still returns what it trained.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from . import draft, features, generate, records
+from .drafting import verifier
+from .window import EXPORT_RESERVE_S, base_checkpoint, read_gz_lines, split_file, start
+
+
+def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, answer_share: float, max_tokens: int,
+        answer_batch: int, steps: int, batch: int, lr: float, seed: int, micro_lr_scale: float, dtype: str) -> None:
+    """The window's steps (the module's list), against a clock of `minutes`,
+    from `init` (default: the pack's `init.safetensors`)."""
+    clock = start(pack, work, out, minutes, "draft-window.json")
+    note = clock.note
+    init = init or pack / "init.safetensors"
+    if not init.is_file():
+        raise SystemExit(f"draft-window: --init {init} does not exist")
+    base = base_checkpoint(pack, work)
+    work = work / "draft-window"  # the verifier's answers and features, apart from a macro window's base answers
+    work.mkdir(exist_ok=True)
+    model = verifier(base, init, "draft-window")
+    model.eval()
+    meta = features.meta_of(model, base)
+    note(verifier=meta["base"])
+    prompts = read_gz_lines(pack / "prompt-ids.jsonl.gz")
+    generate.run(work, model, prompts, max_tokens, answer_batch, deadline=clock.start + answer_share * minutes * 60)
+    answers = records.read(work / "scored.jsonl")
+    note(answered=len(answers), answer_tokens=sum(len(a["ids"]) - a["n_prompt"] for a in answers))
+    features.build(work / "features", model, base, answers)
+    note(features=True)
+    head = work / "draft"
+    draft.train_head(work, model, meta, load_file(str(init)), head, steps, batch, lr, seed, [0.5], [0.5],
+                     micro_lr_scale, dtype, deadline=clock.end - EXPORT_RESERVE_S)
+    st = torch.load(head / "state.pt", weights_only=False, map_location="cpu")
+    note(steps=st["step"], seen_rows=st["history"][-1]["seen_rows"] if st["history"] else 0)
+    note(parts=[p.name for p in split_file(head / "draft-head.safetensors", out)])
+    shutil.copyfile(head / "history.json", out / "draft-history.json")
+    note(done=True)
