@@ -245,6 +245,8 @@ def parser() -> Parser:
                    "(e.g. train/heldout-prompts.jsonl)")
     c.add_argument("--grafted", type=Path, help="the grafted.safetensors to measure (default: the work "
                    "directory's draft result)")
+    c.add_argument("--head", type=Path, help="a draft head alone (draft-head.safetensors, as a draft window "
+                   "returns it), drafting in place of --grafted's")
     c.add_argument("--max-tokens", type=int, default=128, help="most tokens per answer")
     c.add_argument("--slots", type=int, default=4, help="concurrent requests (server -np)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -317,7 +319,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
-                   a.p_min, a.json, a.runtime)
+                   a.p_min, a.json, a.runtime, a.head)
     elif stage == "segment":
         from . import segment
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)

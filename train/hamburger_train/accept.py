@@ -30,11 +30,12 @@ from .model import HAMburger
 
 def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Path, max_tokens: int, slots: int,
         threads: int, confidences: list[float], p_mins: list[float], as_json: bool,
-        with_runtime: bool = False) -> None:
-    """Measures `grafted` (default: the work directory's `draft` result) on
-    the prompts of `prompts` (JSON lines with `id` and `prompt`); with
-    `with_runtime` also the runtime's self-verified greedy decoding of the
-    same prompts (`runtime`) on that model as a GGUF (`runtime_gguf`)."""
+        with_runtime: bool = False, head: Path | None = None) -> None:
+    """Measures `grafted` (default: the work directory's `draft` result),
+    with the draft head alone in `head` when given, on the prompts of
+    `prompts` (JSON lines with `id` and `prompt`); with `with_runtime` also
+    the runtime's self-verified greedy decoding of the same prompts
+    (`runtime`) on that model as a GGUF (`runtime_gguf`)."""
     grafted = grafted or work / "draft" / "grafted.safetensors"
     if not grafted.exists():
         raise SystemExit(f"accept: {grafted} does not exist (run draft first, or give --grafted)")
@@ -45,7 +46,7 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
         raise SystemExit(f"accept: {prompts}: not JSON lines with id and prompt ({e})") from None
     if not rows:
         raise SystemExit(f"accept: {prompts} holds no prompts")
-    model = verifier(base, grafted, "accept")
+    model = verifier(base, grafted, "accept", head)
     meta = features.meta_of(model, base)
     teacher = verifier_gguf(work, bin_dir, base, model, meta, "accept")
     here = work / "accept" / prompts.stem
@@ -55,8 +56,8 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
     features.build(here / "features", model, base, records.read(here / "tokens.jsonl"))
     cache = features.load(here / "features", meta)
     results = measure(model, cache, rules_of(confidences, p_mins, model.cfg.max_steps - 1))
-    report = {"grafted": str(grafted), "prompts": str(prompts), "answers": len(cache.answers),
-              "tokens": len(cache.next), "rules": [asdict(r) for r in results]}
+    report = {"grafted": str(grafted), "head": head and str(head), "prompts": str(prompts),
+              "answers": len(cache.answers), "tokens": len(cache.next), "rules": [asdict(r) for r in results]}
     if with_runtime:
         tokenized = {r["id"]: r for r in records.read(here / "tokens.jsonl")}
         walked = [tokenized[a["id"]] for a in cache.answers]

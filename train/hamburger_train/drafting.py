@@ -49,19 +49,29 @@ def drafting_modules(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: t for k, t in sd.items() if not k.startswith(DRAFT_HEAD)} | head
 
 
-def verifier(base: Path, grafted: Path | None, stage: str) -> HAMburger:
+def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = None) -> HAMburger:
     """The model that verifies and drafts: the base checkpoint `base` with
     what `grafted` (a `grafted.safetensors`; None: nothing) changes: its
     base layers and adapters (folded into the weights: the frozen verifying
     base) and its grafted modules (the micro decoder and stop head that
-    draft: its draft head where it has one). A broken file is refused in
-    one line naming it (`stage` first)."""
+    draft: its draft head where it has one, or `head`'s, a draft head alone
+    as `draft-head.safetensors` holds it). A broken file is refused in one
+    line naming it (`stage` first)."""
     model = HAMburger.from_checkpoint(base)
+    sd: dict[str, torch.Tensor] = {}
+    for path in (p for p in (grafted, head) if p is not None):
+        try:
+            tensors = load_file(str(path))
+        except (OSError, SafetensorError) as e:
+            raise SystemExit(f"{stage}: {path}: {e}") from None
+        if path is head and not (tensors and all(k.startswith(DRAFT_HEAD) for k in tensors)):
+            raise SystemExit(f"{stage}: {head}: not a draft head alone (a tensor not named {DRAFT_HEAD}*)")
+        sd |= tensors
     try:
-        if grafted is not None:
-            model.load_original(drafting_modules(load_file(str(grafted))), grafted_only=True)
-    except (OSError, KeyError, RuntimeError, SafetensorError) as e:
-        raise SystemExit(f"{stage}: {grafted}: {e}") from None
+        if sd:
+            model.load_original(drafting_modules(sd), grafted_only=True)
+    except (KeyError, RuntimeError) as e:
+        raise SystemExit(f"{stage}: {grafted if head is None else f'{grafted} with {head}'}: {e}") from None
     model.merge_adapters()
     return model
 

@@ -4,7 +4,8 @@
 //! one that was not; caches of another base or tokenizer refused by name;
 //! the acceptance measure's walk and its teacher-forced twin agreeing;
 //! ShareGPT's own replies as the training text (`--reference-answers`);
-//! the base's answers kept in a corpus that seeds a new work directory.
+//! the base's answers kept in a corpus that seeds a new work directory;
+//! `accept --head`, a draft head alone beside macro modules.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -226,6 +227,33 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
     // With p_min 1 the runtime drafts nothing, as the tool's rule does.
     let never = report["runtime"].as_array().unwrap().iter().find(|r| r["p_min"] == json!(1.0)).unwrap().clone();
     assert_eq!((never["verify_forwards"].as_u64(), never["drafted_per_forward"].as_f64()), (Some(0), Some(0.0)));
+
+    // The head alone (`--head`, as a draft window returns it) beside macro modules
+    // without one measures as the file that holds both; the macro modules alone draft otherwise.
+    let both = std::fs::read(work.join("draft/grafted.safetensors")).unwrap();
+    let both = safetensors::SafeTensors::deserialize(&both).unwrap();
+    let macro_only: Vec<_> = both.tensors().into_iter().filter(|(k, _)| !k.starts_with("draft_head.")).collect();
+    let macro_file = dir.join("macro.safetensors");
+    safetensors::serialize_to_file(macro_only, None, &macro_file).unwrap();
+    let head = work.join("draft/draft-head.safetensors");
+    let measured = |grafted: &Path, head: Option<&Path>| -> Value {
+        let mut c = stage("accept", work, &tiny_fixture(), &args[..args.len() - 1]);
+        c.arg("--json").arg("--grafted").arg(grafted);
+        if let Some(h) = head {
+            c.arg("--head").arg(h);
+        }
+        serde_json::from_str::<Value>(&run_ok(&mut c)).unwrap()["rules"].clone()
+    };
+    let merged = measured(&work.join("draft/grafted.safetensors"), None);
+    assert_eq!(measured(&macro_file, Some(&head)), merged);
+    assert_ne!(measured(&macro_file, None), merged);
+    let err = one_line_error(&mut stage(
+        "accept",
+        work,
+        &tiny_fixture(),
+        &["--prompts", prompts.to_str().unwrap(), "--head", macro_file.to_str().unwrap()],
+    ));
+    assert!(err.contains("not a draft head") && err.contains("macro.safetensors"), "{err}");
 }
 
 /// Each stage takes its own flags: `draft` refuses `export`'s `--snapshot`
