@@ -51,7 +51,8 @@ def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, an
     meta = features.meta_of(model, base)
     note(verifier=meta["base"])
     prompts = read_gz_lines(pack / "prompt-ids.jsonl.gz")
-    generate.run(work, model, prompts, max_tokens, answer_batch, deadline=clock.start + answer_share * minutes * 60)
+    answering_ends = clock.start + answer_share * minutes * 60
+    generate.run(work, model, prompts, max_tokens, answer_batch, deadline=answering_ends, scores=False)
     answers = records.read(work / "scored.jsonl")
     note(answered=len(answers), answer_tokens=sum(len(a["ids"]) - a["n_prompt"] for a in answers))
     features.build(work / "features", model, base, answers)
