@@ -2,8 +2,8 @@
 repository (`train/answers/`), so that the CPU hours spent answering outlive
 the machine that spent them.
 
-Answering is the dear part of a draft run on the CPU (some 100-170 answer
-tokens/s on two cores: hours for a few thousand prompts), and a work
+Answering is the dear part of a draft run on the CPU (80-190 answer tokens/s
+on two cores, by prompt length: hours for a few thousand prompts), and a work
 directory lives only as long as its machine. A corpus is one gzipped
 JSON-lines file: a header line
 
