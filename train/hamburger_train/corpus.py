@@ -120,9 +120,12 @@ def save(work: Path, corpus: Path, max_tokens: int) -> None:
     check_header(corpus, old.header, want)
     kept = old.answers
     have = {a["id"] for a in kept}
-    new = [{"id": r["id"], "asked": asked_key(r), "response": r["response"], "finish_reason": r["finish_reason"]}
-           for r in records.read(work / "responses.jsonl")
-           if r.get("finish_reason") != "reference" and r.get("max_tokens") == max_tokens and r["id"] not in have]
+    new = []
+    for r in records.read(work / "responses.jsonl"):
+        if r.get("finish_reason") != "reference" and r.get("max_tokens") == max_tokens and r["id"] not in have:
+            have.add(r["id"])  # one answer an id, though a prompt list may name one twice
+            new.append({"id": r["id"], "asked": asked_key(r), "response": r["response"],
+                        "finish_reason": r["finish_reason"]})
     corpus.parent.mkdir(parents=True, exist_ok=True)
     tmp = corpus.with_name(corpus.name + ".part")
     # mtime 0: the same answers give the same bytes, so git stores no change for nothing.

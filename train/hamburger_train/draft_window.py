@@ -16,9 +16,11 @@ from, the prompts as token ids) and against one clock (`--minutes`):
    the export's time;
 5. the head exported (`draft-head.safetensors`, f16) in parts under 16 MiB.
 
-What comes back (`--out`), each as soon as it exists: the head's parts,
-`draft-history.json` and `draft-window.json` (what was done, in how long),
-so a window cut short still returns what it trained.
+What comes back (`--out`): the head's parts, `draft-history.json` and
+`draft-window.json` (what was done, in how long), rewritten at every step,
+so a window cut short says how far it got. Answering stops at its share
+of the clock and training keeps the export's time, but the features pass
+runs to its end once begun.
 """
 
 from __future__ import annotations
