@@ -14,6 +14,7 @@
     hamburger-train draft     --work DIR --init GRAFTED   # the micro decoder as a draft head (verified decoding)
     hamburger-train accept    --work DIR --prompts FILE   # accepted tokens per verify forward of a draft head
     hamburger-train answers   --work DIR --into FILE      # a draft run's answers kept in a corpus (train/answers/)
+    hamburger-train answers   --from FILE --into FILE     # a draft window's answers added to it
 
 Each subcommand takes its own flags (`hamburger-train STAGE --help`), `all`
 those of the stages it runs; `-t N` (CPU threads) goes before or after the
@@ -253,12 +254,15 @@ def parser() -> Parser:
     c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
                    "decoding of the same prompts (hamburger-cli --spec-type draft-mtp) on the measured model "
                    "converted to Q8_0, the teacher's type")
-    r = stage("answers", "a draft work directory's answers by the base added to a corpus that outlives the machine "
-              "(draft --answers reads it)")
-    r.add_argument("--work", type=Path, required=True, help="the draft work directory")
+    r = stage("answers", "a draft work directory's answers by the base, or a draft window's, added to a corpus "
+              "that outlives the machine (draft --answers reads it)")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("--work", type=Path, help="the draft work directory")
+    src.add_argument("--from", dest="source", type=Path, metavar="CORPUS",
+                     help="a corpus to add from: the verifier-answers.jsonl.gz a draft window returned")
     r.add_argument("--into", type=Path, required=True, metavar="CORPUS",
                    help="the corpus (train/answers/*.jsonl.gz; made when missing)")
-    r.add_argument("--max-tokens", type=int, default=192, help="the answers' token budget (draft's --max-tokens)")
+    r.add_argument("--max-tokens", type=int, default=192, help="the answers' token budget (draft's --max-tokens; with --work)")
     v = stage("draft-vocab", "the draft vocabulary: the most frequent tokens of the answers, with "
               "each size's coverage of the held-out answers", work)
     v.add_argument("--k", type=int, default=4096, help="tokens in the vocabulary (default 4096)")
@@ -390,7 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.stage == "answers":
         from . import corpus
-        corpus.save(a.work, a.into, a.max_tokens)
+        if a.source is not None:
+            corpus.merge(a.source, a.into)
+        else:
+            corpus.save(a.work, a.into, a.max_tokens)
         return 0
     if a.stage == "greedy":
         from .model import HAMburger, greedy

@@ -19,7 +19,9 @@ where KEY is `asked_key` of the chat that was answered. `seed` copies the
 corpus's answers to the prompts a work directory is about to answer (the
 same id and the same chat) into its `responses.jsonl`, so that they are not
 answered again; `save` adds a work directory's own answers (not ShareGPT's
-references) to a corpus, written anew atomically. A corpus of another
+references) to a corpus, written anew atomically; `from_ids` makes a corpus's
+answers of token ids (a draft window's, on a machine without this runtime),
+and `merge` adds one corpus to another. A corpus of another
 teacher, tokenizer or budget, or a file that is not a whole corpus, is
 refused in one line naming it.
 """
@@ -82,12 +84,13 @@ def read(path: Path) -> Corpus:
     return Corpus(path, header, answers)
 
 
-def check_header(path: Path, have: dict, want: dict) -> None:
-    """Refuses (one line naming `path`) a corpus whose teacher, tokenizer or budget is not `want`'s."""
+def check_header(path: Path, have: dict, want: dict, whose: str = "this run's") -> None:
+    """Refuses (one line naming `path`) a corpus whose teacher, tokenizer or
+    budget is not `want`'s (`whose`: where `want` is from, as the line says it)."""
     for key, what in (("teacher", "base"), ("tokenizer", "tokenizer"), ("max_tokens", "--max-tokens")):
         if have.get(key) != want[key]:
-            raise SystemExit(f"answers: {path} was answered with another {what} ({key} {have.get(key)}, this "
-                             f"run's {want[key]}): its answers are not this teacher's")
+            raise SystemExit(f"answers: {path} was answered with another {what} ({key} {have.get(key)}, "
+                             f"{whose} {want[key]}): its answers are not this teacher's")
 
 
 def seed(resp_path: Path, corpus: Corpus, rows: list[dict], meta: dict, max_tokens: int) -> int:
@@ -126,11 +129,50 @@ def save(work: Path, corpus: Path, max_tokens: int) -> None:
             have.add(r["id"])  # one answer an id, though a prompt list may name one twice
             new.append({"id": r["id"], "asked": asked_key(r), "response": r["response"],
                         "finish_reason": r["finish_reason"]})
-    corpus.parent.mkdir(parents=True, exist_ok=True)
-    tmp = corpus.with_name(corpus.name + ".part")
-    # mtime 0: the same answers give the same bytes, so git stores no change for nothing.
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-        for line in [want, *kept, *new]:
-            gz.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
-    os.replace(tmp, corpus)
+    write(corpus, want, kept + new)
     print(f"answers: {len(new)} added to {corpus} ({len(kept) + len(new)} in all)", file=sys.stderr)
+
+
+def write(path: Path, header: dict, answers: list[dict]) -> None:
+    """Writes a corpus anew, atomically (a `.part` file renamed), with gzip's
+    time stamp 0: the same answers give the same bytes, so git stores no
+    change for nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        for line in [header, *answers]:
+            gz.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
+    os.replace(tmp, path)
+
+
+def merge(src: Path, into: Path) -> None:
+    """Adds the answers of corpus `src` (a draft window's
+    `verifier-answers.jsonl.gz`) that `into` lacks to `into`, made when
+    missing; both must be of the same teacher, tokenizer and budget."""
+    new = read(src)
+    old = read(into) if into.exists() else Corpus(into, new.header, [])
+    check_header(src, new.header, old.header, f"{into}'s")
+    have = {a["id"] for a in old.answers}
+    added = [a for a in new.answers if a["id"] not in have]
+    write(into, old.header, old.answers + added)
+    print(f"answers: {len(added)} of {src}'s {len(new.answers)} added to {into} "
+          f"({len(old.answers) + len(added)} in all)", file=sys.stderr)
+
+
+def from_ids(rows: list[dict], asked: dict[str, str], tokenizer: Path, max_tokens: int) -> list[dict]:
+    """Corpus answers of answered rows (`generate`'s: `id`, `ids`, `n_prompt`,
+    each answer ended by an end token, after `max_tokens` tokens at most)
+    whose chats' keys `asked` holds: the answer decoded as the runtime's
+    server returns it (without the end token), `finish_reason` "length"
+    where the budget cut it, "stop" where the base ended it."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    out = []
+    for r in rows:
+        if r["id"] not in asked:
+            continue
+        answer = r["ids"][r["n_prompt"]:]
+        out.append({"id": r["id"], "asked": asked[r["id"]], "response": tok.decode(answer[:-1]),
+                    "finish_reason": "length" if len(answer) > max_tokens else "stop"})
+    return out

@@ -16,7 +16,11 @@ from, the prompts as token ids) and against one clock (`--minutes`):
    the export's time;
 5. the head exported (`draft-head.safetensors`, f16) in parts under 16 MiB.
 
-What comes back (`--out`): the head's parts, `draft-history.json` and
+What comes back (`--out`): the verifier's answers as a corpus
+(`verifier-answers.jsonl.gz`, `corpus.py`: decoded as the runtime's server
+returns them, so `hamburger-train answers --from` adds them to the
+repository's corpus, and CPU draft runs take them), written as soon as
+answering ends; the head's parts, `draft-history.json` and
 `draft-window.json` (what was done, in how long), rewritten at every step,
 so a window cut short says how far it got. Answering stops at its share
 of the clock and training keeps the export's time, but the features pass
@@ -31,7 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from . import draft, features, generate, records
+from . import corpus, draft, features, generate, records
 from .drafting import verifier
 from .window import EXPORT_RESERVE_S, base_checkpoint, read_gz_lines, split_file, start
 
@@ -56,7 +60,10 @@ def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, an
     answering_ends = clock.start + answer_share * minutes * 60
     generate.run(work, model, prompts, max_tokens, answer_batch, deadline=answering_ends, scores=False)
     answers = records.read(work / "scored.jsonl")
-    note(answered=len(answers), answer_tokens=sum(len(a["ids"]) - a["n_prompt"] for a in answers))
+    asked = {r["id"]: r["asked"] for r in prompts if "asked" in r}
+    kept = corpus.from_ids(answers, asked, base / "tokenizer.json", max_tokens)
+    corpus.write(out / "verifier-answers.jsonl.gz", corpus.header_of(meta, max_tokens), kept)
+    note(answered=len(answers), answer_tokens=sum(len(a["ids"]) - a["n_prompt"] for a in answers), kept=len(kept))
     features.build(work / "features", model, base, answers)
     note(features=True)
     head = work / "draft"

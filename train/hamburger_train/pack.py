@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import data, export
+from . import corpus, data, export
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW_SH = Path(__file__).resolve().parents[1] / "window.sh"
@@ -45,14 +45,18 @@ def tree_files() -> list[Path]:
 
 
 def tokenize(bin_dir: Path, teacher: Path, rows: list[dict]) -> list[dict]:
-    """Each row's prompt ids (`hamburger-eval tokenize`: the teacher's chat template and tokenizer)."""
+    """Each row's prompt ids (`hamburger-eval tokenize`: the teacher's chat
+    template and tokenizer) and its chat's key (`corpus.asked_key`, which a
+    draft window's returned answers carry)."""
     inp = "".join(json.dumps({k: r[k] for k in ("id", "split", "prompt", "messages") if k in r}) + "\n"
                   for r in rows)
     r = subprocess.run([str(bin_dir / "hamburger-eval"), "tokenize", "-m", str(teacher)], input=inp,
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"pack: hamburger-eval tokenize failed: {r.stderr.strip().splitlines()[-1:]}")
-    return [{"id": v["id"], "split": v["split"], "ids": v["ids"]} for v in map(json.loads, r.stdout.splitlines())]
+    asked = {r["id"]: corpus.asked_key(r) for r in rows}
+    return [{"id": v["id"], "split": v["split"], "ids": v["ids"], "asked": asked[v["id"]]}
+            for v in map(json.loads, r.stdout.splitlines())]
 
 
 def base_gguf() -> Path:
@@ -158,6 +162,8 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     if init_in_tree:  # here, before the first call and after the last
         keep = f"/tmp/hamburger-init-{init.name}"
         steps = [f"# here: mv {init} {keep}", *steps, f"# here: mv {keep} {init}"]
+    steps.append("# here, after a draft window: train/hamburger-train answers --from OUT/verifier-answers.jsonl.gz "
+                 "--into train/answers/verifier-<the first 12 hex digits of its teacher>.jsonl.gz")
     (out / "steps.txt").write_text("\n".join(steps) + "\n")
     print(f"pack: {len(ids)} prompts in {len(folders)} folders under {out} ({room >> 20} MiB each at most); "
           f"the calls, in order:\n  " + "\n  ".join(steps), file=sys.stderr)

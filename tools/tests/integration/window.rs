@@ -7,7 +7,7 @@
 //! returned parts joined into a model that converts and runs, and a second
 //! window that scores the first one's answers instead of answering again;
 //! and a draft head's window (`window.sh draft`) whose returned head joins,
-//! converts and drafts.
+//! converts and drafts, and whose answers come home as a corpus.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -279,8 +279,68 @@ fn a_window_with_only_evaluation_prompts_held_out_exports_uncalibrated() {
     assert_eq!(a, b, "every tensor of a draft head");
     assert!(a.iter().all(|k| ours.tensor(k).unwrap().shape() == theirs.tensor(k).unwrap().shape()));
     assert!(a.iter().any(|k| ours.tensor(k).unwrap().data() != theirs.tensor(k).unwrap().data()), "it trained");
+    brought_home(d, &summary);
     let grafted = repo().join("models/smollm2-hamburger/grafted.safetensors");
     let forced = ["--spec-type", "draft-mtp", "--spec-draft-n-min", "3"];
     let v = decoded(d, "drafting", &[grafted.as_path(), head.as_path()], &forced);
     assert_eq!(v["output_ids"].as_array().unwrap().len(), 8, "{v}");
+}
+
+/// The draft window's answers, returned as a corpus of its verifier, added
+/// to a corpus here (`hamburger-train answers --from`, once: again adds
+/// nothing); their texts, tokenized as a CPU draft run tokenizes answers,
+/// are the very ids the window answered.
+fn brought_home(d: &Path, summary: &Value) {
+    let returned = gz_lines(&d.join("out/verifier-answers.jsonl.gz"));
+    assert_eq!((&returned[0]["teacher"], &returned[0]["max_tokens"]), (&summary["verifier"], &json!(8)));
+    assert_eq!((returned.len(), &summary["kept"]), (4, &json!(3)), "a header and 3 answers");
+    let home = d.join("answers/verifier.jsonl.gz");
+    let add_into = |into: &Path| {
+        let mut c = Command::new(repo().join("train/hamburger-train"));
+        c.args(["answers", "--from"]).arg(d.join("out/verifier-answers.jsonl.gz")).arg("--into").arg(into);
+        c
+    };
+    let merge = || {
+        let out = add_into(&home).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    assert!(merge().contains("3 of"), "all three added");
+    let before = std::fs::read(&home).unwrap();
+    assert!(merge().contains("0 of"));
+    assert_eq!(std::fs::read(&home).unwrap(), before, "nothing new, the same bytes");
+    assert_eq!(gz_lines(&home), returned);
+    // Into a corpus of another budget (the repository's, 192 tokens): refused, naming it.
+    let kept = std::fs::read_dir(repo().join("train/answers")).unwrap().next().unwrap().unwrap().path();
+    std::fs::copy(&kept, d.join("kept.jsonl.gz")).unwrap();
+    assert_one_line_error(&mut add_into(&d.join("kept.jsonl.gz")), &["verifier-answers.jsonl.gz", "--max-tokens"]);
+
+    let chats: Vec<Value> = std::fs::read_to_string(d.join("work/prompts.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let input: String = returned[1..]
+        .iter()
+        .map(|a| {
+            let mut chat = chats.iter().find(|c| c["id"] == a["id"]).unwrap().clone();
+            chat["response"] = a["response"].clone();
+            format!("{chat}\n")
+        })
+        .collect();
+    std::fs::write(d.join("brought-home.jsonl"), input).unwrap();
+    let mut tokenize = Command::new(env!("CARGO_BIN_EXE_hamburger-eval"));
+    tokenize.args(["tokenize", "-m"]).arg(d.join("work/teacher-q8_0.gguf"));
+    let tokens = run_ok(tokenize.stdin(std::fs::File::open(d.join("brought-home.jsonl")).unwrap()));
+    let answered = std::fs::read_to_string(d.join("device-work/draft-window/scored.jsonl")).unwrap();
+    let ids_of = |text: &str| -> Vec<(String, Value)> {
+        let mut v: Vec<_> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|r| (r["id"].to_string(), r["ids"].clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    assert_eq!(ids_of(&tokens), ids_of(&answered));
 }
