@@ -71,7 +71,7 @@ def read(path: Path) -> Corpus:
     short, or without the header is refused in one line naming it."""
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            lines = f.read().split("\n")  # not splitlines(): an answer may hold U+2028 and the like
         header, answers = json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
         if not isinstance(header, dict) or header.get("corpus") != KIND:
             raise ValueError(f"its first line is not a {KIND} header")

@@ -310,6 +310,21 @@ fn brought_home(d: &Path, summary: &Value) {
     assert!(merge().contains("0 of"));
     assert_eq!(std::fs::read(&home).unwrap(), before, "nothing new, the same bytes");
     assert_eq!(gz_lines(&home), returned);
+    // An answer holding a line separator that JSON keeps raw (U+2028) is read as one answer.
+    let odd = json!({"id": "odd#0", "asked": "0", "response": "a\u{2028}b\u{85}c", "finish_reason": "stop"});
+    let text = format!("{}\n{odd}\n", returned[0]);
+    let mut gz = Command::new("gzip")
+        .arg("-c")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut gz.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    std::fs::write(d.join("odd.jsonl.gz"), gz.wait_with_output().unwrap().stdout).unwrap();
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["answers", "--from"]).arg(d.join("odd.jsonl.gz")).arg("--into").arg(&home);
+    assert!(String::from_utf8_lossy(&c.output().unwrap().stderr).contains("1 of"));
+    assert_eq!(gz_lines(&home).last().unwrap(), &odd);
     // Into a corpus of another budget (the repository's, 192 tokens): refused, naming it.
     let kept = std::fs::read_dir(repo().join("train/answers")).unwrap().next().unwrap().unwrap().path();
     std::fs::copy(&kept, d.join("kept.jsonl.gz")).unwrap();
