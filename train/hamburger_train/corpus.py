@@ -153,7 +153,11 @@ def merge(src: Path, into: Path) -> None:
     old = read(into) if into.exists() else Corpus(into, new.header, [])
     check_header(src, new.header, old.header, f"{into}'s")
     have = {a["id"] for a in old.answers}
-    added = [a for a in new.answers if a["id"] not in have]
+    added = []
+    for a in new.answers:
+        if a["id"] not in have:
+            have.add(a["id"])  # one answer an id, as `save` keeps
+            added.append(a)
     write(into, old.header, old.answers + added)
     print(f"answers: {len(added)} of {src}'s {len(new.answers)} added to {into} "
           f"({len(old.answers) + len(added)} in all)", file=sys.stderr)
