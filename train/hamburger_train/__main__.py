@@ -176,6 +176,9 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     """`draft`'s own flags."""
     p.add_argument("--init", type=Path, help="the grafted.safetensors whose base verifies and whose micro decoder "
                    "and stop head training starts from (default: the base checkpoint's own modules)")
+    p.add_argument("--init-head", type=Path, metavar="HEAD", help="a draft head alone (draft-head.safetensors, "
+                   "e.g. the shipped one) training starts from, in place of --init's micro decoder and stop head: "
+                   "a new run goes on from it on more answers")
     p.add_argument("--out", type=Path, help="where the run's state, history and grafted.safetensors go "
                    "(default WORK/draft; several runs can share one work directory's features)")
     p.add_argument("--reference-answers", action="store_true", help="train on ShareGPT's own replies to its "
@@ -319,7 +322,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         from . import draft
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
-                  a.stdlib_from, a.reference_answers, a.answers)
+                  a.stdlib_from, a.reference_answers, a.answers, a.init_head)
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,

@@ -36,8 +36,10 @@ stage pays for the base once:
    answers (up to near-ties between the answering Q8_0 GGUF and the f32
    forward), not always for references.
 
-Only the micro decoder and stop head train; the merger and the base stay as
-`--init` has them. Resumable (`WORK/draft/state.pt` every `SAVE_EVERY`
+Only the micro decoder and stop head train, from `--init`'s (its draft
+head where it has one) or from `--init-head`'s, a draft head alone: a new
+run on more answers goes on from the shipped head rather than start over.
+The merger and the base stay as `--init` has them. Resumable (`WORK/draft/state.pt` every `SAVE_EVERY`
 steps, with the rows seen and the CPU seconds spent); every `VAL_EVERY`
 steps `drafting.measure` on the work directory's first `VAL_ANSWERS`
 held-out answers gives the acceptance curve (`WORK/draft/history.json`).
@@ -117,13 +119,13 @@ def verifier_gguf(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta:
 def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int,
             slots: int, threads: int, share: float = 0.0, source: Path | None = None,
             stdlib_from: int = 0, references: bool = False,
-            answers: corpus.Corpus | None = None) -> tuple[HAMburger, dict]:
-    """Steps 1-4: the verifier, its answers (ShareGPT's replies for the
+            answers: corpus.Corpus | None = None, init_head: Path | None = None) -> tuple[HAMburger, dict]:
+    """Steps 1-4: the verifier (drafting with `init_head` when given), its answers (ShareGPT's replies for the
     training prompts that have one, with `references`; those the corpus
     `answers` holds taken from it), their token ids and their cached
     features; returns the verifier and the cache's `meta`. A work directory
     whose prompts were built the other way is refused."""
-    model = verifier(base, init, "draft")
+    model = verifier(base, init, "draft", init_head)
     meta = features.meta_of(model, base)
     features.check_meta(work / "features", meta)
     teacher = verifier_gguf(work, bin_dir, base, model, meta, "draft")
@@ -208,16 +210,17 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
         threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
         p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0, share: float = 0.0,
         source: Path | None = None, stdlib_from: int = 0, references: bool = False,
-        answers: Path | None = None) -> None:
+        answers: Path | None = None, init_head: Path | None = None) -> None:
     """Prepares the work directory (`prepare`; ShareGPT's own replies as the
     training answers with `references`, the corpus `answers`' answers
     where it has them), then trains (`train_head`) into `out` (default
-    `WORK/draft/`)."""
-    if init is not None and not init.exists():
-        raise SystemExit(f"draft: --init {init} does not exist")
+    `WORK/draft/`), starting from the draft head `init_head` when given."""
+    for flag, path in (("--init", init), ("--init-head", init_head)):
+        if path is not None and not path.exists():
+            raise SystemExit(f"draft: {flag} {path} does not exist")
     kept = corpus.read(answers) if answers is not None else None  # a broken corpus is refused before any work
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
-                          stdlib_from, references, kept)
+                          stdlib_from, references, kept, init_head)
     # What macro steps keep: `--init`'s file, else the base's own modules.
     macro = load_file(str(init)) if init is not None else {
         k: t.detach().clone() for k, t in model.original_state(grafted_only=True).items()}

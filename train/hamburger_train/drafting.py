@@ -58,7 +58,8 @@ def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = N
     as `draft-head.safetensors` holds it). A broken file is refused in one
     line naming it (`stage` first)."""
     model = HAMburger.from_checkpoint(base)
-    sd: dict[str, torch.Tensor] = {}
+    # A head beside no grafted file drafts beside the base checkpoint's own modules.
+    sd = dict(model.original_state(grafted_only=True)) if grafted is None and head is not None else {}
     for path in (p for p in (grafted, head) if p is not None):
         try:
             tensors = load_file(str(path))
@@ -71,7 +72,8 @@ def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = N
         if sd:
             model.load_original(drafting_modules(sd), grafted_only=True)
     except (KeyError, RuntimeError) as e:
-        raise SystemExit(f"{stage}: {grafted if head is None else f'{grafted} with {head}'}: {e}") from None
+        named = head if grafted is None else grafted if head is None else f"{grafted} with {head}"
+        raise SystemExit(f"{stage}: {named}: {e}") from None
     model.merge_adapters()
     return model
 

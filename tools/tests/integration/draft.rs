@@ -5,7 +5,8 @@
 //! the acceptance measure's walk and its teacher-forced twin agreeing;
 //! ShareGPT's own replies as the training text (`--reference-answers`);
 //! the base's answers kept in a corpus that seeds a new work directory;
-//! `accept --head`, a draft head alone beside macro modules.
+//! `accept --head`, a draft head alone beside macro modules; `draft
+//! --init-head`, a run going on from one.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -79,6 +80,17 @@ fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_we
     fixture_work(&cut);
     run_ok(&mut stage("draft", &whole, &tiny_fixture(), &SCHEDULE));
     macro_modules_kept_and_the_trained_ones_beside_them(&whole.join("draft/grafted.safetensors"));
+    // A new run from that head (`--init-head`) starts where it ended: given
+    // no steps, it exports the same head.
+    let (head, again) = (whole.join("draft/draft-head.safetensors"), whole.join("again"));
+    let from_head = ["--out", again.to_str().unwrap(), "--init-head", head.to_str().unwrap()];
+    run_ok(&mut stage(
+        "draft",
+        &whole,
+        &tiny_fixture(),
+        &[&["--prompts", "0", "--steps", "0"][..], &from_head].concat(),
+    ));
+    assert!(std::fs::read(again.join("draft-head.safetensors")).unwrap() == std::fs::read(&head).unwrap());
 
     // The cache: one f16 feature row per answer token, 4 feature layers of 128.
     let meta: Value =
