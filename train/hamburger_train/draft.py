@@ -134,6 +134,7 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
     if general and references != any("reference" in r for r in general):
         made = "without" if references else "with"
         raise SystemExit(f"draft: {work / 'prompts.jsonl'} was made {made} --reference-answers: use another --work")
+    later = {r["id"] for r in rows[prompts:]} - {r["id"] for r in rows[:prompts]}
     rows = rows[skip:prompts]
     if references:
         data.reference_answers(work / "responses.jsonl", rows, max_tokens)
@@ -141,7 +142,10 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
         corpus.seed(work / "responses.jsonl", answers, rows, meta, max_tokens)
     data.answer(work / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
     segment.tokenize(work, bin_dir, teacher)
-    features.build(work / "features", model, base, records.read(work / "tokens.jsonl"))
+    # Not the answers to prompts past `prompts` (a longer run's before, in the
+    # same work directory): a shorter run trains on what is cached up to it.
+    tokens = [t for t in records.read(work / "tokens.jsonl") if t["id"] not in later]
+    features.build(work / "features", model, base, tokens)
     return model, meta
 
 

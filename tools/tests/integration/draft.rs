@@ -444,6 +444,26 @@ fn answers_kept_in_a_corpus_are_not_answered_again_in_a_new_work_directory() {
     let log = draft(&second, &source, &["--answers", corpus.to_str().unwrap()]);
     assert!(log.contains("answers: 3 of 3 prompts answered from") && log.contains("data: all 3 prompts answered"));
     assert_eq!(answers(&responses(&second)), answers(&responses(&first)));
+    // A shorter run in a work directory that answered more caches the
+    // features of its own prompts only, and trains on them.
+    let shorter = dir.path().join("shorter");
+    run_ok(Command::new("cp").arg("-r").arg(&first).arg(&shorter));
+    for made in ["features", "draft"] {
+        std::fs::remove_dir_all(shorter.join(made)).unwrap();
+    }
+    draft(&shorter, &source, &["--prompts", "2"]);
+    let ids = |file: &str, key: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(shorter.join(file)).unwrap();
+        let rows = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap());
+        rows.flat_map(|r| if r[key].is_array() { r[key].as_array().unwrap().clone() } else { vec![r[key].clone()] })
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let (mut cached, mut asked) = (ids("features/index.jsonl", "ids"), ids("prompts.jsonl", "id"));
+    asked.truncate(2);
+    cached.sort();
+    asked.sort();
+    assert_eq!(cached, asked, "the answers of the first 2 prompts (in the order answered)");
     // One chat changed under the same id: that one is answered anew.
     let changed = sharegpt_file("changed.json", "Give me three tips for waking up early.");
     let third = dir.path().join("third");
