@@ -39,10 +39,11 @@ stage pays for the base once:
 Only the micro decoder and stop head train, from `--init`'s (its draft
 head where it has one) or from `--init-head`'s, a draft head alone: a new
 run on more answers goes on from the shipped head rather than start over.
-The merger and the base stay as `--init` has them. Resumable (`WORK/draft/state.pt` every `SAVE_EVERY`
-steps, with the rows seen and the CPU seconds spent); every `VAL_EVERY`
-steps `drafting.measure` on the work directory's first `VAL_ANSWERS`
-held-out answers gives the acceptance curve (`WORK/draft/history.json`).
+The merger and the base stay as `--init` has them. Resumable
+(`WORK/draft/state.pt` every `SAVE_EVERY` steps, with the rows seen and the
+CPU seconds spent); every `VAL_EVERY` steps `drafting.measure` on the work
+directory's first `VAL_ANSWERS` held-out answers gives the acceptance curve
+(`WORK/draft/history.json`).
 The result is `WORK/draft/grafted.safetensors`: `--init` unchanged, with
 the new micro decoder and stop head beside it as its draft head
 (`draft_head.*`; the GGUF's `draft.blk.N.*` and `draft_stop.*`): macro steps
@@ -120,8 +121,9 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
             slots: int, threads: int, share: float = 0.0, source: Path | None = None,
             stdlib_from: int = 0, references: bool = False,
             answers: corpus.Corpus | None = None, init_head: Path | None = None) -> tuple[HAMburger, dict]:
-    """Steps 1-4: the verifier (drafting with `init_head` when given), its answers (ShareGPT's replies for the
-    training prompts that have one, with `references`; those the corpus
+    """Steps 1-4: the verifier (drafting with `init_head` when given), its
+    answers (ShareGPT's replies for the training prompts that have one,
+    with `references`; those the corpus
     `answers` holds taken from it), their token ids and their cached
     features; returns the verifier and the cache's `meta`. A work directory
     whose prompts were built the other way is refused."""
@@ -225,9 +227,10 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     kept = corpus.read(answers) if answers is not None else None  # a broken corpus is refused before any work
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
                           stdlib_from, references, kept, init_head)
-    # What macro steps keep: `--init`'s file, else the base's own modules.
+    # What macro steps keep: `--init`'s file, else the base's own modules
+    # (read anew: `model`'s micro decoder is `--init-head`'s when given).
     macro = load_file(str(init)) if init is not None else {
-        k: t.detach().clone() for k, t in model.original_state(grafted_only=True).items()}
+        k: t.detach().clone() for k, t in HAMburger.from_checkpoint(base).original_state(grafted_only=True).items()}
     train_head(work, model, meta, macro, out or work / "draft", steps, batch, lr, seed, confidences, p_mins,
                micro_lr_scale)
 

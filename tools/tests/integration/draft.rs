@@ -91,6 +91,7 @@ fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_we
         &[&["--prompts", "0", "--steps", "0"][..], &from_head].concat(),
     ));
     assert!(std::fs::read(again.join("draft-head.safetensors")).unwrap() == std::fs::read(&head).unwrap());
+    macro_modules_kept_and_the_trained_ones_beside_them(&again.join("grafted.safetensors"));
 
     // The cache: one f16 feature row per answer token, 4 feature layers of 128.
     let meta: Value =
@@ -452,17 +453,15 @@ fn answers_kept_in_a_corpus_are_not_answered_again_in_a_new_work_directory() {
         std::fs::remove_dir_all(shorter.join(made)).unwrap();
     }
     draft(&shorter, &source, &["--prompts", "2"]);
-    let ids = |file: &str, key: &str| -> Vec<String> {
+    let rows = |file: &str| -> Vec<Value> {
         let text = std::fs::read_to_string(shorter.join(file)).unwrap();
-        let rows = text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap());
-        rows.flat_map(|r| if r[key].is_array() { r[key].as_array().unwrap().clone() } else { vec![r[key].clone()] })
-            .map(|v| v.as_str().unwrap().to_string())
-            .collect()
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
     };
-    let (mut cached, mut asked) = (ids("features/index.jsonl", "ids"), ids("prompts.jsonl", "id"));
-    asked.truncate(2);
-    cached.sort();
-    asked.sort();
+    let mut cached: Vec<Value> =
+        rows("features/index.jsonl").iter().flat_map(|r| r["ids"].as_array().unwrap().clone()).collect();
+    let mut asked: Vec<Value> = rows("prompts.jsonl").iter().take(2).map(|r| r["id"].clone()).collect();
+    cached.sort_by_key(Value::to_string);
+    asked.sort_by_key(Value::to_string);
     assert_eq!(cached, asked, "the answers of the first 2 prompts (in the order answered)");
     // One chat changed under the same id: that one is answered anew.
     let changed = sharegpt_file("changed.json", "Give me three tips for waking up early.");
