@@ -216,11 +216,12 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
         threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
         p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0, share: float = 0.0,
         source: Path | None = None, stdlib_from: int = 0, references: bool = False,
-        answers: Path | None = None, init_head: Path | None = None) -> None:
+        answers: Path | None = None, init_head: Path | None = None, dtype: str = "f32") -> None:
     """Prepares the work directory (`prepare`; ShareGPT's own replies as the
     training answers with `references`, the corpus `answers`' answers
-    where it has them), then trains (`train_head`) into `out` (default
-    `WORK/draft/`), starting from the draft head `init_head` when given."""
+    where it has them), then trains (`train_head`, in precision `dtype`)
+    into `out` (default `WORK/draft/`), starting from the draft head
+    `init_head` when given."""
     for flag, path in (("--init", init), ("--init-head", init_head)):
         if path is not None and not path.exists():
             raise SystemExit(f"draft: {flag} {path} does not exist")
@@ -232,7 +233,7 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
     macro = load_file(str(init)) if init is not None else {
         k: t.detach().clone() for k, t in HAMburger.from_checkpoint(base).original_state(grafted_only=True).items()}
     train_head(work, model, meta, macro, out or work / "draft", steps, batch, lr, seed, confidences, p_mins,
-               micro_lr_scale)
+               micro_lr_scale, dtype)
 
 
 def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.Tensor], out: Path, steps: int,

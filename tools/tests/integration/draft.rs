@@ -6,7 +6,8 @@
 //! ShareGPT's own replies as the training text (`--reference-answers`);
 //! the base's answers kept in a corpus that seeds a new work directory;
 //! `accept --head`, a draft head alone beside macro modules; `draft
-//! --init-head`, a run going on from one.
+//! --init-head`, a run going on from one; `--dtype bf16`, training under
+//! bf16 autocast.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -69,7 +70,17 @@ fn fixture_work(dir: &Path) {
 const SCHEDULE: [&str; 8] = ["--prompts", "0", "--steps", "30", "--batch", "16", "--lr", "1e-3"];
 
 fn history(work: &Path) -> Vec<Value> {
-    serde_json::from_str(&std::fs::read_to_string(work.join("draft/history.json")).unwrap()).unwrap()
+    history_of(&work.join("draft"))
+}
+
+/// The history a run wrote into its `--out` directory.
+fn history_of(out: &Path) -> Vec<Value> {
+    serde_json::from_str(&std::fs::read_to_string(out.join("history.json")).unwrap()).unwrap()
+}
+
+/// The token loss at every training report of a history.
+fn token_ce(h: &[Value]) -> Vec<f64> {
+    h.iter().filter(|e| e["kind"] == "train").map(|e| e["ce"].as_f64().unwrap()).collect()
 }
 
 #[test]
@@ -118,8 +129,20 @@ fn draft_trains_on_cached_features_and_an_interrupted_run_resumes_to_the_same_we
 
     // The token loss falls; the acceptance is measured before and after.
     let h = history(&whole);
-    let ce: Vec<f64> = h.iter().filter(|e| e["kind"] == "train").map(|e| e["ce"].as_f64().unwrap()).collect();
+    let ce = token_ce(&h);
     assert!(ce.len() == 6 && ce[5] < ce[0] * 0.8, "token CE did not fall: {ce:?}");
+    // The same run under bf16 autocast (`--dtype bf16`) learns as well, in
+    // other arithmetic: its head is not the f32 run's.
+    let bf16 = whole.join("bf16");
+    run_ok(&mut stage(
+        "draft",
+        &whole,
+        &tiny_fixture(),
+        &[&SCHEDULE[..], &["--dtype", "bf16", "--out", bf16.to_str().unwrap()]].concat(),
+    ));
+    let ce = token_ce(&history_of(&bf16));
+    assert!(ce.len() == 6 && ce[5] < ce[0] * 0.8, "token CE did not fall under bf16: {ce:?}");
+    assert!(std::fs::read(bf16.join("draft-head.safetensors")).unwrap() != std::fs::read(&head).unwrap());
     let val_steps: Vec<u64> = h.iter().filter(|e| e["kind"] == "val").map(|e| e["step"].as_u64().unwrap()).collect();
     assert_eq!(val_steps.first(), Some(&0));
     assert_eq!(val_steps.last(), Some(&30));
