@@ -145,6 +145,11 @@ def train_flags(p: argparse.ArgumentParser) -> None:
 def device_flags(p: argparse.ArgumentParser) -> None:
     """Where and in what precision training runs (`train`, and the windows on a GPU machine)."""
     p.add_argument("--device", default="cpu", help="the torch device (cpu, cuda, cuda:N; default cpu)")
+    dtype_flag(p)
+
+
+def dtype_flag(p: argparse.ArgumentParser) -> None:
+    """The precision of the training passes (`device.autocast`): `train`, `draft` and the windows."""
     p.add_argument("--dtype", default="f32", choices=DTYPES,
                    help="precision of the training passes (bf16: autocast, the losses in f32; default f32)")
 
@@ -187,9 +192,7 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", type=Path, metavar="CORPUS", help="a corpus of this verifier's answers "
                    "(train/answers/*.jsonl.gz, `hamburger-train answers`): the prompts it answered are not answered "
                    "again")
-    p.add_argument("--dtype", default="f32", choices=DTYPES, help="precision of the training passes (bf16: "
-                   "autocast, the losses in f32; on a CPU with AVX-512 BF16 or AMX about twice the rows per second; "
-                   "the features stay f32; default f32)")
+    dtype_flag(p)
 
 
 def rule_flags(p: argparse.ArgumentParser) -> None:
