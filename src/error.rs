@@ -140,6 +140,8 @@ pub enum Param {
     DraftNMin,
     /// The least probability a drafted token needs.
     DraftPMin,
+    /// The n-gram the context drafts after ([`crate::decode::draft::DraftParams::ngram`]).
+    NgramSizeN,
     /// The device a model runs on ([`crate::model::placement::LoadOptions::device`]).
     Device,
     /// The offload devices' shares of the offloaded layers.
@@ -170,6 +172,7 @@ impl Param {
             Param::DraftNMax => "draft_n_max",
             Param::DraftNMin => "draft_n_min",
             Param::DraftPMin => "draft_p_min",
+            Param::NgramSizeN => "ngram_size_n",
         }
     }
 }

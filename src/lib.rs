@@ -26,7 +26,7 @@ pub mod text;
 // The modules' paths before they were grouped into folders, kept for the
 // crates that name them (`hamburger::chat`, `hamburger::draft_model`, ...).
 // Modules inside this crate import from the folders, never from here.
-pub use decode::{draft, draft_model, generate, session, step};
+pub use decode::{draft, draft_model, generate, ngram, session, step};
 pub use engine::{budget, forward_cost};
 pub use memory::{batch, kv_cache, row_class};
 pub use model::{arch, hparams, placement, weights};

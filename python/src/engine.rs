@@ -100,7 +100,9 @@ impl Engine {
         })?;
         let draft = match spec_type.map(SpecType::parse) {
             None | Some(Ok(SpecType::None)) => None,
-            Some(Ok(SpecType::SelfVerified)) => Some(DraftParams::default()),
+            Some(Ok(SpecType::SelfVerified { ngram })) => {
+                Some(DraftParams { ngram: ngram.then_some(hamburger::ngram::DEFAULT_SIZE), ..DraftParams::default() })
+            }
             Some(Ok(SpecType::DraftModel)) => {
                 return Err(PyValueError::new_err(
                     "spec_type draft-simple needs a draft model, which Llama does not load",

@@ -76,6 +76,9 @@ def test_self_verified_greedy_text_is_the_base_models(smollm2, smollm2_gguf):
     verified = smollm2(prompt, temperature=0, max_tokens=32, spec_type="draft-mtp")
     assert plain["timings"]["tokens_per_step"] == 1.0
     assert verified["choices"][0]["text"] == plain["choices"][0]["text"]
+    # The context drafting first (llama.cpp's ngram-simple before the micro decoder): the same text.
+    chained = smollm2(prompt, temperature=0, max_tokens=32, spec_type="ngram-simple,draft-mtp")
+    assert chained["choices"][0]["text"] == plain["choices"][0]["text"]
 
 
 def test_a_gbnf_grammar_constrains_a_completion(smollm2):

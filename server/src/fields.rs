@@ -45,6 +45,7 @@ pub const COMMON: &[&str] = &[
     "speculative.n_max",
     "speculative.n_min",
     "speculative.p_min",
+    "speculative.ngram_size_n",
 ];
 
 /// Fields real clients send that change nothing here: end-user ids, stored

@@ -29,6 +29,7 @@ fn field(p: Param) -> &'static str {
         Param::DraftNMax => "speculative.n_max",
         Param::DraftNMin => "speculative.n_min",
         Param::DraftPMin => "speculative.p_min",
+        Param::NgramSizeN => "speculative.ngram_size_n",
         p => p.name(),
     }
 }
@@ -46,6 +47,7 @@ fn spec_fields(common: &Common) -> SpecFields<'_> {
         n_max: common.spec_n_max,
         n_min: common.spec_n_min,
         p_min: common.spec_p_min,
+        ngram_size_n: common.spec_ngram_size_n,
     }
 }
 

@@ -142,7 +142,8 @@ pub struct Common {
     pub grammar: Option<String>,
     /// llama-server's JSON schema field.
     pub json_schema: Option<Value>,
-    /// `none` (macro steps) or `draft-mtp` (self-verified), see [`crate::speculative`].
+    /// `none` (macro steps), `draft-mtp` (self-verified) or
+    /// `ngram-simple,draft-mtp`, see [`crate::speculative`].
     #[serde(rename = "speculative.type")]
     pub spec_type: Option<String>,
     /// llama-server's: the most tokens drafted after each verified one.
@@ -154,6 +155,9 @@ pub struct Common {
     /// llama-server's: the least probability a drafted token needs.
     #[serde(rename = "speculative.p_min")]
     pub spec_p_min: Option<f64>,
+    /// llama-server's: the n-gram the context drafts after (`ngram-simple`).
+    #[serde(rename = "speculative.ngram_size_n")]
+    pub spec_ngram_size_n: Option<u64>,
 }
 
 impl Common {

@@ -1,13 +1,16 @@
 //! A request's decoding mode, in llama-server's `speculative.*` fields:
 //! `speculative.type` (`none`: HAMburger's macro steps; `draft-mtp`:
 //! self-verified, the micro decoder drafts and the base checks every token;
-//! `draft-simple`: the server's draft model (`-md`) drafts), and the drafts'
-//! `speculative.n_max`, `speculative.n_min` and `speculative.p_min`. A
+//! `draft-simple`: the server's draft model (`-md`) drafts;
+//! `ngram-simple,draft-mtp`: self-verified, the context drafting first), and
+//! the drafts' `speculative.n_max`, `speculative.n_min`, `speculative.p_min`
+//! and `speculative.ngram_size_n`. A
 //! request that sets no type decodes as the server's flags say: with the
 //! draft model when it has one, else by `--spec-type` and `--spec-draft-*`.
 
 use hamburger::draft::SpecType;
 use hamburger::draft_model::DraftModelParams;
+use hamburger::ngram;
 use hamburger::DraftParams;
 
 use crate::error::ApiError;
@@ -23,6 +26,8 @@ pub struct SpecFields<'a> {
     pub n_min: Option<u64>,
     /// `speculative.p_min`.
     pub p_min: Option<f64>,
+    /// `speculative.ngram_size_n`.
+    pub ngram_size_n: Option<u64>,
 }
 
 /// How a request decodes.
@@ -52,7 +57,7 @@ pub fn decoding(
 ) -> Result<Decoding, ApiError> {
     let spec_type = match c.spec_type.map(SpecType::parse) {
         None if draft_model.is_some() => SpecType::DraftModel,
-        None if default.is_some() => SpecType::SelfVerified,
+        None if default.is_some() => SpecType::SelfVerified { ngram: default.is_some_and(|d| d.ngram.is_some()) },
         None => SpecType::None,
         Some(Ok(t)) => t,
         Some(Err(e)) => return Err(ApiError::field("speculative.type", format!("'speculative.type': {e}"))),
@@ -73,12 +78,18 @@ pub fn decoding(
                 p_min: p_min.unwrap_or(d.p_min),
             }))
         }
-        SpecType::SelfVerified => {
+        SpecType::SelfVerified { ngram: false } if c.ngram_size_n.is_some() => Err(ApiError::field(
+            "speculative.ngram_size_n",
+            "'speculative.ngram_size_n' applies where the context drafts: set 'speculative.type' to \
+             \"ngram-simple,draft-mtp\"",
+        )),
+        SpecType::SelfVerified { ngram } => {
             let d = default.unwrap_or_default();
             Ok(Decoding::SelfVerified(DraftParams {
                 n_max: count(c.n_max).or(d.n_max),
                 n_min: count(c.n_min).unwrap_or(d.n_min),
                 p_min: p_min.unwrap_or(d.p_min),
+                ngram: ngram.then(|| count(c.ngram_size_n).or(d.ngram).unwrap_or(ngram::DEFAULT_SIZE)),
             }))
         }
         SpecType::None => {
@@ -86,6 +97,7 @@ pub fn decoding(
                 ("speculative.n_max", c.n_max.is_some()),
                 ("speculative.n_min", c.n_min.is_some()),
                 ("speculative.p_min", c.p_min.is_some()),
+                ("speculative.ngram_size_n", c.ngram_size_n.is_some()),
             ];
             match given.iter().find(|g| g.1) {
                 Some((name, _)) => Err(ApiError::field(

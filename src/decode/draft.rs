@@ -35,8 +35,13 @@ pub enum SpecType {
     /// tokens are kept as its stop head allows).
     None,
     /// `draft-mtp`: self-verified decoding; the micro decoder, the model's
-    /// own multi-token head, drafts and the base checks every token.
-    SelfVerified,
+    /// own multi-token head, drafts and the base checks every token. With
+    /// `ngram`, `ngram-simple,draft-mtp`: the context drafts first
+    /// ([`crate::decode::ngram`]), the micro decoder where it has no match.
+    SelfVerified {
+        /// The context drafts first (llama.cpp's `ngram-simple`).
+        ngram: bool,
+    },
     /// `draft-simple`: a separate draft model drafts for this one.
     DraftModel,
 }
@@ -46,35 +51,46 @@ impl SpecType {
     pub fn name(self) -> &'static str {
         match self {
             SpecType::None => "none",
-            SpecType::SelfVerified => "draft-mtp",
+            SpecType::SelfVerified { ngram: false } => "draft-mtp",
+            SpecType::SelfVerified { ngram: true } => "ngram-simple,draft-mtp",
             SpecType::DraftModel => "draft-simple",
         }
     }
 
     /// Parses llama.cpp's `--spec-type` value: `none`, `draft-mtp` and
-    /// `draft-simple` apply; its other types are refused saying why; a
-    /// comma-separated list (llama.cpp chains types) must name one type.
+    /// `draft-simple` apply, and of llama.cpp's chains (a comma-separated
+    /// list, the first type that drafts drafts) `ngram-simple,draft-mtp`;
+    /// its other types are refused saying why.
     ///
     /// # Errors
-    /// An unknown type, one that does not apply, or several.
+    /// An unknown type, one that does not apply, or a chain other than
+    /// `ngram-simple,draft-mtp`.
     pub fn parse(s: &str) -> Result<SpecType, String> {
         let names: Vec<&str> = s.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
-        let [name] = names.as_slice() else {
-            return Err(
-                "one type at a time here: none, draft-mtp (self-verified) or draft-simple (a draft model)".into()
-            );
+        let name = match names.as_slice() {
+            [name] => *name,
+            ["ngram-simple", "draft-mtp"] => return Ok(SpecType::SelfVerified { ngram: true }),
+            _ => {
+                return Err("one type at a time here (none, draft-mtp, draft-simple), or the chain \
+                            ngram-simple,draft-mtp"
+                    .into())
+            }
         };
-        match *name {
+        match name {
             "none" => Ok(SpecType::None),
-            "draft-mtp" => Ok(SpecType::SelfVerified),
+            "draft-mtp" => Ok(SpecType::SelfVerified { ngram: false }),
             "draft-simple" => Ok(SpecType::DraftModel),
             "draft-eagle3" | "draft-dflash" | "draft-dspark" => Err(format!(
                 "{name} needs a draft head of its own; a HAMburger's own head is its micro decoder: use draft-mtp"
             )),
+            "ngram-simple" => Err("ngram-simple drafts here before the micro decoder, which verifies \
+                                   through the same forwards: use ngram-simple,draft-mtp"
+                .into()),
             n if n.starts_with("ngram-") => Err(format!(
-                "{n}: n-gram drafting is not implemented here; the model's micro decoder drafts (draft-mtp)"
+                "{n}: not implemented here; ngram-simple,draft-mtp drafts from the context, then with the \
+                 model's micro decoder"
             )),
-            n => Err(format!("unknown type '{n}' (valid here: none, draft-mtp, draft-simple)")),
+            n => Err(format!("unknown type '{n}' (valid here: none, draft-mtp, draft-simple, ngram-simple,draft-mtp)")),
         }
     }
 }
@@ -91,12 +107,16 @@ pub struct DraftParams {
     /// A drafted token whose probability under the micro decoder is below
     /// this is dropped, with the drafting (0: none is).
     pub p_min: f32,
+    /// The context drafts first, where its last `ngram` tokens occurred
+    /// before (`ngram-simple,draft-mtp`, llama.cpp's
+    /// `--spec-ngram-simple-size-n`); `None`: the micro decoder alone.
+    pub ngram: Option<usize>,
 }
 
 impl Default for DraftParams {
     /// llama.cpp's defaults (n-min 0, p-min 0), the model's most drafts.
     fn default() -> Self {
-        DraftParams { n_max: None, n_min: 0, p_min: 0.0 }
+        DraftParams { n_max: None, n_min: 0, p_min: 0.0, ngram: None }
     }
 }
 
@@ -125,6 +145,10 @@ impl DraftParams {
             let message = format!("{} {}: expected a number from 0 to 1", Param::DraftPMin, self.p_min);
             return Err(ParamError::new(&[Param::DraftPMin], message));
         }
+        if self.ngram == Some(0) {
+            let message = format!("{} 0: an n-gram of 1 token or more", Param::NgramSizeN);
+            return Err(ParamError::new(&[Param::NgramSizeN], message));
+        }
         Ok(())
     }
 
@@ -135,7 +159,7 @@ impl DraftParams {
     pub fn rule(&self, model_max: usize) -> Result<DraftRule, ParamError> {
         self.validate(model_max)?;
         let n_max = self.n_max.unwrap_or(model_max.saturating_sub(1));
-        Ok(DraftRule { n_max, n_min: self.n_min, p_min: self.p_min, by_model: false })
+        Ok(DraftRule { n_max, n_min: self.n_min, p_min: self.p_min, by_model: false, ngram: self.ngram })
     }
 }
 
@@ -154,6 +178,9 @@ pub struct DraftRule {
     /// decode samples it and a drafted token is kept where they agree. The
     /// micro decoder drafts nothing and no gate decides.
     pub by_model: bool,
+    /// The context drafts first, where its last `ngram` tokens occurred
+    /// before ([`crate::decode::ngram`]).
+    pub ngram: Option<usize>,
 }
 
 impl DraftRule {
@@ -356,22 +383,26 @@ fn could_pay(prices: &Prices, n_max: usize) -> bool {
 mod tests {
     use super::*;
 
-    const RULE: DraftRule = DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false };
+    const RULE: DraftRule = DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false, ngram: None };
 
     #[test]
     fn spec_types_by_llama_cpps_names() {
-        assert_eq!(SpecType::parse("draft-mtp"), Ok(SpecType::SelfVerified));
+        assert_eq!(SpecType::parse("draft-mtp"), Ok(SpecType::SelfVerified { ngram: false }));
+        assert_eq!(SpecType::parse("ngram-simple, draft-mtp"), Ok(SpecType::SelfVerified { ngram: true }));
+        assert_eq!(SpecType::SelfVerified { ngram: true }.name(), "ngram-simple,draft-mtp");
         assert_eq!(SpecType::parse("none"), Ok(SpecType::None));
-        assert!(SpecType::parse("ngram-mod").unwrap_err().contains("n-gram drafting is not implemented"));
+        assert!(SpecType::parse("ngram-mod").unwrap_err().contains("ngram-mod: not implemented here"));
+        assert!(SpecType::parse("ngram-simple").unwrap_err().contains("use ngram-simple,draft-mtp"));
         assert!(SpecType::parse("draft-eagle3").unwrap_err().contains("use draft-mtp"));
         assert!(SpecType::parse("none,draft-mtp").unwrap_err().starts_with("one type at a time"));
+        assert!(SpecType::parse("draft-mtp,ngram-simple").unwrap_err().starts_with("one type at a time"));
         assert!(SpecType::parse("fast").unwrap_err().starts_with("unknown type 'fast'"));
     }
 
     #[test]
     fn validation_names_the_parameter() {
         let ok = DraftParams::default();
-        assert_eq!(ok.rule(4), Ok(DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false }));
+        assert_eq!(ok.rule(4), Ok(DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false, ngram: None }));
         let e = DraftParams { n_max: Some(4), ..ok }.validate(4).unwrap_err();
         assert_eq!(e.params, [Param::DraftNMax]);
         assert_eq!(
@@ -386,6 +417,8 @@ mod tests {
             ([Param::DraftPMin].as_slice(), "draft_p_min 1.5: expected a number from 0 to 1")
         );
         assert!(DraftParams { n_max: Some(0), ..ok }.validate(4).is_ok(), "0: never draft");
+        let e = DraftParams { ngram: Some(0), ..ok }.validate(4).unwrap_err();
+        assert_eq!(e.to_string(), "ngram_size_n 0: an n-gram of 1 token or more");
     }
 
     /// Rows nearly free (a GPU, or many sequences' rows), micro steps 0.4.
@@ -397,7 +430,7 @@ mod tests {
     fn n_min_drafts_always_and_n_max_never_more() {
         let mut g = DraftGate::new();
         let dear = Prices::from_curve(&[1.0, 3.0, 5.0, 7.0], 1.0); // nothing is worth its cost
-        let rule = DraftRule { n_max: 2, n_min: 1, p_min: 0.9, by_model: false };
+        let rule = DraftRule { n_max: 2, n_min: 1, p_min: 0.9, by_model: false, ngram: None };
         assert!(g.wants(&rule, 1, &[0.5], &dear));
         assert!(!g.wants(&DraftRule { n_max: 0, ..rule }, 1, &[0.5], &dear));
         assert!(rule.keeps(1, 0.0) && !rule.keeps(2, 0.5) && rule.keeps(2, 0.95));

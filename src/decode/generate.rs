@@ -86,6 +86,9 @@ struct Draft {
     /// The constraint's mark before the drafted tokens were committed to it
     /// (they are taken back before the check).
     mark: Option<usize>,
+    /// The context drafted them (`ngram-simple`), not the micro decoder:
+    /// the context's gate learns from their check.
+    from_context: bool,
 }
 
 /// One sequence's generation: what is left to feed, its sampler and budget,
@@ -98,6 +101,9 @@ pub struct SeqGen<'a> {
     draft: Draft,
     /// Self-verified: when drafts are worth computing.
     gate: Option<DraftGate>,
+    /// Self-verified with `ngram-simple`: when the context's drafts are
+    /// worth their rows (they cost no micro step).
+    context_gate: Option<DraftGate>,
     /// A draft model's drafts accepted at chosen rates (benchmarks).
     synthetic: Option<SyntheticAcceptance>,
     prompt: Vec<u32>,
@@ -145,6 +151,7 @@ impl<'a> SeqGen<'a> {
             pending: Pending::default(),
             draft: Draft::default(),
             gate: None,
+            context_gate: None,
             synthetic: None,
             prompt: prompt.to_vec(),
             fed: 0,
@@ -439,6 +446,7 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
             sg.gen.timings.reached = vec![0; sg.rule(cfg).max_steps];
             sg.gen.timings.prompt_tokens = sg.prompt.len();
             sg.gate = sg.rule(cfg).draft.filter(|d| !d.by_model).map(|_| DraftGate::new());
+            sg.context_gate = sg.rule(cfg).draft.filter(|d| !d.by_model && d.ngram.is_some()).map(|_| DraftGate::new());
         }
         let next_pos = engine.next_pos(sg.seq);
         fed.push(feed(sg, i, &mut batch, &mut budget, next_pos, cfg.n_batch));

@@ -8,6 +8,7 @@
 //!   generation returns;
 //! * [`draft`]: self-verified decoding's drafts and the gate that decides,
 //!   at the engine's measured prices, whether the next one is worth it;
+//! * [`ngram`]: drafts from the context itself (llama.cpp's `ngram-simple`);
 //! * [`generate`]: the decode loop for one or many sequences in lockstep;
 //! * [`session`]: [`Session`](session::Session), the one-sequence API;
 //! * [`draft_model`]: [`DraftSession`](draft_model::DraftSession), a target
@@ -16,5 +17,6 @@
 pub mod draft;
 pub mod draft_model;
 pub mod generate;
+pub mod ngram;
 pub mod session;
 pub mod step;

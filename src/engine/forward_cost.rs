@@ -268,6 +268,12 @@ impl Prices {
         let share = self.forward(plain) / plain as f64;
         (share + self.forward(plain + drafts) - self.forward(plain)) as f32 + drafts as f32 * self.micro
     }
+
+    /// These prices for drafts that no micro step drafted (the context's,
+    /// `ngram-simple`): their rows in the forward alone.
+    pub fn rows_only(&self) -> Prices {
+        Prices { micro: 0.0, ..self.clone() }
+    }
 }
 
 #[cfg(test)]

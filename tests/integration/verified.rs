@@ -122,10 +122,19 @@ fn two_row_reference(model: &Model, prompt: &[u32], flash_attn: bool) -> Vec<u32
 }
 
 /// The forced and gated drafts the tests run: 1, 2 and 3 tokens at every
-/// step (`n_min` = `n_max`), and the default (gated) drafts.
+/// step (`n_min` = `n_max`), and the default (gated) drafts; then 3 and
+/// gated with the context drafting first (`ngram-simple,draft-mtp`).
 fn drafts() -> Vec<(&'static str, DraftParams)> {
-    let forced = |k| DraftParams { n_max: Some(k), n_min: k, p_min: 0.0 };
-    vec![("k=1", forced(1)), ("k=2", forced(2)), ("k=3", forced(3)), ("gated", DraftParams::default())]
+    let forced = |k| DraftParams { n_max: Some(k), n_min: k, p_min: 0.0, ngram: None };
+    let ngram = Some(hamburger::ngram::DEFAULT_SIZE);
+    vec![
+        ("k=1", forced(1)),
+        ("k=2", forced(2)),
+        ("k=3", forced(3)),
+        ("gated", DraftParams::default()),
+        ("ngram k=3", DraftParams { ngram, ..forced(3) }),
+        ("ngram gated", DraftParams { ngram, ..DraftParams::default() }),
+    ]
 }
 
 /// Checks every prompt and draft setting on `model` (F32): exactly against
@@ -145,7 +154,7 @@ fn check_exact(model: &Path, prompts: &[Vec<u32>], flash_attn: bool) -> Vec<(&'s
             let gen = generate(&mut session(&model, Some(draft), flash_attn), prompt);
             assert_eq!(&gen.output_ids, want, "{name}, prompt {pi}: verified tokens against the two-row reference");
             assert_eq!(gen.timings.kv_entries, prompt.len() + gen.output_ids.len() - 1, "one KV entry per token");
-            if name.starts_with("k=") {
+            if name.contains("k=") {
                 // Every step drafts, but the last (nothing follows) and
                 // where the budget leaves room for one token only.
                 let drafted = gen.timings.verify_forwards;
@@ -198,6 +207,9 @@ fn greedy_verified_equals_one_token_per_step_on_the_tiny_fixture() {
     eprintln!("tiny fixture, drafted tokens accepted per verify forward: {acceptance:?}");
     // Random grafted modules: nearly every draft is rejected.
     assert!(acceptance.iter().filter(|(name, _)| name.starts_with("k=")).all(|&(_, a)| a < 0.2), "{acceptance:?}");
+    // Its answers repeat themselves: there the context's drafts are accepted.
+    let of = |name| acceptance.iter().find(|a| a.0 == name).map(|a| a.1).unwrap();
+    assert!(of("ngram k=3") > 0.5, "{acceptance:?}");
 }
 
 #[test]
@@ -210,8 +222,11 @@ fn greedy_verified_equals_one_token_per_step_on_the_trained_smollm2() {
     let model = trained(ggml::Type::F32);
     let acceptance = check_exact(&model, &smollm2_prompts(&open(&model)), false);
     eprintln!("trained SmolLM2, drafted tokens accepted per verify forward: {acceptance:?}");
-    // The trained micro decoder drafts what the base says far more often.
+    // The trained micro decoder drafts what the base says far more often,
+    // and the context's drafts, where it repeats itself, more often still.
     assert!(acceptance.iter().any(|&(_, a)| a > 0.3), "{acceptance:?}");
+    let of = |name| acceptance.iter().find(|a| a.0 == name).map(|a| a.1).unwrap();
+    assert!(of("ngram k=3") > of("k=3"), "{acceptance:?}");
 }
 
 /// Quantized (Q8_0) weights: a verify forward's rows and one token's row sum

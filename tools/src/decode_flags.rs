@@ -49,9 +49,15 @@ pub struct SpecArgs {
     /// decoder's tokens kept as the stop head allows); draft-mtp:
     /// self-verified (the micro decoder drafts, the base checks every token:
     /// the base's output, one KV entry per token); draft-simple: a draft
-    /// model (-md). n-gram and other llama.cpp types are refused.
+    /// model (-md); ngram-simple,draft-mtp: self-verified, the context
+    /// drafting first (the tokens that followed the last
+    /// --spec-ngram-simple-size-n tokens where they occurred before), the
+    /// micro decoder where it has no match. Other llama.cpp types are refused.
     #[arg(long, default_value = "none", value_parser = SpecType::parse)]
     pub spec_type: SpecType,
+    /// ngram-simple: the context's last N tokens are looked up (default 2).
+    #[arg(long, alias = "spec-ngram-size-n", value_name = "N")]
+    pub spec_ngram_simple_size_n: Option<usize>,
     /// The most tokens drafted per verify forward (self-verified, default:
     /// the model's max_steps - 1, the most its micro decoder drafts; with
     /// -md, default 3, llama.cpp's).
@@ -77,10 +83,16 @@ impl SpecArgs {
     /// draft model are accepted with a warning, as llama.cpp's tools take them.
     pub fn draft(&self, draft_model: bool) -> anyhow::Result<Option<DraftParams>> {
         match self.spec_type {
-            SpecType::SelfVerified => Ok(Some(DraftParams {
+            SpecType::SelfVerified { ngram: false } if self.spec_ngram_simple_size_n.is_some() => {
+                anyhow::bail!(
+                    "--spec-ngram-simple-size-n applies where the context drafts: --spec-type ngram-simple,draft-mtp"
+                )
+            }
+            SpecType::SelfVerified { ngram } => Ok(Some(DraftParams {
                 n_max: self.spec_draft_n_max,
                 n_min: self.spec_draft_n_min.unwrap_or(0),
                 p_min: self.spec_draft_p_min.unwrap_or(0.0),
+                ngram: ngram.then(|| self.spec_ngram_simple_size_n.unwrap_or(hamburger::ngram::DEFAULT_SIZE)),
             })),
             SpecType::DraftModel if !draft_model => {
                 anyhow::bail!("--spec-type draft-simple needs a draft model (-md, --model-draft)")
@@ -91,6 +103,7 @@ impl SpecArgs {
                     ("--spec-draft-n-max", self.spec_draft_n_max.is_some()),
                     ("--spec-draft-n-min", self.spec_draft_n_min.is_some()),
                     ("--spec-draft-p-min", self.spec_draft_p_min.is_some()),
+                    ("--spec-ngram-simple-size-n", self.spec_ngram_simple_size_n.is_some()),
                 ];
                 // Accepted with a warning, as llama.cpp's tools take them
                 // without a drafter (a launch script that turns drafting off).
@@ -133,7 +146,7 @@ impl DraftModelArgs {
         if self.model_draft.is_none() {
             return Ok(None);
         }
-        if spec.spec_type == SpecType::SelfVerified {
+        if matches!(spec.spec_type, SpecType::SelfVerified { .. }) {
             anyhow::bail!(
                 "--spec-type draft-mtp drafts with -m's own micro decoder, -md with a draft model: give one of them"
             );

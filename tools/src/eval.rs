@@ -239,8 +239,9 @@ pub fn run_base(ctx: &mut LlamaContext, prompt: &[u32], n: usize) -> Result<Run>
 pub struct Row {
     /// The stop-head confidence.
     pub confidence: f32,
-    /// Self-verified decoding (the confidence does not apply).
-    pub verified: bool,
+    /// Self-verified decoding (the confidence does not apply): its
+    /// `--spec-type` (`draft-mtp`, or `ngram-simple,draft-mtp`).
+    pub verified: Option<&'static str>,
     /// Self-verified: base forwards that checked drafts.
     pub verify_forwards: usize,
     /// Self-verified: drafted tokens the base accepted.
@@ -325,21 +326,17 @@ impl Row {
         (g.get(g.len() / 2).copied().unwrap_or(0.0), g.last().copied().unwrap_or(0.0))
     }
 
-    /// The row's name in reports: its confidence, or `draft-mtp`.
+    /// The row's name in reports: its confidence, or its `--spec-type`.
     pub fn mode(&self) -> String {
-        if self.verified {
-            "draft-mtp".into()
-        } else {
-            self.confidence.to_string()
-        }
+        self.verified.map_or_else(|| self.confidence.to_string(), str::to_string)
     }
 
     /// The row as JSON (the columns of every report).
     pub fn to_json(&self) -> Value {
         let (gap_median, gap_max) = self.divergence_gap();
         json!({
-            "confidence": if self.verified { Value::Null } else { json!(self.confidence) },
-            "spec_type": if self.verified { "draft-mtp" } else { "none" },
+            "confidence": if self.verified.is_some() { Value::Null } else { json!(self.confidence) },
+            "spec_type": self.verified.unwrap_or("none"),
             "accepted_per_verify": self.accepted_per_verify(),
             "verify_forwards": self.verify_forwards,
             "prompts": self.prompts,
@@ -454,7 +451,7 @@ pub fn markdown(rows: &[Row]) -> String {
             r.mode(),
             f("tokens_per_step"),
             f("kv_entries_per_token"),
-            if r.verified { format!("{:.2}", r.accepted_per_verify()) } else { "-".into() },
+            if r.verified.is_some() { format!("{:.2}", r.accepted_per_verify()) } else { "-".into() },
             f("tokens_per_s"),
             f("base_tokens_per_s"),
             f("speedup"),

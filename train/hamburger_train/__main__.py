@@ -60,6 +60,14 @@ def numbers(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"not a number or a comma-separated list of numbers: {text!r}") from None
 
 
+def integers(text: str) -> list[int]:
+    """A comma-separated list of whole numbers (`--ngram 2,3`)."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number or a comma-separated list of them: {text!r}") from None
+
+
 def share(text: str) -> float:
     """A share between 0 and 1 (`--sharegpt-share 0.75`)."""
     try:
@@ -258,6 +266,9 @@ def parser() -> Parser:
     c.add_argument("--head", type=Path, help="a draft head alone (draft-head.safetensors, as a draft window "
                    "returns it), drafting in place of --grafted's")
     c.add_argument("--max-tokens", type=int, default=128, help="most tokens per answer")
+    c.add_argument("--ngram", type=integers, default=[], metavar="N[,N...]",
+                   help="also the rule with every draft, the context drafting first where its last N tokens "
+                        "occurred before (llama.cpp's ngram-simple, --spec-ngram-simple-size-n N), for each N")
     c.add_argument("--slots", type=int, default=4, help="concurrent requests (server -np)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
@@ -332,7 +343,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
-                   a.p_min, a.json, a.runtime, a.head)
+                   a.p_min, a.json, a.runtime, a.head, a.ngram)
     elif stage == "segment":
         from . import segment
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)

@@ -30,13 +30,17 @@ from .model import HAMburger
 
 def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Path, max_tokens: int, slots: int,
         threads: int, confidences: list[float], p_mins: list[float], as_json: bool,
-        with_runtime: bool = False, head: Path | None = None) -> None:
+        with_runtime: bool = False, head: Path | None = None, ngrams: list[int] | None = None) -> None:
     """Measures `grafted` (default: the work directory's `draft` result),
     with the draft head alone in `head` when given, on the prompts of
     `prompts` (JSON lines with `id` and `prompt`); with `with_runtime` also
     the runtime's self-verified greedy decoding of the same prompts
-    (`runtime`) on that model as a GGUF (`runtime_gguf`)."""
+    (`runtime`) on that model as a GGUF (`runtime_gguf`); for each size in
+    `ngrams`, also every draft with the context's n-grams drafting first
+    (with `with_runtime`, the runtime's too: every draft, and its gate)."""
     grafted = grafted or work / "draft" / "grafted.safetensors"
+    if any(n < 1 for n in ngrams or []):
+        raise SystemExit(f"accept: --ngram {','.join(map(str, ngrams))}: n-gram sizes are 1 or more")
     if not grafted.exists():
         raise SystemExit(f"accept: {grafted} does not exist (run draft first, or give --grafted)")
     try:
@@ -55,17 +59,21 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
     segment.tokenize(here, bin_dir, teacher)
     features.build(here / "features", model, base, records.read(here / "tokens.jsonl"))
     cache = features.load(here / "features", meta)
-    results = measure(model, cache, rules_of(confidences, p_mins, model.cfg.max_steps - 1))
+    n_max = model.cfg.max_steps - 1
+    rules = rules_of(confidences, p_mins, n_max) + [DraftRule(n_max, None, None, n) for n in ngrams or []]
+    prompts_ids = {r["id"]: r["ids"][:r["n_prompt"]] for r in records.read(here / "tokens.jsonl")}
+    results = measure(model, cache, rules, prompts=prompts_ids)
     report = {"grafted": str(grafted), "head": head and str(head), "prompts": str(prompts),
               "answers": len(cache.answers), "tokens": len(cache.next), "rules": [asdict(r) for r in results]}
     if with_runtime:
         tokenized = {r["id"]: r for r in records.read(here / "tokens.jsonl")}
         walked = [tokenized[a["id"]] for a in cache.answers]
-        n_max = model.cfg.max_steps - 1
         with tempfile.TemporaryDirectory(dir=here) as tmp:
             gguf = runtime_gguf(bin_dir, model, base, Path(tmp))
             fixed, texts = runtime(bin_dir, gguf, walked, 0.0, threads, fixed=n_max)
             report["runtime"] = [fixed] + [runtime(bin_dir, gguf, walked, p, threads)[0] for p in sorted({0.0, *p_mins})]
+            report["runtime"] += [runtime(bin_dir, gguf, walked, 0.0, threads, f, n)[0]
+                                  for n in ngrams or [] for f in (n_max, None)]
         # The tool's walk of the very texts the runtime wrote with n_max drafts at every verify forward.
         own = measure(model, features.in_memory(model, texts), [DraftRule(n_max, None, None)])[0]
         report["runtime_texts"] = asdict(own)
@@ -101,9 +109,10 @@ def runtime_gguf(bin_dir: Path, model: HAMburger, base: Path, tmp: Path) -> Path
 
 
 def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int,
-            fixed: int | None = None) -> tuple[dict, list[tuple[str, list[int], int]]]:
+            fixed: int | None = None, ngram: int | None = None) -> tuple[dict, list[tuple[str, list[int], int]]]:
     """The runtime's self-verified greedy decoding (`hamburger-cli
-    --spec-type draft-mtp`; with `fixed`, exactly that many drafts at every
+    --spec-type draft-mtp`, or with `ngram` `ngram-simple,draft-mtp` of that
+    n-gram size; with `fixed`, exactly that many drafts at every
     verify forward, the ungated rule of that n_max, which `measure` walks
     alike; else the runtime's own gate, which prices drafts by the times it
     measures and so follows the machine, not `gate.py`) of each answer's prompt ids, as many tokens as
@@ -120,8 +129,9 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
         ids, n_prompt = a["ids"], a["n_prompt"]
         answer = ids[n_prompt:-1]
         cmd = [str(bin_dir / "hamburger-cli"), "-m", str(gguf), "--prompt-ids", ",".join(map(str, ids[:n_prompt])),
-               "-n", str(len(answer)), "--temp", "0", "--json", "-t", str(threads), "--spec-type", "draft-mtp",
-               "--spec-draft-p-min", str(p_min)]
+               "-n", str(len(answer)), "--temp", "0", "--json", "-t", str(threads), "--spec-draft-p-min", str(p_min)]
+        cmd += ["--spec-type", "ngram-simple,draft-mtp", "--spec-ngram-simple-size-n", str(ngram)] if ngram \
+            else ["--spec-type", "draft-mtp"]
         if fixed is not None:
             cmd += ["--spec-draft-n-min", str(fixed), "--spec-draft-n-max", str(fixed)]
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -136,7 +146,8 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
         same += k == len(answer)
         shared += k
     n = max(len(answers), 1)
-    return {"rule": f"n_max {fixed}" if fixed is not None else "gate", "p_min": p_min, "answers": len(answers),
+    rule = (f"n_max {fixed}" if fixed is not None else "gate") + (f", ngram-simple n {ngram} first" if ngram else "")
+    return {"rule": rule, "p_min": p_min, "answers": len(answers),
             "same_text": same, "shared_prefix": shared / n,
             "forwards": forwards, "verify_forwards": verifies, "accepted_per_forward": accepted / max(forwards, 1),
             "accepted_per_verify_forward": accepted / max(verifies, 1),

@@ -16,7 +16,10 @@ How many tokens are drafted is the runtime's rule (`DraftRule`): a token is
 drafted while the stop head's "go on" probability before it is at least
 `confidence` (the stop head predicts whether the draft will be accepted) and
 its own probability under the micro decoder at least `p_min` (llama.cpp's
-`--spec-draft-p-min`), up to `n_max` tokens.
+`--spec-draft-p-min`), up to `n_max` tokens. With `ngram`, the context
+itself drafts first, as llama.cpp's `ngram-simple` does (`ngram_draft`):
+where its last `ngram` tokens occurred before, the tokens that followed
+them are the draft, and the micro decoder drafts only where they did not.
 """
 
 from __future__ import annotations
@@ -88,9 +91,10 @@ class DraftRule:
     n_max: int = 3
     confidence: float | None = None
     p_min: float | None = None
+    ngram: int | None = None
 
     def __str__(self) -> str:
-        gates = [f"n_max {self.n_max}"]
+        gates = [f"n_max {self.n_max}"] + ([f"ngram-simple n {self.ngram} first"] if self.ngram else [])
         if self.confidence is not None:
             gates.append(f"stop head >= {self.confidence:g}")
         if self.p_min is not None:
@@ -135,6 +139,19 @@ def draft(model: HAMburger, feats: torch.Tensor, t0: torch.Tensor, n: int) -> Dr
             go_on.append(torch.sigmoid(-model.stop_head(out)))
         tokens = torch.cat([tokens, d[:, None]], 1)
     return Drafts(torch.stack(drafted, 1), torch.stack(probs, 1), torch.stack(go_on, 1))
+
+
+def ngram_draft(context: list[int], n: int, k: int) -> list[int]:
+    """llama.cpp's `ngram-simple` draft: the (up to) `k` tokens that followed
+    the latest earlier occurrence of the last `n` tokens of `context`
+    (prompt and answer so far); none where they did not occur before."""
+    if len(context) <= n:
+        return []
+    key = context[-n:]
+    for end in range(len(context) - 1, n - 1, -1):
+        if context[end - n:end] == key:
+            return context[end:end + k]
+    return []
 
 
 def accepted(drafts: torch.Tensor, text: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -182,10 +199,13 @@ def draftable(cache: Cache, end_tokens: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], batch: int = 256) -> list[Acceptance]:
+def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], batch: int = 256,
+            prompts: dict[str, list[int]] | None = None) -> list[Acceptance]:
     """Accepted tokens per verify forward of each rule on every answer of
     `cache`: the drafts of every row once (the longest any rule drafts),
-    then each rule's walk along each answer from the prompt's last row."""
+    then each rule's walk along each answer from the prompt's last row. A
+    rule with `ngram` looks up each answer's prompt ids in `prompts` (by
+    the answer's id) and the answer so far."""
     n = max(r.n_max for r in rules)
     rows = draftable(cache, model.cfg.eos)
     out: list[Drafts] = []
@@ -202,14 +222,37 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], 
             counts = walk_gated(model, cache, rule, d, text, room, where)
             every = (None, None)
         else:
-            lengths = d.lengths(rule).clamp(max=room)
-            acc = accepted(d.tokens, text, lengths)
+            tokens, lengths = d.tokens, d.lengths(rule)
+            if rule.ngram:
+                tokens, lengths = with_ngram_drafts(cache, rows, prompts or {}, rule, tokens, lengths)
+            lengths = lengths.clamp(max=room)
+            acc = accepted(tokens, text, lengths)
             counts = walk(cache, where, lambda i: (int(lengths[i]), int(acc[i])))
             every = (acc.sum().item() / max(len(rows), 1), lengths.sum().item() / max(len(rows), 1))
         forwards, verifies, taken, drafted = counts
         results.append(Acceptance(str(rule), forwards, verifies, taken / max(forwards, 1), taken / max(verifies, 1),
                                   drafted / max(forwards, 1), len(rows), *every))
     return results
+
+
+def with_ngram_drafts(cache: Cache, rows: torch.Tensor, prompts: dict[str, list[int]], rule: DraftRule,
+                      tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafts `tokens` [N, S] and their `lengths` [N] at `rows`, with
+    `rule`'s n-gram drafts (`ngram_draft` on the prompt and the answer up to
+    each row's token) in place of the micro decoder's wherever there is one."""
+    tokens, lengths = tokens.clone(), lengths.clone()
+    at = {int(r): i for i, r in enumerate(rows)}
+    nxt = cache.next.tolist()
+    for a in cache.answers:
+        context = list(prompts.get(a["id"], []))
+        for r in range(a["start"], a["start"] + a["rows"]):
+            context.append(nxt[r])
+            i = at.get(r)
+            found = ngram_draft(context, rule.ngram, rule.n_max) if i is not None else []
+            if found:
+                tokens[i, :len(found)] = torch.tensor(found)
+                lengths[i] = len(found)
+    return tokens, lengths
 
 
 def walk(cache: Cache, where: dict[int, int], step: Callable[[int], tuple[int, int]],

@@ -7,6 +7,7 @@
 
 use super::{DecodeConfig, SeqGen};
 use crate::decode::draft::DraftRule;
+use crate::decode::ngram;
 use crate::decode::step::MacroStep;
 use crate::engine::forward_cost::Prices;
 use crate::engine::Engine;
@@ -199,6 +200,9 @@ fn draft_token(
     if st.n_forced > 0 || sg.is_eog(cfg, last) || depth >= budget || depth > cells {
         return None;
     }
+    if depth == 1 && context_draft(sg, cfg, rule, budget.saturating_sub(1).min(cells), prices) {
+        return None;
+    }
     // A draft model's sequences have no gate: the micro decoder drafts nothing.
     let gate = sg.gate.as_mut()?;
     if !st.features {
@@ -212,4 +216,38 @@ fn draft_token(
     }
     sg.draft.p_stop_before = signal;
     Some(last)
+}
+
+/// Self-verified with `ngram-simple`: drafts up to `room` tokens from the
+/// context ([`ngram::draft`]: what followed its last `rule.ngram` tokens where
+/// they occurred before, up to an end-of-generation token), as many as the
+/// context's gate finds worth their rows at `prices` (no micro step drafts
+/// them); the micro decoder drafts only where this does not. Not under a
+/// grammar, whose constraint commits each drafted token as it is drawn.
+/// Returns whether it drafted.
+fn context_draft(sg: &mut SeqGen, cfg: &DecodeConfig, rule: &DraftRule, room: usize, prices: &Prices) -> bool {
+    let (Some(n), None) = (rule.ngram, &sg.constraint) else {
+        return false;
+    };
+    let mut found = ngram::draft(&sg.history, n, rule.n_max.min(room)).to_vec();
+    if let Some(end) = found.iter().position(|&t| sg.is_eog(cfg, t)) {
+        found.truncate(end + 1);
+    }
+    let Some(gate) = sg.context_gate.as_mut() else {
+        return false;
+    };
+    // One bucket: the stop head says nothing of the context's drafts.
+    let signal = vec![0.0; found.len()];
+    let rows = prices.rows_only();
+    let take = (1..=found.len()).take_while(|&d| gate.wants(rule, d, &signal[..d], &rows)).count();
+    if take == 0 {
+        return false;
+    }
+    found.truncate(take);
+    sg.history.extend_from_slice(&found);
+    sg.draft.q = found.iter().map(|&t| vec![(t, 1.0)]).collect();
+    sg.draft.p_stop_before = signal[..take].to_vec();
+    sg.draft.tokens = found;
+    sg.draft.from_context = true;
+    true
 }

@@ -80,7 +80,8 @@ pub(super) fn check(
         }
     }
     engine.keep_through_output(sg.seq, accepted)?;
-    if let Some(gate) = &mut sg.gate {
+    let gate = if draft.from_context { &mut sg.context_gate } else { &mut sg.gate };
+    if let Some(gate) = gate {
         gate.record(&draft.p_stop_before, accepted);
     }
     let t = &mut sg.gen.timings;

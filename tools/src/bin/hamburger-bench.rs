@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use ggml::llama::LlamaModel;
+use hamburger::draft::SpecType;
 use hamburger::{EngineParams, Model, SessionParams, StepParams};
 use tools::bench::{self, Measurement};
 use tools::cli::FlashAttn;
@@ -76,8 +77,8 @@ struct Row {
     threads: usize,
     test: String,
     forced_steps: Option<usize>,
-    /// Whether the row decodes self-verified.
-    verified: bool,
+    /// The row's `--spec-type` where it decodes self-verified.
+    verified: Option<&'static str>,
     ours: Measurement,
     base: Option<Measurement>,
 }
@@ -169,7 +170,7 @@ fn measure(
     for &n in args.n_prompt.iter().filter(|&&n| n > 0) {
         let base = baseline.map(|b| bench::llama_pp(b, &params.engine, n)).transpose()?;
         let (ours, base) = interleave_pair(r, bench::hamburger_pp(model, &params, n)?, base)?;
-        rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, verified: false, ours, base });
+        rows.push(Row { threads, test: format!("pp{n}"), forced_steps: None, verified: None, ours, base });
     }
     // A repetition runs enough verify forwards to take about as long as a pp64.
     for &k in args.verify_rows.iter().filter(|&&k| k > 0) {
@@ -177,7 +178,7 @@ fn measure(
         let (ctx, engine) = (args.verify_context, &params.engine);
         let base = baseline.map(|b| bench::llama_verify(b, engine, k, ctx, n_forwards)).transpose()?;
         let (ours, base) = interleave_pair(r, bench::hamburger_verify(model, engine, k, ctx, n_forwards)?, base)?;
-        rows.push(Row { threads, test: format!("verify{k} @{ctx}"), forced_steps: None, verified: false, ours, base });
+        rows.push(Row { threads, test: format!("verify{k} @{ctx}"), forced_steps: None, verified: None, ours, base });
     }
     for &n in args.n_gen.iter().filter(|&&n| n > 0) {
         // One round runs every setting and the baseline in turn.
@@ -205,7 +206,7 @@ fn measure(
                 threads,
                 test: format!("tg{n} {}", setting.label),
                 forced_steps: setting.forced_steps,
-                verified: setting.step.draft.is_some(),
+                verified: setting.step.draft.map(|d| SpecType::SelfVerified { ngram: d.ngram.is_some() }.name()),
                 ours,
                 base: base.clone(),
             });
@@ -235,7 +236,7 @@ fn measure(
                     threads,
                     test: format!("tg{n} x{p} {}", setting.label),
                     forced_steps: setting.forced_steps,
-                    verified: setting.step.draft.is_some(),
+                    verified: setting.step.draft.map(|d| SpecType::SelfVerified { ngram: d.ngram.is_some() }.name()),
                     ours,
                     base: base.clone(),
                 });
@@ -305,7 +306,7 @@ fn json_rows(name: &str, model: &Model, rows: &[Row]) -> Vec<serde_json::Value> 
                 "n_gen": m.n_gen,
                 "test": r.test,
                 "forced_steps": if engine == "hamburger" { r.forced_steps } else { None },
-                "spec_type": if engine == "hamburger" && r.verified { "draft-mtp" } else { "none" },
+                "spec_type": r.verified.filter(|_| engine == "hamburger").unwrap_or("none"),
                 "avg_ns": m.avg_ns(),
                 "avg_ts": m.avg_ts(),
                 "stddev_ts": m.stddev_ts(),

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ggml::llama::{LlamaContext, LlamaContextParams, LlamaModel};
+use hamburger::draft::SpecType;
 use hamburger::{EngineParams, Model, Session, SessionParams};
 use serde_json::{json, Value};
 use tools::devices::BaselinePlacement;
@@ -273,7 +274,11 @@ fn run(model: &Path, baseline: &Path, scorer: Option<&Path>, prompts: &Path, o: 
         .collect::<hamburger::Result<_>>()?;
     let mut rows: Vec<Row> = modes
         .iter()
-        .map(|&(c, draft)| Row { confidence: c, verified: draft.is_some(), ..Default::default() })
+        .map(|&(c, draft)| Row {
+            confidence: c,
+            verified: draft.map(|d| SpecType::SelfVerified { ngram: d.ngram.is_some() }.name()),
+            ..Default::default()
+        })
         .collect();
     // Warm-up: one untimed generation per engine.
     eval::run_base(&mut base_ctx, &ids[0], o.n_predict.min(8))?;

@@ -196,7 +196,17 @@ fn invalid_flags() {
     ] {
         assert_clean_error(&[&mtp[..], extra].concat(), names);
     }
-    assert_clean_error(&["-m", m, "-p", "hi", "--spec-type", "ngram-mod"], &["--spec-type", "n-gram"]);
+    assert_clean_error(&["-m", m, "-p", "hi", "--spec-type", "ngram-mod"], &["--spec-type", "ngram-simple,draft-mtp"]);
+    assert_clean_error(
+        &["-m", m, "-p", "hi", "--spec-type", "ngram-simple"],
+        &["--spec-type", "ngram-simple,draft-mtp"],
+    );
+    let size = ["--spec-ngram-simple-size-n", "0"];
+    assert_clean_error(&["-m", m, "-p", "hi", "--spec-type", "ngram-simple,draft-mtp", size[0], size[1]], &size);
+    assert_clean_error(
+        &[&mtp[..], &["--spec-ngram-simple-size-n", "3"]].concat(),
+        &[size[0], "ngram-simple,draft-mtp"],
+    );
     assert_clean_error(&["-m", m, "-p", "hi", "--spec-type", "draft-simple"], &["draft-simple", "-md"]);
     // Draft flags without a drafter do nothing, as in llama.cpp's tools, and say so.
     let (ok, _, err) = cli(&["-m", m, "-p", "hi", "-n", "2", "--spec-draft-n-max", "2"]);

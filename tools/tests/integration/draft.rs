@@ -233,6 +233,8 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
         "0.5",
         "--p-min",
         "1",
+        "--ngram",
+        "2",
         "--runtime",
     ];
     let report: Value =
@@ -263,6 +265,17 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
     // With p_min 1 the runtime drafts nothing, as the tool's rule does.
     let never = report["runtime"].as_array().unwrap().iter().find(|r| r["p_min"] == json!(1.0)).unwrap().clone();
     assert_eq!((never["verify_forwards"].as_u64(), never["drafted_per_forward"].as_f64()), (Some(0), Some(0.0)));
+    // The context drafting first (`--ngram 2`, ngram-simple,draft-mtp): the
+    // tiny model's answers repeat themselves, and there its drafts are
+    // accepted where the random micro decoder's are not, in both tools.
+    let context = rule("n_max 3, ngram-simple n 2 first");
+    let per_verify = |v: &Value| v["accepted_per_verify_forward"].as_f64().unwrap();
+    assert!(per_verify(&context) > per_verify(&all) + 0.2, "{context} {all}");
+    let runtime =
+        |name: &str| report["runtime"].as_array().unwrap().iter().find(|r| r["rule"] == name).unwrap().clone();
+    let ours_context = runtime("n_max 3, ngram-simple n 2 first");
+    assert!(per_verify(&ours_context) > per_verify(&ours) + 0.2, "{ours_context} {ours}");
+    assert!(runtime("gate, ngram-simple n 2 first")["forwards"].as_u64() > Some(0));
 
     // The head alone (`--head`, as a draft window returns it) beside macro modules
     // without one measures as the file that holds both; the macro modules alone draft otherwise.
@@ -290,6 +303,13 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
         &["--prompts", prompts.to_str().unwrap(), "--head", macro_file.to_str().unwrap()],
     ));
     assert!(err.contains("not a draft head") && err.contains("macro.safetensors"), "{err}");
+    let err = one_line_error(&mut stage(
+        "accept",
+        work,
+        &tiny_fixture(),
+        &["--prompts", prompts.to_str().unwrap(), "--ngram", "2,0"],
+    ));
+    assert!(err.contains("--ngram 2,0"), "{err}");
 }
 
 /// Each stage takes its own flags: `draft` refuses `export`'s `--snapshot`

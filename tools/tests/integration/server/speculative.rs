@@ -2,8 +2,8 @@
 //! `speculative.*` fields) over loopback HTTP: the answer is the one-token-
 //! per-step answer, its timings say what the drafts earned, a server's
 //! `--spec-type` is the default a request overrides, macro-step and
-//! self-verified requests decode together, and bad values are 400s naming
-//! the field.
+//! self-verified requests decode together, the context drafts first where
+//! asked (`ngram-simple,draft-mtp`), and bad values are 400s naming the field.
 
 use serde_json::{json, Value};
 
@@ -37,7 +37,16 @@ fn a_self_verified_answer_is_the_one_token_per_step_answer() {
         let b = scope.spawn(|| s.complete(&body(json!({}))).0);
         (a.join().unwrap(), b.join().unwrap())
     });
-    assert_eq!(both, (plain, macro_steps));
+    assert_eq!(both, (plain.clone(), macro_steps));
+    // The context drafting first (ngram-simple,draft-mtp): still the base's
+    // answer, and the tiny model's answer repeats itself, so its drafts are
+    // accepted where the random micro decoder's are not.
+    let context = json!({"speculative.type": "ngram-simple,draft-mtp", "speculative.n_max": 2, "speculative.n_min": 2,
+                         "speculative.ngram_size_n": 2});
+    let (from_context, c) = s.complete(&body(context));
+    assert_eq!(from_context, plain, "the base's own greedy answer");
+    let accepted = |v: &Value| v["timings"]["draft_n_accepted"].as_u64().unwrap();
+    assert!(accepted(&c) > accepted(&v), "{c} {v}");
 }
 
 #[test]
@@ -71,6 +80,13 @@ fn bad_speculative_fields_are_400s_naming_them() {
         ("speculative.n_max", mtp(json!({"speculative.n_max": 4}))),
         ("speculative.n_min", mtp(json!({"speculative.n_min": 3, "speculative.n_max": 1}))),
         ("speculative.p_min", mtp(json!({"speculative.p_min": 1.5}))),
+        ("speculative.ngram_size_n", mtp(json!({"speculative.ngram_size_n": 2}))),
+        (
+            "speculative.ngram_size_n",
+            body(json!({"speculative.type": "ngram-simple,draft-mtp", "speculative.ngram_size_n": 0})),
+        ),
+        ("speculative.type", body(json!({"speculative.type": "ngram-simple"}))),
+        ("speculative.ngram_size_n", body(json!({"speculative.ngram_size_n": 2}))),
         ("speculative.n_min", body(json!({"speculative.n_min": 1}))),
     ] {
         let (status, v) = s.post("/v1/completions", &b);
