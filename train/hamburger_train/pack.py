@@ -56,7 +56,7 @@ def tokenize(bin_dir: Path, teacher: Path, rows: list[dict]) -> list[dict]:
         raise SystemExit(f"pack: hamburger-eval tokenize failed: {r.stderr.strip().splitlines()[-1:]}")
     asked = {r["id"]: corpus.asked_key(r) for r in rows}
     return [{"id": v["id"], "split": v["split"], "ids": v["ids"], "asked": asked[v["id"]]}
-            for v in map(json.loads, r.stdout.splitlines())]
+            for v in map(json.loads, filter(None, r.stdout.split("\n")))]  # not splitlines(): U+2028
 
 
 def base_gguf() -> Path:
