@@ -61,7 +61,7 @@ def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int,
     answers: list[list[int]] = [[] for _ in range(B)]
     entropy: list[list[float]] = [[] for _ in range(B)]
     top: list[list] = [[] for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool)
+    done = [False] * B  # a Python list: a device tensor would cost a synchronisation per row and step
     n_steps = max(len(a) for a in forced) if forced else max_tokens + 1
     for i in range(n_steps):
         logp = F.log_softmax(model.logits(last).float(), -1)
@@ -80,7 +80,7 @@ def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int,
             top[b].append([[t, v] for t, v in zip(ti_c[b], tv_c[b])])
             if (forced is not None and i + 1 == len(forced[b])) or (forced is None and tok in eos):
                 done[b] = True
-        if bool(done.all()):
+        if all(done):
             break
         nxt = torch.tensor([a[-1] if a else end for a in answers])
         real = torch.cat([real, torch.ones(B, 1, dtype=torch.bool)], 1)
