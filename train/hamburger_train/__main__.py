@@ -68,6 +68,17 @@ def integers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a whole number or a comma-separated list of them: {text!r}") from None
 
 
+def positive(text: str) -> int:
+    """A whole number of 1 or more (`--micro-batch 16`)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of 1 or more: {text!r}")
+    return v
+
+
 def share(text: str) -> float:
     """A share between 0 and 1 (`--sharegpt-share 0.75`)."""
     try:
@@ -134,6 +145,8 @@ def train_flags(p: argparse.ArgumentParser) -> None:
     """`train`'s flags."""
     p.add_argument("--steps", type=int, default=480, help="optimizer steps in all")
     p.add_argument("--batch", type=int, default=4, help="sequences per optimizer step")
+    p.add_argument("--micro-batch", type=positive, default=1, help="sequences per forward pass, padded into one "
+                   "batch (the same gradients up to rounding; 16 or more fills a GPU; default 1)")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed")
     p.add_argument("--tune-layers", type=int, default=3, help="base layers fine-tuned (the first N; 0: frozen base)")
@@ -322,7 +335,7 @@ def train_args(a: argparse.Namespace) -> dict:
     """`train.run`'s schedule and shape from the train flags."""
     return {"steps": a.steps, "batch": a.batch, "lr": a.lr, "seed": a.seed, "tuned_layers": a.tune_layers,
             "lora_rank": a.lora_rank, "plain_weight": a.plain_weight, "windows": a.micro_windows,
-            "base_lr_scale": a.base_lr_scale}
+            "base_lr_scale": a.base_lr_scale, "micro_batch": a.micro_batch}
 
 
 def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:

@@ -1,7 +1,7 @@
 """`calibrate`: Platt scaling of the stop head on answers training never saw.
 
 The stop head's targets say "go on" where a macro step goes on and the micro
-decoder's next token is right (`losses.sequence_loss`). Trained on answers the
+decoder's next token is right (`losses.batch_loss`). Trained on answers the
 micro decoder has begun to memorise, it says "go on" more readily than
 unseen text deserves, and the user's confidence knob then means something
 else for every run. `calibrate` runs the trained model teacher-forced over
@@ -27,10 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .losses import sequence_loss
+from .losses import batch_loss
 from .metrics import Positions
 from .state import Answer, load_segments, load_trained, state_path, write_history, write_state
 
+CALIBRATION_BATCH = 8
+"""Held-out answers per teacher-forced pass (`losses.batch_loss`)."""
 EVAL_SETS = [Path(__file__).resolve().parents[1] / name for name in ("eval-prompts.jsonl", "sharegpt-heldout.jsonl")]
 """The evaluation prompts calibration never fits on: the quick set and the ShareGPT held-out set."""
 
@@ -76,8 +78,8 @@ def run(work: Path, base: Path, refit: bool = True) -> None:
         raise SystemExit(f"calibrate: {work} has no held-out answers outside the evaluation prompts")
     record: list[Positions] = []
     with torch.no_grad():
-        for answer in rows:
-            sequence_loss(model, answer, record, windows=st.get("windows", False))
+        for i in range(0, len(rows), CALIBRATION_BATCH):
+            batch_loss(model, rows[i:i + CALIBRATION_BATCH], record, windows=st.get("windows", False))
     logits, targets = torch.cat([p.stop_logit for p in record]), torch.cat([p.stop_target for p in record])
     before = F.binary_cross_entropy_with_logits(logits, targets).item()
     a, b = fit(logits, targets)

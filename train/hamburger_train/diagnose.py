@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from .losses import sequence_loss
+from .losses import batch_loss
 from .metrics import Metrics, Positions
 from .model import HAMburger
 from .state import load_segments, load_trained
@@ -97,7 +97,7 @@ def run(work: Path, base: Path, grafted: Path | None, confidences: list[float], 
     model = load_model(work, base, grafted)
     record: list[Positions] = []
     with torch.no_grad():
-        tf = Metrics.of([sequence_loss(model, a, record, windows=True)[1] for a in rows])
+        tf = Metrics.of([batch_loss(model, [a], record, windows=True)[1] for a in rows])
     gates, oracle = [(c, gate(record, c)) for c in confidences], gate(record, None)
     if as_json:
         print(json.dumps({"answers": len(rows), "teacher_forced": tf.to_json(),

@@ -19,8 +19,10 @@ head learns where the micro decoder can be trusted, and the confidence knob
 trades tokens per step against agreement with the base.
 
 The prompt runs once without gradients (its keys and values are reused), so
-gradients flow only from the answer's inputs. `plain_loss` holds the base's
-one-token path to the base's own distribution.
+gradients flow only from the answer's inputs. `batch_loss` takes several
+answers in one pass, right-padded (what fills a GPU), each still its own
+mean. `plain_loss` holds the base's one-token path to the base's own
+distribution.
 """
 
 from __future__ import annotations
@@ -37,30 +39,43 @@ from .state import Answer
 STOP_WEIGHT = 0.5
 
 
-def prompt_pass(model: HAMburger, prompt: torch.Tensor) -> tuple[list[torch.Tensor], list]:
-    """The prompt, once, without gradients: its features and its keys/values."""
-    n = len(prompt)
+def pad_right(seqs: list[torch.Tensor]) -> torch.Tensor:
+    """Tensors [L_b, ...] (ids, positions, inputs), right-padded with 0 into one [B, max L_b, ...]."""
+    return torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+
+
+def prompt_pass(model: HAMburger, prompts: list[torch.Tensor]) -> tuple[list[torch.Tensor], list, torch.Tensor]:
+    """The prompts, once, without gradients, right-padded into one batch:
+    their features, their keys/values and which of their positions are real
+    ([B, P]; a padding row attends causally to its prompt's real positions)."""
+    n = torch.tensor([len(p) for p in prompts])
+    P = int(n.max())
+    valid = torch.arange(P)[None, :] < n[:, None]
+    mask = (torch.ones(P, P, dtype=torch.bool).tril()[None] & valid[:, None, :])[:, None]
     with torch.no_grad():
-        mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-        return model.base(model.embed(prompt)[None], torch.arange(n)[None], mask, want_kv=True)
+        feats, past = model.base(model.embed(pad_right(prompts)), torch.arange(P).expand(len(prompts), P), mask,
+                                 want_kv=True)
+    return feats, past, valid
 
 
-def after_prompt_mask(T: int, n_prompt: int) -> torch.Tensor:
-    """[1, 1, T, n_prompt + T]: T inputs after a prompt's cached keys and
-    values attend to all of it and causally to each other."""
+def after_prompt_mask(T: int, valid: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, P + T]: T inputs after their prompt's cached keys and values
+    (real where `valid` [B, P]) attend to all of it and causally to each other."""
+    B, P = valid.shape
     own = torch.ones(T, T, dtype=torch.bool).tril()
-    return torch.cat([torch.ones(T, n_prompt, dtype=torch.bool), own], 1)[None, None]
+    return torch.cat([valid[:, None, :].expand(B, T, P), own.expand(B, T, T)], 2)[:, None]
 
 
-def base_regret(answer: Answer, at: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
+def base_regret(top: tuple[torch.Tensor, torch.Tensor] | None, at: torch.Tensor,
+                choice: torch.Tensor) -> torch.Tensor:
     """What choosing `choice` instead of the base's greedy token at answer
     index `at` costs in the base's log-likelihood (nats), which is what the
-    evaluation's quality column measures; 0 without the base's top tokens.
-    A choice outside the kept top tokens costs at least the gap to the last
-    of them, which is what it is counted as (a lower bound)."""
-    if answer.top is None:
+    evaluation's quality column measures; 0 without the base's top tokens
+    (`Answer.top`). A choice outside the kept top tokens costs at least the
+    gap to the last of them, which is what it is counted as (a lower bound)."""
+    if top is None:
         return torch.zeros(len(at))
-    ids, lp = answer.top[0][at], answer.top[1][at]
+    ids, lp = top[0][at], top[1][at]
     hit = ids == choice[:, None]
     chosen = torch.where(hit.any(1), (lp * hit).sum(1), lp[:, -1])
     return lp[:, 0] - chosen
@@ -74,39 +89,49 @@ def plain_loss(model: HAMburger, answer: Answer) -> torch.Tensor:
     and drift on plain text; this holds the one-token path to the base's."""
     ids, n_prompt = answer.ids, answer.n_prompt
     top_ids, top_p = answer.soft
-    _, past = prompt_pass(model, ids[:n_prompt])
+    _, past, valid = prompt_pass(model, [ids[:n_prompt]])
     tokens = ids[n_prompt:-1]  # each predicts the next answer token
     T = len(tokens)
     feats, _ = model.base(model.embed(tokens)[None], torch.arange(n_prompt, n_prompt + T)[None],
-                          after_prompt_mask(T, n_prompt), past=past)
+                          after_prompt_mask(T, valid), past=past)
     logp = F.log_softmax(model.logits(feats[-1][0]), -1)
     return -(top_p[1:] * logp.gather(1, top_ids[1:])).sum() / max(T, 1)
 
 
-def merged_inputs(model: HAMburger, segs: list[torch.Tensor]) -> torch.Tensor:
-    """The base's inputs after the prompt, [1, n_steps - 1, D]: one per macro
-    step `segs` but the last, merged when it has k > 1 tokens."""
-    emb: list[torch.Tensor | None] = [None] * (len(segs) - 1)
+def merged_inputs(model: HAMburger, segs_per: list[list[torch.Tensor]]) -> torch.Tensor:
+    """The base's inputs after each answer's prompt, right-padded into
+    [B, max n_steps - 1, D]: one per macro step of the answer's `segs` but
+    the last, merged when it has k > 1 tokens (every answer's k-token steps
+    through the merger at once)."""
+    flat = [s for segs in segs_per for s in segs[:-1]]
+    emb: list[torch.Tensor | None] = [None] * len(flat)
     for k in range(1, model.cfg.max_steps + 1):
-        idx = [j for j in range(len(segs) - 1) if len(segs[j]) == k]
+        idx = [j for j, s in enumerate(flat) if len(s) == k]
         if not idx:
             continue
-        e = model.embed(torch.stack([segs[j] for j in idx]))
+        e = model.embed(torch.stack([flat[j] for j in idx]))
         merged = e[:, 0] if k == 1 else model.merger(e, torch.full((len(idx),), k))
         for j, m in zip(idx, merged):
             emb[j] = m
-    return torch.stack(emb)[None]
+    rows = list(torch.split(torch.stack(emb), [len(segs) - 1 for segs in segs_per]))
+    return pad_right(rows)
 
 
-def step_features(model: HAMburger, answer: Answer, segs: list[torch.Tensor], ends: torch.Tensor) -> torch.Tensor:
-    """feats[j]: the features that predict macro step j, [n_steps, F, D]: the
-    prompt's last position's, then the base's outputs at the merged inputs
-    (each at `ends`, the stream position of its step's last token)."""
-    n_prompt = answer.n_prompt
-    pfeats, past = prompt_pass(model, answer.ids[:n_prompt])
-    x = merged_inputs(model, segs)
-    mfeats, _ = model.base(x, ends[:-1][None], after_prompt_mask(x.shape[1], n_prompt), past=past)
-    return torch.cat([torch.stack([f[0, -1:] for f in pfeats], 1), torch.stack([f[0] for f in mfeats], 1)], 0)
+def step_features(model: HAMburger, answers: list[Answer], segs_per: list[list[torch.Tensor]],
+                  ends_per: list[torch.Tensor]) -> torch.Tensor:
+    """feats[j]: the features that predict macro step j of the answers, in
+    order, [sum of n_steps, F, D]: each answer's prompt's last position's,
+    then the base's outputs at its merged inputs (each at `ends`, the stream
+    position of its step's last token). One base pass over the prompts, one
+    over the merged inputs, for the whole batch."""
+    pfeats, past, valid = prompt_pass(model, [a.ids[:a.n_prompt] for a in answers])
+    x = merged_inputs(model, segs_per)
+    mfeats, _ = model.base(x, pad_right([e[:-1] for e in ends_per]), after_prompt_mask(x.shape[1], valid), past=past)
+    out = []
+    for b, (a, segs) in enumerate(zip(answers, segs_per)):
+        out.append(torch.stack([f[b, a.n_prompt - 1] for f in pfeats])[None])
+        out.append(torch.stack([f[b, :len(segs) - 1] for f in mfeats], 1))
+    return torch.cat(out)
 
 
 class Predictions(NamedTuple):
@@ -154,11 +179,14 @@ def stop_targets(p: Predictions, correct: torch.Tensor, spans: torch.Tensor, max
     return (last | next_wrong).float()
 
 
-def sequence_loss(model: HAMburger, answer: Answer, record: list[Positions] | None = None,
-                  windows: bool = False) -> tuple[torch.Tensor, Counts]:
-    """The loss of one segmented answer, and its counts for the metrics;
-    `record`, when given, gets the answer's per-position tensors appended
-    (`Positions`: what calibration and `diagnose` read).
+def batch_loss(model: HAMburger, answers: list[Answer], record: list[Positions] | None = None,
+               windows: bool = False) -> tuple[torch.Tensor, Counts]:
+    """The summed losses of segmented answers, each its mean per predicted
+    token (one answer: its loss), computed in one batch (`step_features`:
+    two base passes for all of them; the micro decoder and the lm_head over
+    all their steps at once), and their summed counts for the metrics;
+    `record`, when given, gets their per-position tensors appended, as one
+    `Positions` whose macro steps are the answers' in order.
 
     The micro decoder learns each macro step's later tokens, or with
     `windows` the up to `max_steps` - 1 tokens after each step's first,
@@ -167,34 +195,45 @@ def sequence_loss(model: HAMburger, answer: Answer, record: list[Positions] | No
     the stop head every token it could be asked for, at the cost of the
     micro decoder only (the base reads the data's macro steps either way)."""
     cfg = model.cfg
-    n_prompt, steps = answer.n_prompt, answer.steps
-    resp = answer.ids[n_prompt:]
-    segs = list(torch.split(resp, steps))
-    lens = torch.tensor(steps)
-    ends = lens.cumsum(0) + n_prompt - 1  # stream position of each step's last token
-    starts = ends - n_prompt + 1 - lens  # answer index of each step's first token
-    feats = step_features(model, answer, segs, ends)
-    span = [min(cfg.max_steps, len(resp) - int(a)) for a in starts] if windows else steps
-    p = predictions(model, feats, resp, segs, starts, span)
+    segs_per, ends_per, starts_per, resps, span, merged_before = [], [], [], [], [], []
+    offset = 0  # where each answer's tokens start in the batch's answers, concatenated
+    for a in answers:
+        resp = a.ids[a.n_prompt:]
+        lens = torch.tensor(a.steps)
+        ends = lens.cumsum(0) + a.n_prompt - 1  # stream position of each step's last token
+        starts = ends - a.n_prompt + 1 - lens  # answer index of each step's first token
+        segs_per.append(list(torch.split(resp, a.steps)))
+        ends_per.append(ends)
+        starts_per.append(starts + offset)
+        resps.append(resp)
+        span += [min(cfg.max_steps, len(resp) - int(i)) for i in starts] if windows else a.steps
+        merged_before.append(torch.cat([torch.zeros(1, dtype=torch.bool), lens[:-1] > 1]))
+        offset += len(resp)
+    feats = step_features(model, answers, segs_per, ends_per)
+    resp, starts = torch.cat(resps), torch.cat(starts_per)
+    p = predictions(model, feats, resp, [s for segs in segs_per for s in segs], starts, span)
 
     logp = F.log_softmax(model.logits(p.out), -1)
-    ce = -logp.gather(1, p.target[:, None]).sum()
+    nll = -logp.gather(1, p.target[:, None])[:, 0]
     choice = logp.argmax(-1)
     correct = choice == p.target
-    at = starts[p.g_of] + p.s_of  # answer index of each predicted token
-    if answer.soft is None:
-        token_loss = ce
-    else:  # distillation: the base's distribution over its most likely tokens
-        top_ids, top_p = answer.soft
-        token_loss = -(top_p[at] * logp.gather(1, top_ids[at])).sum()
-    regret = base_regret(answer, at, choice)
+    at = starts[p.g_of] + p.s_of  # index of each predicted token in the answers, concatenated
+    soft = top = None
+    if all(a.soft is not None for a in answers):
+        soft = (torch.cat([a.soft[0] for a in answers]), torch.cat([a.soft[1] for a in answers]))
+        top = (torch.cat([a.top[0] for a in answers]), torch.cat([a.top[1] for a in answers]))
+    # distillation where the base's distribution over its most likely tokens is kept, else the data's token
+    token_loss = nll if soft is None else -(soft[1][at] * logp.gather(1, soft[0][at])).sum(1)
+    regret = base_regret(top, at, choice)
 
     spans = torch.tensor(span)
     stop_target = stop_targets(p, correct, spans, cfg.max_steps)
     stop_logit = model.stop_head(p.out)
-    bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="sum")
-    positions = Positions(stop_logit.detach(), stop_target, p.s_of, p.g_of, spans, correct, regret, len(resp))
+    bce = F.binary_cross_entropy_with_logits(stop_logit, stop_target, reduction="none")
+    positions = Positions(stop_logit.detach(), stop_target, p.s_of, p.g_of, spans, correct, regret, offset)
     if record is not None:
         record.append(positions)
-    loss = (token_loss + STOP_WEIGHT * bce) / len(p.target)
-    return loss, Counts.of(positions, lens, ce.item(), bce.item())
+    answer_of = torch.repeat_interleave(torch.arange(len(answers)), torch.tensor([len(s) for s in segs_per]))[p.g_of]
+    per_answer = torch.bincount(answer_of, minlength=len(answers))[answer_of]  # predicted tokens of its answer
+    loss = ((token_loss + STOP_WEIGHT * bce) / per_answer).sum()
+    return loss, Counts.of(positions, torch.cat(merged_before), nll.sum().item(), bce.sum().item())

@@ -1,6 +1,6 @@
 """What teacher forcing measures of a model on segmented answers.
 
-`Positions` is one answer's per-token record (what `calibrate` fits and
+`Positions` is one answer's (or one batch's) per-token record (what `calibrate` fits and
 `diagnose` gates on), `Counts` its sums per kind of predicted token, and
 `Metrics` the means over answers that `train` logs and `diagnose` reports.
 `Metrics`' field names are the keys of `history.json` and of `diagnose
@@ -17,11 +17,12 @@ import torch
 
 
 class Positions(NamedTuple):
-    """One answer's predicted tokens, teacher-forced: the stop logit after
-    each and its target, its place (micro step `s_of` of macro step `g_of`,
-    whose micro spans are `spans`: see `losses.sequence_loss`), whether its
-    argmax is the base's greedy token and its `losses.base_regret`; and how
-    many tokens the answer has."""
+    """One answer's predicted tokens, teacher-forced (or one batch's, its
+    answers' macro steps in order): the stop logit after each and its target,
+    its place (micro step `s_of` of macro step `g_of`, whose micro spans are
+    `spans`: see `losses.batch_loss`), whether its argmax is the base's
+    greedy token and its `losses.base_regret`; and how many tokens the
+    answers have."""
 
     stop_logit: torch.Tensor
     stop_target: torch.Tensor
@@ -56,12 +57,13 @@ class Counts:
     micro_regret: float
 
     @staticmethod
-    def of(p: Positions, step_lens: torch.Tensor, ce: float, bce: float) -> Counts:
-        """The counts of one answer's `Positions`, whose data macro steps have
-        lengths `step_lens` (a first token follows a merge when the step before
-        it has more than one token), with its summed `ce` and `bce`."""
+    def of(p: Positions, merged_before: torch.Tensor, ce: float, bce: float) -> Counts:
+        """The counts of `Positions` (one answer's or a batch's), with
+        `merged_before` true for each macro step whose step before, in the same
+        answer, has more than one token (its first token follows a merge),
+        and the summed `ce` and `bce`."""
         first, micro = p.s_of == 0, p.s_of > 0
-        after_merge = first & (p.g_of > 0) & (step_lens[(p.g_of - 1).clamp(min=0)] > 1)
+        after_merge = first & merged_before[p.g_of]
         plain_first = first & ~after_merge
         return Counts(
             tokens=len(p.s_of), ce=ce, bce=bce, first_correct=p.correct[first].sum().item(), firsts=int(first.sum()),

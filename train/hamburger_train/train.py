@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from . import device
-from .losses import plain_loss, sequence_loss
+from .losses import batch_loss, plain_loss
 from .metrics import Counts, Metrics, history_entry
 from .model import HAMburger
 from .progress import Progress
@@ -71,10 +71,15 @@ def init_grafted(model: HAMburger, seed: int) -> None:
         model.stop_head.net[4].bias.fill_(1.0)
 
 
-def validate(model: HAMburger, held: list[Answer], plain_weight: float, windows: bool) -> Metrics:
+def chunks(answers: list[Answer], size: int) -> list[list[Answer]]:
+    """`answers` in passes of at most `size` (`losses.batch_loss`)."""
+    return [answers[i:i + size] for i in range(0, len(answers), max(size, 1))]
+
+
+def validate(model: HAMburger, held: list[Answer], plain_weight: float, windows: bool, micro_batch: int) -> Metrics:
     """The metrics of the held-out answers, and with `plain_weight` > 0 their
     mean `plain_loss` (`plain_ce`)."""
-    counts = [sequence_loss(model, a, windows=windows)[1] for a in held]
+    counts = [batch_loss(model, c, windows=windows)[1] for c in chunks(held, micro_batch)]
     plain_ce = sum(plain_loss(model, a).item() for a in held) / len(held) if plain_weight > 0 else None
     return Metrics.of(counts, plain_ce)
 
@@ -136,16 +141,18 @@ def optimizer(model: HAMburger, lr: float, base_lr_scale: float = 1.0) -> tuple[
 
 def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
         init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0, windows: bool = False,
-        base_lr_scale: float = 1.0, dtype: str = "f32", deadline: float | None = None) -> None:
+        base_lr_scale: float = 1.0, dtype: str = "f32", micro_batch: int = 1,
+        deadline: float | None = None) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
     A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
     shipped model: training goes on from it on new data) instead of
     `init_grafted`'s starting point. With `plain_weight` > 0 every step also
     distils one of its answers on plain inputs (`plain_loss`), at that weight.
     With `windows` the micro decoder and the stop head learn every step's
-    window (`sequence_loss`). `base_lr_scale` scales the tuned layers' and
+    window (`batch_loss`). `base_lr_scale` scales the tuned layers' and
     the adapters' rates (0: they stay as `init` left them). The passes run
-    under `device.autocast(dtype)`; at `deadline` (time.monotonic()) the run
+    under `device.autocast(dtype)`, `micro_batch` answers a pass (the same
+    gradients, up to rounding, in fewer and larger products); at `deadline` (time.monotonic()) the run
     saves its state and stops, to go on when run again."""
     out = train_dir(work)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +185,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     seen = history[-1]["seen_tokens"] if history else 0
     if step == 0 and init is not None and held:  # where the run starts from, on this run's held-out answers
         with torch.no_grad():
-            history.append(history_entry("val", 0, 0, validate(model, held, plain_weight, windows)))
+            history.append(history_entry("val", 0, 0, validate(model, held, plain_weight, windows, micro_batch)))
     order = list(range(len(rows)))
     prog = Progress("train", steps, "tokens", every=30, initial=step)
     prog.update(step)
@@ -196,9 +203,9 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr) * g["scale"]
         opt.zero_grad()
-        for a in picks:
+        for chunk in chunks(picks, micro_batch):
             with device.autocast(dtype):
-                loss, counts = sequence_loss(model, a, windows=windows)
+                loss, counts = batch_loss(model, chunk, windows=windows)
             (loss / batch).backward()
             window.append(counts)
             seen += counts.tokens
@@ -220,7 +227,8 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
         if step % SAVE_EVERY == 0 or step == steps:
             if held:
                 with torch.no_grad():
-                    history.append(history_entry("val", step, seen, validate(model, held, plain_weight, windows)))
+                    m = validate(model, held, plain_weight, windows, micro_batch)
+                    history.append(history_entry("val", step, seen, m))
             save_state(path, model, opt, step, history, windows, base_lr_scale)
             if step % SNAPSHOT_EVERY == 0:
                 snapshot_path(work, step).parent.mkdir(exist_ok=True)

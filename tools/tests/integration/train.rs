@@ -376,6 +376,37 @@ fn micro_windows_teach_every_token_after_a_steps_first_and_a_resumed_run_keeps_t
     assert_eq!(tokens, vec![window_tokens(dir.path()); 2], "{history:?}");
 }
 
+/// Answers padded into one pass (`--micro-batch`, what fills a GPU) train as
+/// answers one at a time do: the first step's forward gives the same counts
+/// and, up to rounding, the same losses (micro windows on, passes of 4 and 2);
+/// 0 is refused in one line naming the flag.
+#[test]
+fn answers_in_one_padded_pass_train_as_answers_one_at_a_time() {
+    let first_step = |micro: &str| -> Value {
+        let dir = tempfile::tempdir().unwrap();
+        fixture_work(dir.path(), true);
+        let mut c = train_tool();
+        c.arg("train").arg("--work").arg(dir.path()).arg("--base").arg(tiny_fixture());
+        c.args(["--steps", "1", "--batch", "6", "--lr", "1e-3", "--micro-windows", "--micro-batch", micro]);
+        run_ok(&mut c);
+        let history: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("train/history.json")).unwrap()).unwrap();
+        history.into_iter().find(|h| h["kind"] == "train").unwrap()
+    };
+    let (one, padded) = (first_step("1"), first_step("4"));
+    for key in ["tokens", "first_acc", "merged_first_acc", "micro_acc", "stop_acc"] {
+        assert_eq!(one[key], padded[key], "{key}: {one} vs {padded}");
+    }
+    for key in ["ce", "bce", "micro_regret", "merged_first_regret"] {
+        let (a, b) = (one[key].as_f64().unwrap(), padded[key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{key}: {a} vs {b}");
+    }
+    let mut c = train_tool();
+    let out = c.args(["train", "--work", "unused", "--micro-batch", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.trim().lines().count() == 1 && err.contains("--micro-batch"), "{err}");
+}
+
 /// The plain-input loss trains only the tuned layers and adapters, so with
 /// them frozen it is refused in one line naming both flags.
 #[test]

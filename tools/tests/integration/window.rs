@@ -185,7 +185,8 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     assert_eq!(v["output_ids"].as_array().unwrap().len(), 8, "{v}");
 
     // A second window from a pack that carries the first one's answers scores them, teacher-forced,
-    // and trains under bf16 autocast, as a GPU window runs (`--dtype bf16`).
+    // and trains under bf16 autocast with a step's answers in one pass, as a GPU window runs
+    // (`--dtype bf16 --micro-batch 2`).
     let mut c = Command::new(repo().join("train/hamburger-train"));
     c.args(["-t", "2", "pack", "--work"]).arg(d.join("work")).arg("--bin").arg(bin_dir());
     c.args(["--prompts", "8"])
@@ -197,7 +198,7 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     run_ok(&mut c);
     std::fs::remove_dir_all(d.join("staged")).unwrap();
     std::fs::remove_dir_all(d.join("device-work")).unwrap();
-    let summary = stage_and_run(d, &pack, &["--answer-share", "0", "--dtype", "bf16"]);
+    let summary = stage_and_run(d, &pack, &["--answer-share", "0", "--dtype", "bf16", "--micro-batch", "2"]);
     assert_eq!((summary["done"].clone(), summary["steps"].clone()), (true.into(), 2.into()), "{summary}");
     let again = gz_lines(&out.join("answers.jsonl.gz"));
     let key = |v: &Vec<Value>| {
