@@ -8,7 +8,7 @@ cut there ended by the end token as `hamburger-eval score` ends it. The same
 pass keeps what `segment` keeps (the base's entropy and its `TOP` most likely
 tokens at every answer token), so one pass writes `scored.jsonl` rows. Given
 the answers already (`forced`, from an earlier window), it scores them
-teacher-forced instead of generating.
+teacher-forced in one pass instead of generating.
 
 Prompts go in batches of similar length, padded on the left; the base runs
 in f32 (the scores are what training distils).
@@ -43,43 +43,49 @@ def batch_inputs(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, 
     return ids, pos, real
 
 
+def causal_mask(real: torch.Tensor) -> torch.Tensor:
+    """[B, 1, L, L]: each real input of left-padded rows attends causally to
+    its row's real inputs; a padding input attends to itself (no row of -inf)."""
+    L = real.shape[1]
+    mask = (torch.ones(L, L, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
+    return mask | torch.eye(L, dtype=torch.bool)[None, None]
+
+
+def scored(logits: torch.Tensor) -> tuple[list[float], list[list[list]]]:
+    """The entropy and the `TOP` most likely tokens ([token, log-probability])
+    of each row of `logits` [N, vocab], as `segment` keeps them."""
+    logp = F.log_softmax(logits.float(), -1)
+    ent = -(logp.exp() * logp).nansum(-1)  # a token of probability 0 adds 0, not 0 * -inf
+    tv, ti = logp.topk(TOP, -1)
+    return ent.tolist(), [[[t, v] for t, v in zip(ids, vals)] for ids, vals in zip(ti.tolist(), tv.tolist())]
+
+
 @torch.no_grad()
-def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int,
-                 forced: list[list[int]] | None = None) -> list[dict]:
-    """Greedy answers of `prompts` (or the `forced` answers, scored), each
-    `{ids: answer ids, entropy, top}`: the answer ended by its first end
-    token, or cut at `max_tokens` and ended by the end token."""
+def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int) -> list[dict]:
+    """Greedy answers of `prompts`, each `{ids: answer ids, entropy, top}`:
+    the answer ended by its first end token, or cut at `max_tokens` and ended
+    by the end token."""
     eos = model.cfg.eos
     end = eos[0]
     ids, pos, real = batch_inputs(prompts)
-    B, L = ids.shape
-    mask = (torch.ones(L, L, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
-    mask |= torch.eye(L, dtype=torch.bool)[None, None]  # a padding row attends to itself: no row of -inf
-    feats, past = model.base(model.embed(ids), pos, mask, want_kv=True)
+    B = len(prompts)
+    feats, past = model.base(model.embed(ids), pos, causal_mask(real), want_kv=True)
     last = feats[-1][:, -1]
     next_pos = pos[:, -1] + 1
     answers: list[list[int]] = [[] for _ in range(B)]
     entropy: list[list[float]] = [[] for _ in range(B)]
     top: list[list] = [[] for _ in range(B)]
     done = [False] * B  # a Python list: a device tensor would cost a synchronisation per row and step
-    n_steps = max(len(a) for a in forced) if forced else max_tokens + 1
-    for i in range(n_steps):
-        logp = F.log_softmax(model.logits(last).float(), -1)
-        ent = -(logp.exp() * logp).nansum(-1)  # a token of probability 0 adds 0, not 0 * -inf
-        tv, ti = logp.topk(TOP, -1)
-        ent_c, tv_c, ti_c = ent.tolist(), tv.tolist(), ti.tolist()
+    for i in range(max_tokens + 1):
+        ent_c, top_c = scored(model.logits(last))
         for b in range(B):
             if done[b]:
                 continue
-            if forced is not None:
-                tok = forced[b][i]
-            else:
-                tok = end if i == max_tokens else ti_c[b][0]  # the most likely token
+            tok = end if i == max_tokens else top_c[b][0][0]  # the most likely token
             answers[b].append(tok)
             entropy[b].append(ent_c[b])
-            top[b].append([[t, v] for t, v in zip(ti_c[b], tv_c[b])])
-            if (forced is not None and i + 1 == len(forced[b])) or (forced is None and tok in eos):
-                done[b] = True
+            top[b].append(top_c[b])
+            done[b] = tok in eos
         if all(done):
             break
         nxt = torch.tensor([a[-1] if a else end for a in answers])
@@ -88,6 +94,20 @@ def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int,
                                want_kv=True)
         past, last, next_pos = kv, feats[-1][:, -1], next_pos + 1
     return [{"ids": a, "entropy": e, "top": t} for a, e, t in zip(answers, entropy, top)]
+
+
+@torch.no_grad()
+def score_batch(model: HAMburger, prompts: list[list[int]], answers: list[list[int]]) -> list[dict]:
+    """Given answers of `prompts` scored teacher-forced in one base pass, each
+    `{ids, entropy, top}` as `answer_batch` gives them: the base's
+    distribution at every answer token."""
+    ids, pos, real = batch_inputs([p + a[:-1] for p, a in zip(prompts, answers)])
+    feats, _ = model.base(model.embed(ids), pos, causal_mask(real))
+    out = []
+    for b, a in enumerate(answers):  # a row's last len(a) inputs predict its answer's tokens
+        ent, top = scored(model.logits(feats[-1][b, ids.shape[1] - len(a):]))
+        out.append({"ids": a, "entropy": ent, "top": top})
+    return out
 
 
 def run(work: Path, model: HAMburger, prompt_rows: list[dict], max_tokens: int, batch: int,
@@ -110,9 +130,10 @@ def run(work: Path, model: HAMburger, prompt_rows: list[dict], max_tokens: int, 
                 print(f"answer: stopped at the deadline, {n} of {len(prompt_rows)} answered", file=sys.stderr)
                 return
             rows = todo[k:k + batch]
-            with_forced = forced is not None and all(r["id"] in forced for r in rows)
-            outs = answer_batch(model, [r["ids"] for r in rows], max_tokens,
-                                [forced[r["id"]] for r in rows] if with_forced else None)
+            if forced is not None and all(r["id"] in forced for r in rows):
+                outs = score_batch(model, [r["ids"] for r in rows], [forced[r["id"]] for r in rows])
+            else:
+                outs = answer_batch(model, [r["ids"] for r in rows], max_tokens)
             for r, o in zip(rows, outs):
                 row = {"id": r["id"], "split": r["split"], "ids": r["ids"] + o["ids"], "n_prompt": len(r["ids"])}
                 f.write(json.dumps(row | ({"entropy": o["entropy"], "top": o["top"]} if scores else {})) + "\n")
