@@ -27,9 +27,10 @@ from . import corpus, data, export
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW_SH = Path(__file__).resolve().parents[1] / "window.sh"
-WINDOW_FLAGS = ("--device cuda --dtype bf16 --minutes 8 --steps 1500 --batch 16 --lr 2e-4 --lora-rank 8 "
-                "--plain-weight 1 --answer-batch 256")
-"""The window's flags `steps.txt` suggests: the shipped model's recipe, bf16 on the GPU, an 8-minute clock."""
+WINDOW_FLAGS = ("--device cuda --dtype bf16 --minutes 8 --steps 1500 --batch 16 --micro-batch 16 --lr 2e-4 "
+                "--base-lr-scale 0 --answer-batch 256")
+"""The window's flags `steps.txt` suggests: run 7's recipe (the base held where the shipped model left it),
+bf16 on the GPU, a step's 16 answers in one padded pass, an 8-minute clock."""
 DRAFT_WINDOW_FLAGS = "--device cuda --dtype bf16 --minutes 5 --steps 4000 --batch 256 --lr 3e-4 --answer-batch 256"
 """The draft head's window flags `steps.txt` suggests: draft run 6's rate, rows in batches a GPU fills."""
 TRAVEL_BYTES = 60 * 1024 * 1024
