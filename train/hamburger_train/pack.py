@@ -10,7 +10,8 @@ pieces, are laid into folders `OUT/p1 .. pN`, each small enough to travel
 beside the working tree in one call, each with a copy of `window.sh`, which
 stages a folder on the GPU machine (`window.sh stage`) and, from the last,
 runs the window (`window.sh run FLAGS`) or a draft head's window
-(`window.sh draft FLAGS`); `OUT/steps.txt` lists the calls.
+(`window.sh draft FLAGS`), each after the same at toy size (`window.sh
+smoke run|draft`); `OUT/steps.txt` lists the calls.
 """
 
 from __future__ import annotations
@@ -157,8 +158,8 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     tmp.rmdir()
     shown = [d.relative_to(ROOT) if d.is_relative_to(ROOT) else d for d in folders]
     steps = [f"bash {d}/window.sh stage" for d in shown[:-1]]
-    steps.append(f"bash {shown[-1]}/window.sh run {WINDOW_FLAGS}")
-    steps.append(f"# or, in its place or in a later call, a draft head: "
+    steps.append(f"bash {shown[-1]}/window.sh smoke run && bash {shown[-1]}/window.sh run {WINDOW_FLAGS}")
+    steps.append(f"# or, in its place or in a later call, a draft head: bash {shown[-1]}/window.sh smoke draft && "
                  f"bash {shown[-1]}/window.sh draft {DRAFT_WINDOW_FLAGS}")
     if init_in_tree:  # here, before the first call and after the last
         keep = f"/tmp/hamburger-init-{init.name}"

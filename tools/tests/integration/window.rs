@@ -25,9 +25,13 @@ fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_hamburger-eval")).parent().unwrap().to_path_buf()
 }
 
+/// Runs `c`, which must succeed; a failure shows the end of its output too (a window's log goes to stdout).
 fn run_ok(c: &mut Command) -> String {
     let out = c.output().unwrap();
-    assert!(out.status.success(), "{:?} failed: {}", c, String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut tail: Vec<&str> = stdout.lines().rev().take(20).collect();
+    tail.reverse();
+    assert!(out.status.success(), "{:?} failed: {}\n{}", c, String::from_utf8_lossy(&out.stderr), tail.join("\n"));
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -164,6 +168,17 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
         let size: u64 = std::fs::read_dir(f).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
         assert!(size <= 40 << 20 | 8192, "{} holds {size} bytes", f.display());
     }
+    // The window's call runs the same at toy size first (`smoke run`), in folders of its own: nothing of it
+    // comes back, and the window after it starts from nothing.
+    assert!(steps.contains("window.sh smoke run && bash "), "{steps}");
+    for f in &folders[..folders.len() - 1] {
+        run_ok(&mut window_sh(d, f, &["stage"]));
+    }
+    run_ok(&mut window_sh(d, folders.last().unwrap(), &["smoke", "run", "--device", "cpu", "-t", "2"]));
+    let smoke: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out-smoke/window.json")).unwrap()).unwrap();
+    assert_eq!(smoke["done"], true, "{smoke}");
+    assert!(!d.join("out").exists() && !d.join("device-work").exists(), "the smoke run wrote the window's folders");
     let summary = stage_and_run(d, &pack, &[]);
     let out = d.join("out");
     assert_eq!(summary["done"], true, "{summary}");
@@ -198,7 +213,7 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     run_ok(&mut c);
     std::fs::remove_dir_all(d.join("staged")).unwrap();
     std::fs::remove_dir_all(d.join("device-work")).unwrap();
-    let summary = stage_and_run(d, &pack, &["--answer-share", "0", "--dtype", "bf16", "--micro-batch", "2"]);
+    let summary = stage_and_run(d, &pack, &["--answer-share", "0.5", "--dtype", "bf16", "--micro-batch", "2"]);
     assert_eq!((summary["done"].clone(), summary["steps"].clone()), (true.into(), 2.into()), "{summary}");
     let again = gz_lines(&out.join("answers.jsonl.gz"));
     let key = |v: &Vec<Value>| {
