@@ -181,7 +181,8 @@ def window_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", type=Path, required=True, help="work directory (resumable state)")
     p.add_argument("--out", type=Path, required=True, help="what comes back: the trained parts, history, summary")
     p.add_argument("--minutes", type=float, default=8.0, help="the window's clock (default 8)")
-    p.add_argument("--answer-share", type=share, default=0.4, help="the share of the clock new answers may take")
+    p.add_argument("--answer-share", type=share, default=0.4, help="the share of the clock answering may take "
+                   "(an earlier window's answers scored first, then new prompts answered)")
     p.add_argument("--max-tokens", type=int, default=192, help="most tokens per answer")
     p.add_argument("--answer-batch", type=int, default=128, help="prompts answered at once")
 

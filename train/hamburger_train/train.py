@@ -157,6 +157,9 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     out = train_dir(work)
     out.mkdir(parents=True, exist_ok=True)
     rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
+    if not rows:
+        raise SystemExit(f"train: {work}/segments.jsonl holds no training answers of two macro steps or more: "
+                         "answer more prompts (a window: a larger --answer-share or --minutes)")
     if plain_weight > 0 and any(a.top is None for a in rows + held):
         raise SystemExit(f"train: --plain-weight distils from the base's top tokens, and {work}/segments.jsonl "
                          "lacks them (scored before segment kept them)")

@@ -7,8 +7,8 @@ answers of earlier windows). In one call, against one clock (`--minutes`):
 
 1. the base checkpoint from the GGUF (`gguf.base_state`);
 2. the base's greedy answers and their scores (`generate`), earlier
-   windows' answers scored teacher-forced first, new prompts answered until
-   `--answer-share` of the time is spent;
+   windows' answers scored teacher-forced first, then new prompts answered,
+   until `--answer-share` of the time is spent;
 3. the answers cut into macro steps (`segment.write_segments`);
 4. training from `--init` (the shipped modules, or the last window's) until
    the steps are done or the clock leaves only the export's time;
@@ -17,9 +17,10 @@ answers of earlier windows). In one call, against one clock (`--minutes`):
 What comes back (`--out`, within the device's return limits): the trained
 `grafted.safetensors` split in parts under 16 MiB, every answer's ids
 (`answers.jsonl.gz`, so the next window scores them instead of answering
-again), `history.json` and `window.json` (what was done, in how long).
-Each part is written as soon as it exists, so a window cut short still
-returns its answers, and the next window goes on from them.
+again; an earlier window's answers the clock left unscored among them),
+`history.json` and `window.json` (what was done, in how long). Each part is
+written as soon as it exists, so a window cut short still returns its
+answers, and the next window goes on from them.
 """
 
 from __future__ import annotations
@@ -145,13 +146,16 @@ def run(pack: Path, work: Path, out: Path, minutes: float, answer_share: float, 
     teacher = HAMburger.from_checkpoint(base)
     teacher.eval()
     known = [r for r in prompts if r["id"] in earlier]
-    generate.run(work, teacher, known, max_tokens, answer_batch, forced=earlier)
     answering_ends = clock.start + answer_share * minutes * 60
+    generate.run(work, teacher, known, max_tokens, answer_batch, forced=earlier, deadline=answering_ends)
     generate.run(work, teacher, prompts, max_tokens, answer_batch, deadline=answering_ends)
     del teacher
     answers = answer_ids(work)
-    write_gz_lines(answers, out / "answers.jsonl.gz")
-    note(answered=len(answers), answer_tokens=sum(len(a["answer"]) for a in answers))
+    scored = {a["id"] for a in answers}
+    # an earlier window's answers the clock left unscored go back too: nothing answered is lost
+    carried = [{"id": r["id"], "split": r["split"], "answer": earlier[r["id"]]} for r in known if r["id"] not in scored]
+    write_gz_lines(answers + carried, out / "answers.jsonl.gz")
+    note(answered=len(answers), answer_tokens=sum(len(a["answer"]) for a in answers), carried=len(carried))
     segment.write_segments(work, json.loads((base / "hamburger.json").read_text())["max_steps"], ratio, min_entropy)
     train_args = train_args | {"init": train_args.get("init") or pack / "init.safetensors"}
     train.run(work, base, deadline=clock.end - EXPORT_RESERVE_S, **train_args)

@@ -407,6 +407,21 @@ fn answers_in_one_padded_pass_train_as_answers_one_at_a_time() {
     assert!(!out.status.success() && err.trim().lines().count() == 1 && err.contains("--micro-batch"), "{err}");
 }
 
+/// A work directory without one training answer of two macro steps or more
+/// (a window whose clock left no time to answer) is refused in one line
+/// naming its segments, not a division by zero.
+#[test]
+fn train_refuses_a_work_directory_without_training_answers_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_step = json!({"id": "a", "split": "train", "ids": [1, 2, 3], "n_prompt": 2, "steps": [1]});
+    std::fs::write(dir.path().join("segments.jsonl"), format!("{one_step}\n")).unwrap();
+    let mut c = train_tool();
+    c.arg("train").arg("--work").arg(dir.path()).arg("--base").arg(tiny_fixture()).args(["--steps", "1"]);
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.trim().lines().count() == 1 && err.contains("segments.jsonl"), "{err}");
+}
+
 /// The plain-input loss trains only the tuned layers and adapters, so with
 /// them frozen it is refused in one line naming both flags.
 #[test]
