@@ -37,10 +37,10 @@ EVAL_SETS = [Path(__file__).resolve().parents[1] / name for name in ("eval-promp
 """The evaluation prompts calibration never fits on: the quick set and the ShareGPT held-out set."""
 
 
-def calibration_rows(work: Path) -> list[Answer]:
-    """The work directory's held-out answers but the evaluation prompts."""
+def calibration_rows(held: list[Answer]) -> list[Answer]:
+    """Held-out answers but the evaluation prompts."""
     skip = {json.loads(line)["id"] for p in EVAL_SETS for line in p.read_text().splitlines() if line.strip()}
-    return [a for a in load_segments(work, "heldout") if a.id not in skip]
+    return [a for a in held if a.id not in skip]
 
 
 def fit(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
@@ -65,15 +65,16 @@ def calibrated(st: dict) -> bool:
     return any(h["kind"] == "calibration" and h["step"] == st["step"] for h in st["history"])
 
 
-def run(work: Path, base: Path, refit: bool = True) -> None:
-    """Calibrates the stop head of `work`'s trained state in place; without
+def run(work: Path, base: Path, refit: bool = True, held: list[Answer] | None = None) -> None:
+    """Calibrates the stop head of `work`'s trained state in place on its
+    held-out answers (`held`, when the caller has them loaded); without
     `refit`, only when it was not calibrated since its last training step
     (what `all` does, so that running it again changes nothing)."""
     st, model = load_trained(work, base, "calibrate")
     if not refit and calibrated(st):
         print(f"calibrate: done (step {st['step']})", file=sys.stderr)
         return
-    rows = calibration_rows(work)
+    rows = calibration_rows(load_segments(work, "heldout")[0] if held is None else held)
     if not rows:
         raise SystemExit(f"calibrate: {work} has no held-out answers outside the evaluation prompts")
     record: list[Positions] = []

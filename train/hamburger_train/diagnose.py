@@ -91,7 +91,7 @@ def run(work: Path, base: Path, grafted: Path | None, confidences: list[float], 
     """Prints the diagnosis of `work`'s held-out answers (markdown, or JSON)."""
     if not (work / "segments.jsonl").exists():
         raise SystemExit(f"diagnose: {work}/segments.jsonl does not exist: run data and segment first")
-    rows = load_segments(work, "heldout")
+    rows = load_segments(work, "heldout")[0]
     if not rows:
         raise SystemExit(f"diagnose: {work}/segments.jsonl has no held-out answers")
     model = load_model(work, base, grafted)

@@ -44,10 +44,12 @@ class Answer:
         return Answer(row["id"], row["split"], torch.tensor(row["ids"]), row["n_prompt"], row["steps"], top, soft)
 
 
-def load_segments(work: Path, split: str) -> list[Answer]:
-    """The segmented answers of one split (those of two macro steps or more)."""
+def load_segments(work: Path, *splits: str) -> list[list[Answer]]:
+    """The segmented answers of each of `splits` (those of two macro steps or
+    more), from one read of `segments.jsonl` (hundreds of MB after a GPU
+    window: a read is tens of seconds)."""
     rows = records.read(work / "segments.jsonl")
-    return [Answer.of(r) for r in rows if r["split"] == split and len(r["steps"]) >= 2]
+    return [[Answer.of(r) for r in rows if r["split"] == s and len(r["steps"]) >= 2] for s in splits]
 
 
 def train_dir(work: Path) -> Path:

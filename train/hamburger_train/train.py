@@ -142,7 +142,7 @@ def optimizer(model: HAMburger, lr: float, base_lr_scale: float = 1.0) -> tuple[
 def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tuned_layers: int,
         init: Path | None = None, lora_rank: int = 0, plain_weight: float = 0.0, windows: bool = False,
         base_lr_scale: float = 1.0, dtype: str = "f32", micro_batch: int = 1,
-        deadline: float | None = None) -> None:
+        deadline: float | None = None, segments: list[list[Answer]] | None = None) -> None:
     """Trains until `steps` optimizer steps, resuming from `train/state.pt`.
     A new run starts from `init` when given (a `grafted.safetensors`, e.g. the
     shipped model: training goes on from it on new data) instead of
@@ -153,10 +153,13 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     the adapters' rates (0: they stay as `init` left them). The passes run
     under `device.autocast(dtype)`, `micro_batch` answers a pass (the same
     gradients, up to rounding, in fewer and larger products); at `deadline` (time.monotonic()) the run
-    saves its state and stops, to go on when run again."""
+    saves its state and stops, to go on when run again. `segments`: the
+    work directory's train and held-out answers, when the caller has them
+    loaded (`load_segments`)."""
     out = train_dir(work)
     out.mkdir(parents=True, exist_ok=True)
-    rows, held = load_segments(work, "train"), load_segments(work, "heldout")[:8]
+    rows, held = segments or load_segments(work, "train", "heldout")
+    held = held[:8]
     if not rows:
         raise SystemExit(f"train: {work}/segments.jsonl holds no training answers of two macro steps or more: "
                          "answer more prompts (a window: a larger --answer-share or --minutes)")

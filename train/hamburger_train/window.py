@@ -37,7 +37,7 @@ from safetensors.torch import load_file
 
 from . import calibrate, export, generate, gguf, records, segment, train
 from .model import HAMburger
-from .state import train_dir
+from .state import load_segments, train_dir
 
 SIDE_FILES = export.SIDE_FILES
 PART_BYTES = 15 * 1024 * 1024
@@ -158,11 +158,12 @@ def run(pack: Path, work: Path, out: Path, minutes: float, answer_share: float, 
     note(answered=len(answers), answer_tokens=sum(len(a["answer"]) for a in answers), carried=len(carried))
     segment.write_segments(work, json.loads((base / "hamburger.json").read_text())["max_steps"], ratio, min_entropy)
     train_args = train_args | {"init": train_args.get("init") or pack / "init.safetensors"}
-    train.run(work, base, deadline=clock.end - EXPORT_RESERVE_S, **train_args)
+    segments = load_segments(work, "train", "heldout")  # read once for training and calibration
+    train.run(work, base, deadline=clock.end - EXPORT_RESERVE_S, segments=segments, **train_args)
     st = torch.load(train_dir(work) / "state.pt", weights_only=False, map_location="cpu")
     note(steps=st["step"], seen_tokens=st["history"][-1]["seen_tokens"] if st["history"] else 0)
-    if calibrate.calibration_rows(work):
-        calibrate.run(work, base, refit=False)
+    if calibrate.calibration_rows(segments[1]):
+        calibrate.run(work, base, refit=False, held=segments[1])
     else:
         print("window: no held-out answers outside the evaluation prompts, so the stop head is not calibrated",
               file=sys.stderr)
