@@ -30,6 +30,10 @@ from .progress import Progress
 from .segment import TOP
 
 
+SCORE_ROWS = 4096
+"""Answer tokens whose full-vocabulary distribution `score_batch` computes at once (f32 logits of 0.8 GB)."""
+
+
 def batch_inputs(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded ids [B, L], rope positions [B, L] (0 under the padding)
     and which inputs are real [B, L]."""
@@ -103,10 +107,18 @@ def score_batch(model: HAMburger, prompts: list[list[int]], answers: list[list[i
     distribution at every answer token."""
     ids, pos, real = batch_inputs([p + a[:-1] for p, a in zip(prompts, answers)])
     feats, _ = model.base(model.embed(ids), pos, causal_mask(real))
-    out = []
-    for b, a in enumerate(answers):  # a row's last len(a) inputs predict its answer's tokens
-        ent, top = scored(model.logits(feats[-1][b, ids.shape[1] - len(a):]))
-        out.append({"ids": a, "entropy": ent, "top": top})
+    L = ids.shape[1]  # a row's last len(a) inputs predict its answer's tokens
+    rows = torch.cat([feats[-1][b, L - len(a):] for b, a in enumerate(answers)])
+    ent: list[float] = []
+    top: list[list] = []
+    for i in range(0, len(rows), SCORE_ROWS):  # one host round trip per chunk, not per answer
+        e, t = scored(model.logits(rows[i:i + SCORE_ROWS]))
+        ent += e
+        top += t
+    out, at = [], 0
+    for a in answers:
+        out.append({"ids": a, "entropy": ent[at:at + len(a)], "top": top[at:at + len(a)]})
+        at += len(a)
     return out
 
 
