@@ -58,7 +58,7 @@ def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, an
     note(verifier=meta["base"])
     prompts = read_gz_lines(pack / "prompt-ids.jsonl.gz")
     answering_ends = clock.start + answer_share * minutes * 60
-    generate.run(work, model, prompts, max_tokens, answer_batch, deadline=answering_ends, scores=False)
+    generate.run(work, model, prompts, max_tokens, answer_batch, deadline=answering_ends, with_scores=False)
     answers = records.read(work / "scored.jsonl")
     asked = {r["id"]: r["asked"] for r in prompts if "asked" in r}
     kept = corpus.from_ids(answers, asked, base / "tokenizer.json", max_tokens)

@@ -6,7 +6,8 @@ prompt's ids (`hamburger-eval tokenize`, made before the window), the most
 likely token at each step until an end token or `max_tokens`, and an answer
 cut there ended by the end token as `hamburger-eval score` ends it. The same
 pass keeps what `segment` keeps (the base's entropy and its `TOP` most likely
-tokens at every answer token), so one pass writes `scored.jsonl` rows. Given
+tokens at every answer token, `scores.packed`), so one pass writes
+`scored.jsonl` rows. Given
 the answers already (`forced`, from an earlier window), it scores them
 teacher-forced in one pass instead of generating.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import records
+from . import records, scores
 from .model import HAMburger
 from .progress import Progress
 from .segment import TOP
@@ -55,18 +56,18 @@ def causal_mask(real: torch.Tensor) -> torch.Tensor:
     return mask | torch.eye(L, dtype=torch.bool)[None, None]
 
 
-def scored(logits: torch.Tensor) -> tuple[list[float], list[list[list]]]:
-    """The entropy and the `TOP` most likely tokens ([token, log-probability])
+def scored(logits: torch.Tensor) -> tuple[list[float], list[list[int]], list[list[float]]]:
+    """The entropy, the `TOP` most likely tokens and their log-probabilities
     of each row of `logits` [N, vocab], as `segment` keeps them."""
     logp = F.log_softmax(logits.float(), -1)
     ent = -(logp.exp() * logp).nansum(-1)  # a token of probability 0 adds 0, not 0 * -inf
     tv, ti = logp.topk(TOP, -1)
-    return ent.tolist(), [[[t, v] for t, v in zip(ids, vals)] for ids, vals in zip(ti.tolist(), tv.tolist())]
+    return ent.tolist(), ti.tolist(), tv.tolist()
 
 
 @torch.no_grad()
 def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int) -> list[dict]:
-    """Greedy answers of `prompts`, each `{ids: answer ids, entropy, top}`:
+    """Greedy answers of `prompts`, each `{ids: answer ids, scores}` (`scores.packed`):
     the answer ended by its first end token, or cut at `max_tokens` and ended
     by the end token."""
     eos = model.cfg.eos
@@ -78,17 +79,19 @@ def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int) ->
     next_pos = pos[:, -1] + 1
     answers: list[list[int]] = [[] for _ in range(B)]
     entropy: list[list[float]] = [[] for _ in range(B)]
-    top: list[list] = [[] for _ in range(B)]
+    top_ids: list[list[list[int]]] = [[] for _ in range(B)]
+    top_logp: list[list[list[float]]] = [[] for _ in range(B)]
     done = [False] * B  # a Python list: a device tensor would cost a synchronisation per row and step
     for i in range(max_tokens + 1):
-        ent_c, top_c = scored(model.logits(last))
+        ent_c, ids_c, logp_c = scored(model.logits(last))
         for b in range(B):
             if done[b]:
                 continue
-            tok = end if i == max_tokens else top_c[b][0][0]  # the most likely token
+            tok = end if i == max_tokens else ids_c[b][0]  # the most likely token
             answers[b].append(tok)
             entropy[b].append(ent_c[b])
-            top[b].append(top_c[b])
+            top_ids[b].append(ids_c[b])
+            top_logp[b].append(logp_c[b])
             done[b] = tok in eos
         if all(done):
             break
@@ -97,37 +100,40 @@ def answer_batch(model: HAMburger, prompts: list[list[int]], max_tokens: int) ->
         feats, kv = model.base(model.embed(nxt)[:, None], next_pos[:, None], real[:, None, None, :], past=past,
                                want_kv=True)
         past, last, next_pos = kv, feats[-1][:, -1], next_pos + 1
-    return [{"ids": a, "entropy": e, "top": t} for a, e, t in zip(answers, entropy, top)]
+    return [{"ids": a, "scores": scores.packed(e, i, p)} for a, e, i, p in zip(answers, entropy, top_ids, top_logp)]
 
 
 @torch.no_grad()
 def score_batch(model: HAMburger, prompts: list[list[int]], answers: list[list[int]]) -> list[dict]:
     """Given answers of `prompts` scored teacher-forced in one base pass, each
-    `{ids, entropy, top}` as `answer_batch` gives them: the base's
+    `{ids, scores}` as `answer_batch` gives them: the base's
     distribution at every answer token."""
     ids, pos, real = batch_inputs([p + a[:-1] for p, a in zip(prompts, answers)])
     feats, _ = model.base(model.embed(ids), pos, causal_mask(real))
     L = ids.shape[1]  # a row's last len(a) inputs predict its answer's tokens
     rows = torch.cat([feats[-1][b, L - len(a):] for b, a in enumerate(answers)])
     ent: list[float] = []
-    top: list[list] = []
+    top_ids: list[list[int]] = []
+    top_logp: list[list[float]] = []
     for i in range(0, len(rows), SCORE_ROWS):  # one host round trip per chunk, not per answer
-        e, t = scored(model.logits(rows[i:i + SCORE_ROWS]))
+        e, t, v = scored(model.logits(rows[i:i + SCORE_ROWS]))
         ent += e
-        top += t
+        top_ids += t
+        top_logp += v
     out, at = [], 0
     for a in answers:
-        out.append({"ids": a, "entropy": ent[at:at + len(a)], "top": top[at:at + len(a)]})
+        span = slice(at, at + len(a))
+        out.append({"ids": a, "scores": scores.packed(ent[span], top_ids[span], top_logp[span])})
         at += len(a)
     return out
 
 
 def run(work: Path, model: HAMburger, prompt_rows: list[dict], max_tokens: int, batch: int,
-        forced: dict[str, list[int]] | None = None, deadline: float | None = None, scores: bool = True) -> None:
+        forced: dict[str, list[int]] | None = None, deadline: float | None = None, with_scores: bool = True) -> None:
     """Answers (or, for ids in `forced`, scores) every prompt row (`id`,
     `split`, `ids`) not yet in `work/scored.jsonl`, appending as batches
     finish, until `deadline` (time.monotonic()) when given; without
-    `scores`, each answer's ids alone (a draft head's features pass takes
+    `with_scores`, each answer's ids alone (a draft head's features pass takes
     the base's top tokens itself: tens of bytes a token fewer to write)."""
     path = work / "scored.jsonl"
     done = records.done_ids(path)
@@ -148,7 +154,7 @@ def run(work: Path, model: HAMburger, prompt_rows: list[dict], max_tokens: int, 
                 outs = answer_batch(model, [r["ids"] for r in rows], max_tokens)
             for r, o in zip(rows, outs):
                 row = {"id": r["id"], "split": r["split"], "ids": r["ids"] + o["ids"], "n_prompt": len(r["ids"])}
-                f.write(json.dumps(row | ({"entropy": o["entropy"], "top": o["top"]} if scores else {})) + "\n")
+                f.write(json.dumps(row | (o["scores"] if with_scores else {})) + "\n")
                 n += 1
                 prog.update(n, len(o["ids"]))
             f.flush()

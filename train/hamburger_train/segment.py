@@ -12,7 +12,8 @@ unsure of followed by tokens it is much surer of: what the micro-step decoder
 can predict. The paper's plain "decreasing" (ratio 0.3 against the first
 token, no floor) is `--ratio 0.3 --min-entropy 0`. The same pass keeps the
 base's `TOP` most likely tokens at every answer token, the soft targets of
-`train`. Output: `segments.jsonl` (id, split, ids, n_prompt, steps, top),
+`train`. Output: `segments.jsonl` (id, split, ids, n_prompt, steps and the
+top tokens in either of `scores`' forms),
 rewritten from `scored.jsonl` each run, so another strategy costs no scoring.
 """
 
@@ -24,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import records
+from . import records, scores
 from .progress import Progress
 
 TOP = 8  # the base's most likely tokens kept per answer token: the soft targets `train` distils
@@ -127,11 +128,11 @@ def write_segments(work: Path, max_steps: int, ratio: float, min_entropy: float)
     tmp = work / "segments.part"
     with open(tmp, "w") as out:
         for v in records.read(work / "scored.jsonl"):
-            steps = decreasing(v["entropy"], max_steps, ratio, min_entropy)
-            tokens, steps_total = tokens + len(v["entropy"]), steps_total + len(steps)
+            entropy = scores.entropy(v)
+            steps = decreasing(entropy, max_steps, ratio, min_entropy)
+            tokens, steps_total = tokens + len(entropy), steps_total + len(steps)
             row = {"id": v["id"], "split": v["split"], "ids": v["ids"], "n_prompt": v["n_prompt"], "steps": steps}
-            if "top" in v:
-                row["top"] = v["top"]
+            row |= {k: v[k] for k in scores.TOP_FIELDS if k in v}  # as they came, in either form
             out.write(json.dumps(row) + "\n")
     tmp.replace(work / "segments.jsonl")
     print(f"segment: {tokens} answer tokens in {steps_total} macro steps "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import records
+from . import records, scores
 from .model import HAMburger
 
 
@@ -37,9 +37,8 @@ class Answer:
     def of(row: dict) -> Answer:
         """The answer of one `segments.jsonl` record."""
         top = soft = None
-        if "top" in row:
-            t = torch.tensor(row["top"])  # [n, TOP, 2]: token, log-probability
-            top = (t[..., 0].long(), t[..., 1])
+        if scores.has_top(row):
+            top = scores.top(row)
             soft = (top[0], torch.softmax(top[1], -1))
         return Answer(row["id"], row["split"], torch.tensor(row["ids"]), row["n_prompt"], row["steps"], top, soft)
 

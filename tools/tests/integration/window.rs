@@ -76,6 +76,35 @@ fn stage_and_run(d: &Path, pack: &Path, extra: &[&str]) -> Value {
     serde_json::from_str(&std::fs::read_to_string(d.join("out/window.json")).unwrap()).unwrap()
 }
 
+/// The base's scores in a window's `scored.jsonl`, in the packed form
+/// `generate` writes (base64 arrays): at every answer token the entropy is
+/// finite and not negative, the 8 most likely tokens come most likely first,
+/// and the first of them is the answer's token (greedy answers, and earlier
+/// answers scored teacher-forced), but for the end token that ends an answer
+/// cut at `max_tokens`.
+fn scores_pick_each_answer_token(work: &Path, max_tokens: usize) {
+    use base64::Engine;
+    let array = |v: &Value| base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap();
+    let f32s = |v: &Value| array(v).chunks(4).map(|b| f32::from_ne_bytes(b.try_into().unwrap())).collect::<Vec<_>>();
+    let i32s = |v: &Value| array(v).chunks(4).map(|b| i32::from_ne_bytes(b.try_into().unwrap())).collect::<Vec<_>>();
+    let text = std::fs::read_to_string(work.join("scored.jsonl")).unwrap();
+    assert!(!text.is_empty());
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let ids: Vec<i32> = serde_json::from_value(v["ids"].clone()).unwrap();
+        let answer = &ids[v["n_prompt"].as_u64().unwrap() as usize..];
+        let (entropy, top, logp) = (f32s(&v["entropy"]), i32s(&v["top_ids"]), f32s(&v["top_logp"]));
+        assert_eq!((entropy.len(), top.len(), logp.len()), (answer.len(), 8 * answer.len(), 8 * answer.len()), "{v}");
+        for (i, &token) in answer.iter().enumerate() {
+            let (top, logp) = (&top[8 * i..8 * i + 8], &logp[8 * i..8 * i + 8]);
+            assert!(entropy[i].is_finite() && entropy[i] >= 0.0, "{v}");
+            assert!(logp.windows(2).all(|w| w[0] >= w[1]) && logp[0] <= 0.0, "{v}");
+            let cut = i == max_tokens && token == 2;
+            assert!(top[0] == token || cut, "answer token {i} of {}: {token} against {top:?}", v["id"]);
+        }
+    }
+}
+
 /// Whether the window's returned history records a calibration of the stop head.
 fn calibrated(out: &Path) -> bool {
     let history: Value = serde_json::from_str(&std::fs::read_to_string(out.join("history.json")).unwrap()).unwrap();
@@ -185,6 +214,7 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     assert_eq!(summary["answered"], 8, "{summary}");
     assert_eq!(summary["steps"], 2, "{summary}");
     assert!(calibrated(&out), "calibrated on toy2's held-out answer");
+    scores_pick_each_answer_token(&d.join("device-work"), 8);
     let answers = gz_lines(&out.join("answers.jsonl.gz"));
     assert_eq!(answers.len(), 8);
     for a in &answers {
@@ -215,6 +245,7 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
     std::fs::remove_dir_all(d.join("device-work")).unwrap();
     let summary = stage_and_run(d, &pack, &["--answer-share", "0.5", "--dtype", "bf16", "--micro-batch", "2"]);
     assert_eq!((summary["done"].clone(), summary["steps"].clone()), (true.into(), 2.into()), "{summary}");
+    scores_pick_each_answer_token(&d.join("device-work"), 8);
     let again = gz_lines(&out.join("answers.jsonl.gz"));
     let key = |v: &Vec<Value>| {
         let mut k: Vec<String> = v.iter().map(|a| format!("{}={}", a["id"], a["answer"])).collect();
