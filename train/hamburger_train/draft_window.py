@@ -39,6 +39,11 @@ from . import corpus, draft, features, generate, records
 from .drafting import verifier
 from .window import EXPORT_RESERVE_S, base_checkpoint, read_gz_lines, split_file, start
 
+FEATURES_BATCH = 32
+"""Answers a features pass takes at once: one at a time leaves a GPU idle
+between small kernels (as training one answer at a time did in the first
+macro window)."""
+
 
 def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, answer_share: float, max_tokens: int,
         answer_batch: int, steps: int, batch: int, lr: float, seed: int, micro_lr_scale: float, dtype: str) -> None:
@@ -64,7 +69,7 @@ def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, an
     kept = corpus.from_ids(answers, asked, base / "tokenizer.json", max_tokens)
     corpus.write(out / "verifier-answers.jsonl.gz", corpus.header_of(meta, max_tokens), kept)
     note(answered=len(answers), answer_tokens=sum(len(a["ids"]) - a["n_prompt"] for a in answers), kept=len(kept))
-    features.build(work / "features", model, base, answers)
+    features.build(work / "features", model, base, answers, FEATURES_BATCH)
     note(features=True)
     head = work / "draft"
     draft.train_head(work, model, meta, load_file(str(init)), head, steps, batch, lr, seed, [0.5], [0.5],

@@ -44,6 +44,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import records
+from .generate import batch_inputs, causal_mask
 from .model import HAMburger
 from .progress import Progress
 from .segment import TOP
@@ -95,14 +96,15 @@ def check_meta(cache: Path, want: dict) -> None:
 
 
 @torch.no_grad()
-def answer_features(model: HAMburger, ids: torch.Tensor, n_prompt: int) -> torch.Tensor:
-    """The features [n_answer, F, D] of the rows that predict each answer
-    token, the base reading `ids` one token per entry."""
-    x = ids[:-1]
-    T = len(x)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
-    feats, _ = model.base(model.embed(x)[None], torch.arange(T)[None], mask)
-    return torch.stack([f[0, n_prompt - 1:] for f in feats], 1)
+def answers_features(model: HAMburger, texts: list[tuple[list[int], int]]) -> list[torch.Tensor]:
+    """For each text (`ids`, `n_prompt`), the features [n_answer, F, D] of
+    the rows that predict each answer token, the base reading it one token
+    per entry: all of them in one left-padded pass (one text: no padding,
+    the same pass as alone)."""
+    ids, pos, real = batch_inputs([t[:-1] for t, _ in texts])
+    feats, _ = model.base(model.embed(ids), pos, causal_mask(real))
+    L = ids.shape[1]  # a text's last len(ids) - n_prompt inputs predict its answer's tokens
+    return [torch.stack([f[b, L - (len(t) - n):] for f in feats], 1) for b, (t, n) in enumerate(texts)]
 
 
 @torch.no_grad()
@@ -114,10 +116,10 @@ def most_likely(model: HAMburger, feats: torch.Tensor) -> tuple[torch.Tensor, to
     return ids, logprobs
 
 
-def build(cache: Path, model: HAMburger, base: Path, answers: list[dict]) -> None:
+def build(cache: Path, model: HAMburger, base: Path, answers: list[dict], batch: int = 1) -> None:
     """Caches the features and the base's most likely tokens of every answer
     (`segment.tokenize`'s records: `id`, `split`, `ids`, `n_prompt`) not
-    cached yet."""
+    cached yet, `batch` answers a pass (more than one pays on a GPU)."""
     cache.mkdir(parents=True, exist_ok=True)
     meta = meta_of(model, base)
     check_meta(cache, meta)
@@ -131,19 +133,20 @@ def build(cache: Path, model: HAMburger, base: Path, answers: list[dict]) -> Non
     prog = Progress("features", len(done) + len(todo), "tokens", initial=len(done))
     n = len(done)
     for s in range(0, len(todo), SHARD):
-        chunk = todo[s:s + SHARD]
+        chunk = sorted(todo[s:s + SHARD], key=lambda r: len(r["ids"]))  # little padding in a pass
         feats, nxt, top_ids, top_logprobs, listed = [], [], [], [], []
-        for r in chunk:
-            ids = torch.tensor(r["ids"])
-            f = answer_features(model, ids, r["n_prompt"])
-            ti, tv = most_likely(model, f)
-            feats.append(f.to(torch.float16))
-            nxt.append(ids[r["n_prompt"]:])
+        for k in range(0, len(chunk), batch):
+            texts = [(r["ids"], r["n_prompt"]) for r in chunk[k:k + batch]]
+            fs = answers_features(model, texts)
+            ti, tv = most_likely(model, torch.cat(fs))
+            feats += [f.to(torch.float16) for f in fs]
+            nxt += [torch.tensor(t[n_prompt:]) for t, n_prompt in texts]
             top_ids.append(ti)
             top_logprobs.append(tv)
-            listed.append({"id": r["id"], "split": r["split"], "rows": len(f)})
-            n += 1
-            prog.update(n, len(f))
+            for r, f in zip(chunk[k:k + batch], fs):
+                listed.append({"id": r["id"], "split": r["split"], "rows": len(f)})
+                n += 1
+                prog.update(n, len(f))
         name = f"shard-{len(index):05d}.safetensors"
         tmp = cache / (name + ".part")
         save_file({"features": torch.cat(feats).contiguous(), "next": torch.cat(nxt),
@@ -177,10 +180,9 @@ def in_memory(model: HAMburger, texts: list[tuple[str, list[int], int]]) -> Cach
     of the texts the runtime itself wrote."""
     feats, nxt, ends, answers, rows = [], [], [], [], 0
     for id_, ids, n_prompt in texts:
-        t = torch.tensor(ids)
-        f = answer_features(model, t, n_prompt).to(torch.float16)
+        f = answers_features(model, [(ids, n_prompt)])[0].to(torch.float16)
         feats.append(f)
-        nxt.append(t[n_prompt:])
+        nxt.append(torch.tensor(ids[n_prompt:]))
         answers.append({"id": id_, "split": "heldout", "rows": len(f), "start": rows})
         rows += len(f)
         ends.append(torch.full((len(f),), rows))

@@ -311,6 +311,17 @@ fn a_window_with_only_evaluation_prompts_held_out_exports_uncalibrated() {
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("out/draft-window.json")).unwrap()).unwrap();
     assert_eq!((&summary["done"], &summary["answered"], &summary["steps"]), (&json!(true), &json!(3), &json!(2)));
+    // The features pass took the three answers in one padded pass: at every cached row the verifier's most
+    // likely token is the answer's own (greedy answers), but for the end token ending an answer cut at 8.
+    let shard = std::fs::read(d.join("device-work/draft-window/features/shard-00000.safetensors")).unwrap();
+    let shard = safetensors::SafeTensors::deserialize(&shard).unwrap();
+    let i64s = |k: &str| -> Vec<i64> {
+        shard.tensor(k).unwrap().data().chunks(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect()
+    };
+    let (next, top) = (i64s("next"), i64s("top_ids"));
+    let k = top.len() / next.len();
+    let missed: Vec<i64> = (0..next.len()).filter(|&r| top[r * k] != next[r]).map(|r| next[r]).collect();
+    assert!(next.len() > 3 && missed.len() <= 3 && missed.iter().all(|&t| t == 2), "{missed:?} of {next:?}");
     let parts: Vec<String> = summary["parts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().into()).collect();
     assert!(parts.len() >= 2, "{parts:?}");
     let head = joined(&d.join("out"), &parts, &d.join("draft-head.safetensors"));
