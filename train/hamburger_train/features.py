@@ -60,11 +60,11 @@ def base_fingerprint(model: HAMburger) -> str:
     for k, t in sorted(model.original_state().items()):
         if k.startswith("model."):
             h.update(k.encode())
-            h.update(t.detach().float().contiguous().numpy().tobytes())
+            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
     for i, layer in enumerate(model.layers):
         for k, t in sorted(layer.adapters.items()):
             h.update(f"adapter.{i}.{k}".encode())
-            h.update(t.detach().float().contiguous().numpy().tobytes())
+            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 

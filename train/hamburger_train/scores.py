@@ -30,8 +30,11 @@ def packed(entropy: list[float], ids: list[list[int]], logp: list[list[float]]) 
 
 
 def unpack(text: str, dtype: torch.dtype) -> torch.Tensor:
-    """A packed field as a 1-D tensor of `dtype` (f32 or i32)."""
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=dtype)
+    """A packed field as a 1-D tensor of `dtype` (f32 or i32) on the default
+    device, as `torch.tensor` makes the list form's (in a GPU window, the
+    GPU: `frombuffer` alone gives a CPU tensor, which training's indexing
+    by device tensors refuses)."""
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=dtype).to(torch.get_default_device())
 
 
 def entropy(row: dict) -> list[float]:
