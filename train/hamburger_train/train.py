@@ -14,7 +14,8 @@ What ships is then the PyPI base plus the grafted modules, those layers and
 the adapters' factors.
 
 Resumable: `train/state.pt` (grafted weights, optimizer, step, history) is
-written every `SAVE_EVERY` steps; `history.json` and `loss.png` show the
+written every `SAVE_EVERY` steps, at most once in `SAVE_S` seconds, and at
+the end; `history.json` and `loss.png` show the
 curve (`metrics.Metrics` per entry); `train/snapshots/step-N.pt` keeps the
 grafted weights every `SNAPSHOT_EVERY` steps, so how the model grew with
 training can be measured afterwards (`export --snapshot N`).
@@ -39,6 +40,11 @@ from .progress import Progress
 from .state import Answer, load_segments, save_state, snapshot_path, state_path, train_dir, write_history
 
 SAVE_EVERY = 25
+SAVE_S = 60.0
+"""The least seconds between two writes of the training state (350 MB for
+SmolLM2's grafted modules and their optimizer) and of `loss.png`: a GPU
+window takes 25 steps in seconds and would spend a tenth of its clock
+writing them."""
 SNAPSHOT_EVERY = 100
 TUNED_LR_SCALE = 0.3
 ADAPTER_LR_SCALE = 2.0
@@ -197,6 +203,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     prog.update(step)
     window: list[Counts] = []
     plains: list[float] = []
+    saved = time.monotonic()
     while step < steps:
         if deadline is not None and time.monotonic() > deadline:
             save_state(path, model, opt, step, history, windows, base_lr_scale)
@@ -235,10 +242,12 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
                 with torch.no_grad():
                     m = validate(model, held, plain_weight, windows, micro_batch)
                     history.append(history_entry("val", step, seen, m))
-            save_state(path, model, opt, step, history, windows, base_lr_scale)
             if step % SNAPSHOT_EVERY == 0:
                 snapshot_path(work, step).parent.mkdir(exist_ok=True)
                 torch.save({"grafted": model.trained_state(), "step": step, "seen_tokens": seen},
                            snapshot_path(work, step))
             write_history(work, history)
-            plot(history, out / "loss.png")
+            if step == steps or time.monotonic() - saved >= SAVE_S:
+                save_state(path, model, opt, step, history, windows, base_lr_scale)
+                plot(history, out / "loss.png")
+                saved = time.monotonic()
