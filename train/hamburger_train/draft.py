@@ -71,7 +71,7 @@ from .gate import GatedRule
 from .model import HAMburger
 from .progress import Progress
 from .state import write_state
-from .train import lr_at
+from .train import clock_share, lr_at
 
 SAVE_EVERY = 25
 VAL_EVERY = 100
@@ -292,6 +292,7 @@ def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.
     prog = Progress("draft", steps, "rows", every=30, initial=step)
     window: list[dict] = []
     order, order_epoch = [], -1
+    started = time.monotonic()  # the clock `deadline` ends
     with StopSignals() as stop:
         while step < steps:
             if deadline is not None and time.monotonic() > deadline:
@@ -304,7 +305,7 @@ def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.
                 random.Random(seed + epoch).shuffle(order)
             picks = rows[torch.tensor([order[(i0 + b) % len(rows)] for b in range(batch)])]
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, steps, lr) * g["scale"]
+                g["lr"] = lr_at(step, steps, lr, clock_share(started, deadline)) * g["scale"]
             opt.zero_grad()
             with device.autocast(dtype):
                 loss, sums = batch_loss(model, cache, picks)

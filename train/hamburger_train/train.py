@@ -90,12 +90,23 @@ def validate(model: HAMburger, held: list[Answer], plain_weight: float, windows:
     return Metrics.of(counts, plain_ce)
 
 
-def lr_at(step: int, steps: int, peak: float) -> float:
-    """Linear warm-up, then cosine decay to a tenth."""
+def lr_at(step: int, steps: int, peak: float, spent: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to a tenth, by how far the run is:
+    its steps, or `spent` (the share of its clock used, `clock_share`) when
+    that is further, so that a run against a clock (a GPU window, whose
+    speed is not known before it runs) ends at the floor rate all the same."""
     if step < WARMUP:
         return peak * (step + 1) / WARMUP
-    t = (step - WARMUP) / max(1, steps - WARMUP)
+    t = max((step - WARMUP) / max(1, steps - WARMUP), spent)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def clock_share(start: float, deadline: float | None) -> float:
+    """The share of the clock from `start` to `deadline` (time.monotonic())
+    spent so far; 0 without a deadline."""
+    if deadline is None:
+        return 0.0
+    return (time.monotonic() - start) / max(deadline - start, 1e-9)
 
 
 def plot(history: list, path: Path) -> None:
@@ -203,7 +214,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
     prog.update(step)
     window: list[Counts] = []
     plains: list[float] = []
-    saved = time.monotonic()
+    started = saved = time.monotonic()
     while step < steps:
         if deadline is not None and time.monotonic() > deadline:
             save_state(path, model, opt, step, history, windows, base_lr_scale)
@@ -214,7 +225,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
         random.Random(seed + epoch).shuffle(order)
         picks = [rows[order[(i0 + b) % len(rows)]] for b in range(batch)]
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr) * g["scale"]
+            g["lr"] = lr_at(step, steps, lr, clock_share(started, deadline)) * g["scale"]
         opt.zero_grad()
         for chunk in chunks(picks, micro_batch):
             with device.autocast(dtype):
@@ -233,7 +244,7 @@ def run(work: Path, base: Path, steps: int, batch: int, lr: float, seed: int, tu
         step += 1
         if step % 5 == 0 or step == steps:
             m = Metrics.of(window, sum(plains) / len(plains) if plains else None)
-            history.append(history_entry("train", step, seen, m))
+            history.append(history_entry("train", step, seen, m) | {"lr": opt.param_groups[0]["lr"]})
             window, plains = [], []
             prog.update(step, extra=f"ce {m.ce:.3f} stop {m.bce:.3f} micro acc {m.micro_acc:.3f} "
                         f"first acc {m.first_acc:.3f}", force=True)
