@@ -133,20 +133,23 @@ def build(cache: Path, model: HAMburger, base: Path, answers: list[dict], batch:
     prog = Progress("features", len(done) + len(todo), "tokens", initial=len(done))
     n = len(done)
     for s in range(0, len(todo), SHARD):
-        chunk = sorted(todo[s:s + SHARD], key=lambda r: len(r["ids"]))  # little padding in a pass
-        feats, nxt, top_ids, top_logprobs, listed = [], [], [], [], []
+        chunk = todo[s:s + SHARD]
+        # Passes take answers of similar length (little padding); the shard
+        # keeps them in the order given, as one answer a pass did.
+        by_length = sorted(range(len(chunk)), key=lambda i: len(chunk[i]["ids"]))
+        rows: list[tuple | None] = [None] * len(chunk)
         for k in range(0, len(chunk), batch):
-            texts = [(r["ids"], r["n_prompt"]) for r in chunk[k:k + batch]]
+            picked = by_length[k:k + batch]
+            texts = [(chunk[i]["ids"], chunk[i]["n_prompt"]) for i in picked]
             fs = answers_features(model, texts)
             ti, tv = most_likely(model, torch.cat(fs))
-            feats += [f.to(torch.float16) for f in fs]
-            nxt += [torch.tensor(t[n_prompt:]) for t, n_prompt in texts]
-            top_ids.append(ti)
-            top_logprobs.append(tv)
-            for r, f in zip(chunk[k:k + batch], fs):
-                listed.append({"id": r["id"], "split": r["split"], "rows": len(f)})
+            sizes = [len(f) for f in fs]
+            for i, f, t, ids, lp in zip(picked, fs, texts, ti.split(sizes), tv.split(sizes)):
+                rows[i] = (f.to(torch.float16), torch.tensor(t[0][t[1]:]), ids, lp)
                 n += 1
                 prog.update(n, len(f))
+        feats, nxt, top_ids, top_logprobs = (list(col) for col in zip(*rows))
+        listed = [{"id": r["id"], "split": r["split"], "rows": len(f)} for r, f in zip(chunk, feats)]
         name = f"shard-{len(index):05d}.safetensors"
         tmp = cache / (name + ".part")
         save_file({"features": torch.cat(feats).contiguous(), "next": torch.cat(nxt),
