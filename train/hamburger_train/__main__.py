@@ -320,6 +320,12 @@ def parser() -> Parser:
     dw.add_argument("--init", type=Path, help="the grafted.safetensors whose base verifies and whose draft head "
                     "(else micro decoder) training starts from (default: the pack's; after a window in the same "
                     "lease, WORK/export/grafted.safetensors goes on from its result)")
+    gh = stage("graft-head", "grafted modules whose macro steps' micro decoder and stop head are a draft head's "
+               "(a start for macro training, or a candidate)")
+    gh.add_argument("--grafted", type=Path, required=True, help="the grafted.safetensors whose merger and base "
+                    "stay (e.g. models/smollm2-hamburger/grafted.safetensors)")
+    gh.add_argument("--head", type=Path, required=True, help="a draft head alone (draft-head.safetensors)")
+    gh.add_argument("--out", type=Path, required=True, help="the grafted.safetensors to write")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
     g.add_argument("--out", type=Path, required=True, metavar="CHECKPOINT", help="the checkpoint directory")
     prompts = g.add_mutually_exclusive_group(required=True)
@@ -425,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import window
         window.run(a.pack, a.work, a.out, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,
                    train_args(a) | {"init": a.init, "dtype": a.dtype}, a.ratio, a.min_entropy)
+        return 0
+    if a.stage == "graft-head":
+        from . import graft_head
+        graft_head.run(a.grafted, a.head, a.out)
         return 0
     if a.stage == "answers":
         from . import corpus

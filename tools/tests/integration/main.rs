@@ -11,6 +11,7 @@ mod draft;
 mod draft_head;
 mod draft_vocab;
 mod eval;
+mod graft_head;
 mod gpu;
 mod help;
 mod quantize;

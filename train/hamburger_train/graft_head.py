@@ -1,0 +1,61 @@
+"""`graft-head`: grafted modules whose macro steps' micro decoder and stop
+head are a draft head's.
+
+A draft head (`draft`, `draft-window`) learns the same thing as the macro
+steps' micro decoder, the base's next tokens from its features, on every
+answer row rather than on a step's merged ones, so it has seen far more
+text: the shipped head 1.26 M rows against the macro modules' 1.1 M answer
+tokens over runs 1-4. Put in their place (`docs/training.md`, "The draft
+head in macro steps"), it merges more per lost log-likelihood on general
+chat, and a macro run can start from it (`train --init`, `pack --init`).
+The merger and the base's tuned layers and adapters stay the grafted
+file's; the draft head itself is not kept (macro steps and drafting then
+share the modules).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from .drafting import DRAFT_HEAD, drafting_modules
+from .export import write_safetensors
+
+MICRO = "micro_step_decoder."
+
+
+def read(path: Path, flag: str) -> dict[str, torch.Tensor]:
+    """The tensors of `path`, or a one-line error naming the flag and file."""
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as e:
+        raise SystemExit(f"graft-head: {flag} {path}: {e}") from None
+
+
+def run(grafted: Path, head: Path, out: Path) -> None:
+    """Writes `out`: `grafted` with `head`'s micro decoder and stop head as
+    its macro steps' own. A head that is not a draft head alone, or whose
+    tensors are not the grafted micro decoder's names and shapes, is
+    refused in one line naming the tensor."""
+    macro, drafts = read(grafted, "--grafted"), read(head, "--head")
+    if not drafts or any(not k.startswith(DRAFT_HEAD) for k in drafts):
+        raise SystemExit(f"graft-head: --head {head}: not a draft head alone (a tensor not named {DRAFT_HEAD}*)")
+    own = {k: t for k, t in macro.items() if k.startswith(MICRO)}
+    if not own:
+        raise SystemExit(f"graft-head: --grafted {grafted}: no {MICRO}* tensors (not grafted modules)")
+    for k, t in own.items():
+        theirs = drafts.get(DRAFT_HEAD + k.removeprefix(MICRO))
+        if theirs is None or theirs.shape != t.shape:
+            what = "missing" if theirs is None else f"{list(theirs.shape)}, not {list(t.shape)}"
+            raise SystemExit(f"graft-head: --head {head}: {DRAFT_HEAD}{k.removeprefix(MICRO)}: {what}")
+    if len(drafts) != len(own):
+        extra = sorted(set(drafts) - {DRAFT_HEAD + k.removeprefix(MICRO) for k in own})[0]
+        raise SystemExit(f"graft-head: --head {head}: {extra}: not in the grafted micro decoder")
+    kept = {k: t for k, t in macro.items() if not k.startswith(DRAFT_HEAD)}
+    swapped = drafting_modules(kept | drafts)
+    write_safetensors({k: t.to(macro[k].dtype) for k, t in swapped.items()}, out)
+    print(f"graft-head: {out}: {grafted} with {head}'s micro decoder and stop head", file=sys.stderr)
