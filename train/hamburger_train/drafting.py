@@ -52,6 +52,13 @@ def drafting_modules(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: t for k, t in sd.items() if not k.startswith(DRAFT_HEAD)} | head
 
 
+def check_head_alone(tensors: dict[str, torch.Tensor], named: str) -> None:
+    """Refuses, in one line starting with `named`, tensors that are not a
+    draft head alone (`draft-head.safetensors`: every name `DRAFT_HEAD`*)."""
+    if not tensors or any(not k.startswith(DRAFT_HEAD) for k in tensors):
+        raise SystemExit(f"{named}: not a draft head alone (a tensor not named {DRAFT_HEAD}*)")
+
+
 def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = None) -> HAMburger:
     """The model that verifies and drafts: the base checkpoint `base` with
     what `grafted` (a `grafted.safetensors`; None: nothing) changes: its
@@ -68,8 +75,8 @@ def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = N
             tensors = load_file(str(path))
         except (OSError, SafetensorError) as e:
             raise SystemExit(f"{stage}: {path}: {e}") from None
-        if path is head and not (tensors and all(k.startswith(DRAFT_HEAD) for k in tensors)):
-            raise SystemExit(f"{stage}: {head}: not a draft head alone (a tensor not named {DRAFT_HEAD}*)")
+        if path is head:
+            check_head_alone(tensors, f"{stage}: {head}")
         sd |= tensors
     try:
         if sd:

@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from .drafting import DRAFT_HEAD, drafting_modules
+from .drafting import DRAFT_HEAD, check_head_alone, drafting_modules
 from .export import write_safetensors
 
 MICRO = "micro_step_decoder."
@@ -42,8 +42,7 @@ def run(grafted: Path, head: Path, out: Path) -> None:
     tensors are not the grafted micro decoder's names and shapes, is
     refused in one line naming the tensor."""
     macro, drafts = read(grafted, "--grafted"), read(head, "--head")
-    if not drafts or any(not k.startswith(DRAFT_HEAD) for k in drafts):
-        raise SystemExit(f"graft-head: --head {head}: not a draft head alone (a tensor not named {DRAFT_HEAD}*)")
+    check_head_alone(drafts, f"graft-head: --head {head}")
     own = {k: t for k, t in macro.items() if k.startswith(MICRO)}
     if not own:
         raise SystemExit(f"graft-head: --grafted {grafted}: no {MICRO}* tensors (not grafted modules)")
