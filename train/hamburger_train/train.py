@@ -88,7 +88,7 @@ def epoch_order(rows: list[Answer], seed: int, batch: int, by_length: bool) -> l
     """The order an epoch takes the training answers in, a permutation fixed
     by `seed` (a resumed run takes the same). With `by_length` (a step's
     answers padded into one pass, which costs as many inputs per answer as
-    the longest: three times the real ones for 16 random prompts of the
+    the longest: twice the real ones for 16 random answers of the
     ShareGPT mix), each run of `batch` holds answers of similar length:
     sorted within spans of `GROUP` batches, and the batches then shuffled."""
     rng = random.Random(seed)
