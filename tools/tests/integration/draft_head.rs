@@ -77,17 +77,31 @@ const CHATS: [&str; 3] = [
 ];
 
 #[test]
-fn the_shipped_draft_head_drafts_everyday_chat_better_than_the_macro_modules() {
+fn the_shipped_draft_head_and_macro_modules_both_draft_everyday_chat() {
+    // Both shipped files learned general chat (the macro modules, run 9, from
+    // the draft head's micro decoder): each drafts everyday turns at 0.4
+    // accepted per verify forward or more, where run 4's macro modules, trained
+    // on Python's documentation alone, reached 0.25; the output stays the base's.
     let macro_only =
         converted(&smollm2_trained_checkpoint().unwrap(), "smollm2-trained", ggml::Type::Q8_0, false).unwrap();
     let head = smollm2_draft_head_checkpoint().unwrap();
     let with_head = converted(&head, "smollm2-draft-head", ggml::Type::Q8_0, false).unwrap();
-    let (mut before, mut after) = (0, 0);
+    // Drafts accepted and verify forwards, summed over the turns: [macro modules, draft head].
+    let (mut drafts_accepted, mut forwards) = ([0; 2], [0; 2]);
     for chat in CHATS {
         let prompt = format!("<|im_start|>user\n{chat}<|im_end|>\n<|im_start|>assistant\n");
         let (m, d) = (decoded(&macro_only, &prompt, &FORCED), decoded(&with_head, &prompt, &FORCED));
         assert_eq!(d["output_ids"], m["output_ids"], "verification keeps the base's output: {chat}");
-        (before, after) = (before + accepted(&m), after + accepted(&d));
+        for (i, r) in [m, d].iter().enumerate() {
+            drafts_accepted[i] += accepted(r);
+            forwards[i] += r["macro_steps"].as_array().unwrap().len();
+        }
     }
-    assert!(3 * after >= 4 * before, "the draft head's drafts are accepted more: {after} against {before}");
+    let rate = |i: usize| drafts_accepted[i] as f64 / forwards[i] as f64;
+    assert!(
+        rate(0) >= 0.4 && rate(1) >= 0.4,
+        "accepted per verify forward: macro modules {:.2}, draft head {:.2}",
+        rate(0),
+        rate(1)
+    );
 }
