@@ -310,6 +310,9 @@ def parser() -> Parser:
                    help="the grafted.safetensors training starts from (default: the shipped model's)")
     k.add_argument("--answers", type=Path, help="answers.jsonl.gz an earlier window returned (scored, not "
                    "answered again)")
+    k.add_argument("--trained-on", type=Path, action="append", default=[], metavar="SCORED",
+                   help="an earlier run's WORK/scored.jsonl: the prompts it trained on are left out of the "
+                   "pack and of --answers, so this run goes on with the rest (repeatable)")
     k.add_argument("--room-mib", type=int, help="the most one folder holds (default: what a call carries, "
                    "60 MiB, less the working tree, which travels with every call)")
     stage("window", "on a GPU machine, from a pack: the base's answers, segmentation, training, "
@@ -373,7 +376,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     elif stage == "pack":
         from . import pack
         pack.run(a.work, a.bin, base, a.out, a.prompts, a.skip, a.sharegpt_share, a.sharegpt, a.stdlib_from, a.init,
-                 a.answers, a.room_mib << 20 if a.room_mib else None)
+                 a.answers, a.room_mib << 20 if a.room_mib else None, a.trained_on)
     elif stage == "calibrate":  # asked for alone it refits; within `all` it fits a state once
         from . import calibrate
         calibrate.run(a.work, base, refit=a.stage == "calibrate")

@@ -5,7 +5,9 @@ the runtime happens here: the prompts (`data.build_prompts`, the same mix
 and split as a CPU run) rendered with the chat template and tokenized
 (`hamburger-eval tokenize`), beside the base's GGUF (the PyPI package's), its
 side files, the modules training starts from (`--init`) and, from an earlier
-window, the answers it returned (`--answers`). The files, large ones cut into
+window, the answers it returned (`--answers`), less the prompts an earlier
+run already scored and trained on (`--trained-on`, so a run goes on with
+what that one did not reach). The files, large ones cut into
 pieces, are laid into folders `OUT/p1 .. pN`, each small enough to travel
 beside the working tree in one call, each with a copy of `window.sh`, which
 stages a folder on the GPU machine (`window.sh stage`) and, from the last,
@@ -22,9 +24,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from . import corpus, data, export
+from . import corpus, data, export, records
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW_SH = Path(__file__).resolve().parents[1] / "window.sh"
@@ -122,15 +125,38 @@ def check_answers(path: Path) -> int:
     return n
 
 
+def trained_ids(scored: Sequence[Path]) -> set[str]:
+    """The prompt ids of every answer in these runs' `scored.jsonl` (a work directory's: what it trained on);
+    a file that is missing or holds no scored answer is a one-line error naming it."""
+    ids: set[str] = set()
+    for path in scored:
+        found = records.done_ids(path) if path.is_file() else set()
+        if not found:
+            raise SystemExit(f"pack: --trained-on {path}: no scored answers there; pass an earlier run's "
+                             "WORK/scored.jsonl")
+        ids |= found
+    return ids
+
+
+def left_to_train(answers: Path, trained: set[str], tmp: Path) -> Path:
+    """`answers` less those whose prompt is in `trained`, written to `tmp`."""
+    kept = tmp / "answers-left.jsonl.gz"
+    with gzip.open(answers, "rt") as f, gzip.open(kept, "wt") as g:
+        g.writelines(line for line in f if json.loads(line)["id"] not in trained)
+    return kept
+
+
 def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int, share: float,
         source: Path | None, stdlib_from: int, init: Path, answers: Path | None,
-        room: int | None = None) -> list[Path]:
-    """Builds the pack in `out` (made anew) for prompts `skip`..`limit` of `work`'s list; returns its folders."""
+        room: int | None = None, trained_on: Sequence[Path] = ()) -> list[Path]:
+    """Builds the pack in `out` (made anew) for prompts `skip`..`limit` of `work`'s list, less those the
+    runs of `trained_on` (their `scored.jsonl`) trained on; returns its folders."""
     for f, what in ((init, "--init"), (answers, "--answers")):
         if f is not None and not f.is_file():
             raise SystemExit(f"pack: {what} {f}: no such file")
     if answers is not None:
         check_answers(answers)
+    trained = trained_ids(trained_on)
     tree = tree_files()
     # --init travels in the pack: where it is in the tree, it must be out of the tree during the calls
     init_in_tree = init.resolve() in tree
@@ -139,7 +165,8 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
         raise SystemExit(f"pack: the working tree leaves {max(room, 0) >> 20} MiB of the {TRAVEL_BYTES >> 20} MiB "
                          "a call carries: move its largest files out of the tree for the window's calls")
     work.mkdir(parents=True, exist_ok=True)
-    rows = data.build_prompts(work, limit, share, source, stdlib_from)[skip:limit]
+    rows = [r for r in data.build_prompts(work, limit, share, source, stdlib_from)[skip:limit]
+            if r["id"] not in trained]
     ids = tokenize(bin_dir, data.teacher_gguf(bin_dir, base, work), rows)
     if out.exists():
         shutil.rmtree(out)
@@ -151,7 +178,10 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     files += pieces(base_gguf(), "base.gguf", room, tmp)
     files += pieces(init, "init.safetensors", room, tmp)
     if answers is not None:
-        files += pieces(answers, "answers.jsonl.gz", room, tmp)
+        left = left_to_train(answers, trained, tmp) if trained else answers
+        files += pieces(left, "answers.jsonl.gz", room, tmp)
+        if trained:
+            left.unlink()
     for name in export.SIDE_FILES:
         files += pieces(base / name, name, room, tmp)
     folders = lay_out(files, room, out)

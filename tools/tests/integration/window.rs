@@ -253,6 +253,27 @@ fn a_packed_window_answers_trains_and_returns_a_model_that_runs() {
         k
     };
     assert_eq!(key(&again), key(&answers), "the earlier answers, scored, none answered anew");
+
+    // A run that goes on from an earlier one (`--trained-on` its scored.jsonl) packs neither the prompts
+    // nor the answers that one trained on.
+    let scored = std::fs::read_to_string(d.join("device-work/scored.jsonl")).unwrap();
+    let earlier: Vec<&str> = scored.lines().take(3).collect();
+    std::fs::write(d.join("earlier-scored.jsonl"), earlier.join("\n") + "\n").unwrap();
+    let trained: Vec<String> =
+        earlier.iter().map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].as_str().unwrap().into()).collect();
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "2", "pack", "--work"]).arg(d.join("work")).arg("--bin").arg(bin_dir());
+    c.args(["--prompts", "8", "--answers"]).arg(out.join("answers.jsonl.gz"));
+    c.arg("--trained-on").arg(d.join("earlier-scored.jsonl")).arg("--out").arg(&pack).args(["--room-mib", "40"]);
+    run_ok(&mut c);
+    let packed = |name: &str| {
+        let mut dirs = std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path().join(name));
+        gz_lines(&dirs.find(|p| p.exists()).unwrap())
+    };
+    let ids = |v: Vec<Value>| -> Vec<String> { v.iter().map(|a| a["id"].as_str().unwrap().into()).collect() };
+    let (left_prompts, left_answers) = (ids(packed("prompt-ids.jsonl.gz")), ids(packed("answers.jsonl.gz")));
+    assert_eq!((left_prompts.len(), left_answers.len()), (5, 5), "{left_prompts:?} {left_answers:?}");
+    assert!(left_answers.iter().chain(&left_prompts).all(|id| !trained.contains(id)), "{trained:?}");
 }
 
 #[test]
@@ -277,6 +298,11 @@ fn a_missing_or_broken_data_package_or_answers_file_is_one_line_naming_it() {
     c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
     c.arg("--bin").arg(bin_dir()).arg("--answers").arg(d.join("answers.jsonl.gz")).arg("--out").arg(d.join("pack"));
     assert_one_line_error(&mut c, &["--answers", "answers.jsonl.gz"]);
+
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
+    c.arg("--bin").arg(bin_dir()).arg("--trained-on").arg(d.join("scored.jsonl")).arg("--out").arg(d.join("pack"));
+    assert_one_line_error(&mut c, &["--trained-on", "scored.jsonl"]);
 }
 
 /// A window whose held-out answers are all evaluation prompts (which
