@@ -139,7 +139,7 @@ def trained_ids(scored: Sequence[Path]) -> set[str]:
 
 
 def left_to_train(answers: Path, trained: set[str], tmp: Path) -> Path:
-    """`answers` less those whose prompt is in `trained`, written to `tmp`."""
+    """`answers` less those whose prompt is in `trained` (all of them when it is empty), written to `tmp`."""
     kept = tmp / "answers-left.jsonl.gz"
     with gzip.open(answers, "rt") as f, gzip.open(kept, "wt") as g:
         g.writelines(line for line in f if json.loads(line)["id"] not in trained)
@@ -178,10 +178,9 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     files += pieces(base_gguf(), "base.gguf", room, tmp)
     files += pieces(init, "init.safetensors", room, tmp)
     if answers is not None:
-        left = left_to_train(answers, trained, tmp) if trained else answers
+        left = left_to_train(answers, trained, tmp)
         files += pieces(left, "answers.jsonl.gz", room, tmp)
-        if trained:
-            left.unlink()
+        left.unlink()
     for name in export.SIDE_FILES:
         files += pieces(base / name, name, room, tmp)
     folders = lay_out(files, room, out)
