@@ -214,6 +214,8 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", type=Path, metavar="CORPUS", help="a corpus of this verifier's answers "
                    "(train/answers/*.jsonl.gz, `hamburger-train answers`): the prompts it answered are not answered "
                    "again")
+    p.add_argument("--answered-only", action="store_true", help="answer nothing: the prompts the corpus --answers "
+                   "lacks are left out (a CPU run on what a GPU window or an earlier run answered)")
     dtype_flag(p)
 
 
@@ -362,7 +364,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         from . import draft
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
-                  a.stdlib_from, a.reference_answers, a.answers, a.init_head, a.dtype)
+                  a.stdlib_from, a.reference_answers, a.answers, a.init_head, a.dtype, a.answered_only)
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,

@@ -120,11 +120,13 @@ def verifier_gguf(work: Path, bin_dir: Path, base: Path, model: HAMburger, meta:
 def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, skip: int, max_tokens: int,
             slots: int, threads: int, share: float = 0.0, source: Path | None = None,
             stdlib_from: int = 0, references: bool = False,
-            answers: corpus.Corpus | None = None, init_head: Path | None = None) -> tuple[HAMburger, dict]:
+            answers: corpus.Corpus | None = None, init_head: Path | None = None,
+            answered_only: bool = False) -> tuple[HAMburger, dict]:
     """Steps 1-4: the verifier (drafting with `init_head` when given), its
     answers (ShareGPT's replies for the training prompts that have one,
     with `references`; those the corpus
-    `answers` holds taken from it), their token ids and their cached
+    `answers` holds taken from it; with `answered_only` only those, the
+    rest of the prompts left out), their token ids and their cached
     features; returns the verifier and the cache's `meta`. A work directory
     whose prompts were built the other way is refused."""
     model = verifier(base, init, "draft", init_head)
@@ -142,6 +144,11 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
         data.reference_answers(work / "responses.jsonl", rows, max_tokens)
     if answers is not None:
         corpus.seed(work / "responses.jsonl", answers, rows, meta, max_tokens)
+    if answered_only:
+        have = records.done_ids(work / "responses.jsonl")
+        print(f"draft: {sum(r['id'] not in have for r in rows)} of {len(rows)} prompts left out: "
+              "not in the corpus (--answered-only)", file=sys.stderr)
+        rows = [r for r in rows if r["id"] in have]
     data.answer(work / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
     segment.tokenize(work, bin_dir, teacher)
     # Not the answers to prompts past `prompts` (a longer run's before, in the
@@ -216,18 +223,22 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
         threads: int, steps: int, batch: int, lr: float, seed: int, confidences: list[float],
         p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0, share: float = 0.0,
         source: Path | None = None, stdlib_from: int = 0, references: bool = False,
-        answers: Path | None = None, init_head: Path | None = None, dtype: str = "f32") -> None:
+        answers: Path | None = None, init_head: Path | None = None, dtype: str = "f32",
+        answered_only: bool = False) -> None:
     """Prepares the work directory (`prepare`; ShareGPT's own replies as the
     training answers with `references`, the corpus `answers`' answers
     where it has them), then trains (`train_head`, in precision `dtype`)
     into `out` (default `WORK/draft/`), starting from the draft head
-    `init_head` when given."""
+    `init_head` when given. With `answered_only` nothing is answered: the
+    prompts the corpus lacks are left out."""
     for flag, path in (("--init", init), ("--init-head", init_head)):
         if path is not None and not path.exists():
             raise SystemExit(f"draft: {flag} {path} does not exist")
+    if answered_only and answers is None:
+        raise SystemExit("draft: --answered-only takes its answers from a corpus: give --answers")
     kept = corpus.read(answers) if answers is not None else None  # a broken corpus is refused before any work
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
-                          stdlib_from, references, kept, init_head)
+                          stdlib_from, references, kept, init_head, answered_only)
     # What macro steps keep: `--init`'s file, else the base's own modules
     # (read anew: `model`'s micro decoder is `--init-head`'s when given).
     macro = load_file(str(init)) if init is not None else {

@@ -512,6 +512,13 @@ fn answers_kept_in_a_corpus_are_not_answered_again_in_a_new_work_directory() {
     let log = draft(&third, &changed, &["--answers", corpus.to_str().unwrap()]);
     assert!(log.contains("answers: 2 of 3 prompts answered from") && !log.contains("data: all 3"), "{log}");
     assert_eq!(responses(&third).len(), 3);
+    // --answered-only: the changed chat is left out, not answered.
+    let only = dir.path().join("only");
+    let log = draft(&only, &changed, &["--answers", corpus.to_str().unwrap(), "--answered-only"]);
+    assert!(log.contains("1 of 3 prompts left out") && log.contains("data: all 2 prompts answered"), "{log}");
+    assert_eq!(responses(&only).len(), 2);
+    let err = one_line_error(&mut stage("draft", &dir.path().join("5"), &tiny_fixture(), &["--answered-only"]));
+    assert!(err.contains("--answered-only") && err.contains("--answers"), "{err}");
 
     // Kept again: nothing new, the same bytes.
     let before = std::fs::read(&corpus).unwrap();
