@@ -214,8 +214,9 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answers", type=Path, metavar="CORPUS", help="a corpus of this verifier's answers "
                    "(train/answers/*.jsonl.gz, `hamburger-train answers`): the prompts it answered are not answered "
                    "again")
-    p.add_argument("--answered-only", action="store_true", help="answer nothing: the prompts the corpus --answers "
-                   "lacks are left out (a CPU run on what a GPU window or an earlier run answered)")
+    p.add_argument("--answered-only", action="store_true", help="answer nothing: the prompts without an answer in "
+                   "the corpus --answers (or already in WORK) are left out (a CPU run on what a GPU window or an "
+                   "earlier run answered)")
     dtype_flag(p)
 
 

@@ -147,7 +147,7 @@ def prepare(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: i
     if answered_only:
         have = records.done_ids(work / "responses.jsonl")
         print(f"draft: {sum(r['id'] not in have for r in rows)} of {len(rows)} prompts left out: "
-              "not in the corpus (--answered-only)", file=sys.stderr)
+              "no answer in the corpus or this work directory (--answered-only)", file=sys.stderr)
         rows = [r for r in rows if r["id"] in have]
     data.answer(work / "responses.jsonl", bin_dir, teacher, rows, max_tokens, slots, threads)
     segment.tokenize(work, bin_dir, teacher)
