@@ -219,6 +219,8 @@ impl HfConfig {
                 .or_else(|| json.feature_layers.clone())
                 .unwrap_or_else(|| default_feature_layers(self.num_hidden_layers)),
             n_merger_head: pick(overrides.merger_heads, json.merger_heads).unwrap_or(DEFAULT_MERGER_HEADS),
+            // The checkpoint's tensors say it (`plan::draft_copy_ngram`).
+            draft_copy_ngram: 0,
         }
     }
 }

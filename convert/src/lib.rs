@@ -113,7 +113,8 @@ pub fn convert(opts: &ConvertOptions) -> Result<ConvertReport, ConvertError> {
     config.check(&config_path)?;
     let hjson_path = dir.join("hamburger.json");
     let hjson: HamburgerJson = if hjson_path.exists() { hf::read_json(&hjson_path)? } else { HamburgerJson::default() };
-    let hp = config.hparams(&hjson, &opts.overrides, ck.max_steps);
+    let mut hp = config.hparams(&hjson, &opts.overrides, ck.max_steps);
+    hp.draft_copy_ngram = if opts.base_only { 0 } else { plan::draft_copy_ngram(&ck, hp.n_embd)? };
     hp.validate(&config_path.display().to_string())?;
 
     let base = plan::base_prefix(&ck);

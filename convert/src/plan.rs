@@ -76,6 +76,26 @@ pub fn has_draft_head(ck: &Checkpoint) -> bool {
     ck.tensors.keys().any(|k| k.starts_with(DRAFT_HEAD))
 }
 
+/// The longest n-gram `ck`'s draft head copies from: M of its copy matrix
+/// `draft_head.copy.weight` `[D, M*D]` (`hamburger-train draft --copy M`),
+/// 0 where it has none.
+///
+/// # Errors
+/// A copy matrix whose shape is not `[n_embd, M * n_embd]`, M at least 1.
+pub fn draft_copy_ngram(ck: &Checkpoint, n_embd: usize) -> Result<usize, ConvertError> {
+    let key = format!("{DRAFT_HEAD}copy.weight");
+    let Some(t) = ck.tensors.get(&key) else {
+        return Ok(0);
+    };
+    match t.shape[..] {
+        [d, m_d] if d == n_embd && n_embd > 0 && m_d > 0 && m_d % n_embd == 0 => Ok(m_d / n_embd),
+        _ => Err(ConvertError::Config {
+            path: ck.path.clone(),
+            msg: format!("{key} is {:?}, not [{n_embd}, M x {n_embd}] (M: the longest n-gram copied from)", t.shape),
+        }),
+    }
+}
+
 fn layer_key(lt: LayerTensor) -> &'static str {
     match lt {
         LayerTensor::AttnNorm => "input_layernorm",
@@ -114,6 +134,7 @@ pub fn source_key(name: TensorName, base: &str) -> Option<String> {
         TensorName::Stop(s, p) => format!("micro_step_decoder.stop_head.{}.{}", stop_index(s), part(p)),
         TensorName::DraftMicro(i, lt) => format!("{DRAFT_HEAD}decoders.{i}.{}.weight", layer_key(lt)),
         TensorName::DraftStop(s, p) => format!("{DRAFT_HEAD}stop_head.{}.{}", stop_index(s), part(p)),
+        TensorName::DraftCopy => format!("{DRAFT_HEAD}copy.weight"),
     })
 }
 
@@ -191,7 +212,8 @@ pub fn plan(
     let mut used: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
     let draft_head = !base_only && has_draft_head(ck);
-    let set = TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only, draft_head };
+    let draft_copy = draft_head && hp.draft_copy_ngram > 0;
+    let set = TensorSet { tied_output: tied, rope_freqs: rope_freqs.is_some(), base_only, draft_head, draft_copy };
     for (name, ne) in hp.tensor_shapes(set) {
         let ty = choose_type(name, &ne);
         let source = match source_key(name, base) {

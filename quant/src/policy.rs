@@ -139,7 +139,11 @@ pub fn choose(name: TensorName, ne: &[i64], tied: bool, mix: Mix, stacks: Stacks
                 (Role::Micro, TensorName::Micro(l, lt) | TensorName::DraftMicro(l, lt)) => {
                     mix.layer_type(lt, l, stacks.n_micro, stacks.n_gqa)
                 }
-                (Role::Merger | Role::StopHidden, _) if d.bits_per_weight() < 8.0 => Type::Q8_0,
+                (Role::Merger | Role::StopHidden, _) | (Role::Micro, TensorName::DraftCopy)
+                    if d.bits_per_weight() < 8.0 =>
+                {
+                    Type::Q8_0
+                }
                 _ => d,
             }
         });

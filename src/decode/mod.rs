@@ -9,11 +9,13 @@
 //! * [`draft`]: self-verified decoding's drafts and the gate that decides,
 //!   at the engine's measured prices, whether the next one is worth it;
 //! * [`ngram`]: drafts from the context itself (llama.cpp's `ngram-simple`);
+//! * [`copy`]: the same lookup as inputs of a draft head that copies;
 //! * [`generate`]: the decode loop for one or many sequences in lockstep;
 //! * [`session`]: [`Session`](session::Session), the one-sequence API;
 //! * [`draft_model`]: [`DraftSession`](draft_model::DraftSession), a target
 //!   model verifying a HAMburger draft model's macro steps.
 
+pub mod copy;
 pub mod draft;
 pub mod draft_model;
 pub mod generate;

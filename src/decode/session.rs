@@ -206,7 +206,7 @@ impl<'m> Session<'m> {
             drafts: false,
             draft_vocab: false,
         };
-        let mut outs = self.engine.micro_step(s, &[(SEQ, token)], want)?;
+        let mut outs = self.engine.micro_step(s, &[(SEQ, token)], &[], want)?;
         Ok(outs.pop().expect("one sequence, one output"))
     }
 

@@ -111,6 +111,7 @@ impl Engine<'_> {
                 self.micro_step(
                     s,
                     &[(seq, token)],
+                    &[],
                     MicroWants { stop_head: true, logits: false, drafts: true, draft_vocab: true },
                 )?;
             }

@@ -393,12 +393,22 @@ impl<'m> Engine<'m> {
     /// model's draft head runs where it has one; with `want.draft_vocab` and
     /// a draft vocabulary the next token is drawn from it alone: the argmax
     /// is mapped back to its token id, and the logits are the full
-    /// vocabulary's, minus infinity outside it.
+    /// vocabulary's, minus infinity outside it. A draft head that copies
+    /// reads `copies`: its M candidates per input, longest n-gram first
+    /// ([`crate::model::hparams::HParams::draft_copy_ngram`]), or none at
+    /// all (empty: every candidate missing); other steps ignore them.
     ///
     /// # Errors
     /// When `s` is beyond the micro cache, a sequence or token is unknown or
-    /// repeated, or a computation fails.
-    pub fn micro_step(&mut self, s: usize, inputs: &[(SeqId, u32)], want: MicroWants) -> Result<Vec<StepOut>> {
+    /// repeated, `copies` holds neither none nor M per input, or a
+    /// computation fails.
+    pub fn micro_step(
+        &mut self,
+        s: usize,
+        inputs: &[(SeqId, u32)],
+        copies: &[Option<u32>],
+        want: MicroWants,
+    ) -> Result<Vec<StepOut>> {
         let hp = &self.model.hp;
         if s + 1 >= hp.max_steps {
             return Err(Error::Invalid(format!("micro step {s} is beyond max_steps {}", hp.max_steps)));
@@ -407,7 +417,7 @@ impl<'m> Engine<'m> {
         if inputs.iter().enumerate().any(|(j, &(q, _))| q >= n_seq || inputs[..j].iter().any(|&(p, _)| p == q)) {
             return Err(Error::Invalid(format!("micro step: sequences must be distinct and below {n_seq}")));
         }
-        self.check_tokens(inputs.iter().map(|(_, t)| t))?;
+        self.check_tokens(inputs.iter().map(|(_, t)| t).chain(copies.iter().flatten()))?;
         if let Some(&(seq, _)) = inputs.iter().find(|&&(q, _)| self.feature_row[q].is_none()).filter(|_| s == 0) {
             return Err(Error::Invalid(format!(
                 "micro step 0 of sequence {seq}: its last base forward stored no features (one token per step)"
@@ -424,7 +434,15 @@ impl<'m> Engine<'m> {
             draft_vocab: want.draft_vocab && draft_vocab.is_some(),
             ..want
         };
-        let layout = MicroLayout::new(hp, s, inputs, &slots, n_cols, n_cells, want);
+        let n_copies = if want.drafts { hp.draft_copy_ngram } else { 0 };
+        if !copies.is_empty() && copies.len() != inputs.len() * n_copies {
+            return Err(Error::Invalid(format!(
+                "micro step: {} copy candidates for {} inputs of a head that reads {n_copies} each",
+                copies.len(),
+                inputs.len()
+            )));
+        }
+        let layout = MicroLayout::new(hp, s, inputs, copies, &slots, n_cols, n_cells, want);
         if s == 0 {
             inputs.iter().for_each(|&(seq, _)| self.micro.clear_seq(seq));
         }

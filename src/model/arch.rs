@@ -62,6 +62,11 @@ pub enum Key {
     /// self-verified decoding drafts from, through the lm_head's rows of
     /// those tokens alone ([`crate::model::draft_vocab`]).
     DraftVocab,
+    /// HAMburger: the longest n-gram the draft head copies from (optional;
+    /// with `draft_copy.weight`): its micro decoder reads, beside each
+    /// token, what followed the latest earlier occurrence of the text's
+    /// last M, M-1, ..., 1 tokens ([`crate::decode::copy`]).
+    DraftCopyNgram,
 }
 
 impl Key {
@@ -86,6 +91,7 @@ impl Key {
             Key::MergerHeadCount => "merger.head_count",
             Key::RecommendedConfidence => "recommended_confidence",
             Key::DraftVocab => "draft_vocab",
+            Key::DraftCopyNgram => "draft_copy_ngram",
         }
     }
 

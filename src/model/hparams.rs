@@ -49,6 +49,9 @@ pub struct HParams {
     pub feature_layers: Vec<usize>,
     /// Merger attention heads (Hm).
     pub n_merger_head: usize,
+    /// The longest n-gram the draft head copies from (M; 0: its micro
+    /// decoder reads no copy candidates, and the file has no `draft_copy.weight`).
+    pub draft_copy_ngram: usize,
 }
 
 impl HParams {
@@ -83,7 +86,7 @@ impl HParams {
     /// grafted modules the file does not have. (Checked before: a micro
     /// decoder of 0 layers is no valid HAMburger.)
     pub fn without_grafted(self) -> HParams {
-        HParams { max_steps: 1, n_micro_layer: 0, feature_layers: vec![self.n_layer - 1], ..self }
+        HParams { max_steps: 1, n_micro_layer: 0, feature_layers: vec![self.n_layer - 1], draft_copy_ngram: 0, ..self }
     }
 
     /// Every inconsistency, one line each (empty when valid).
@@ -118,6 +121,7 @@ impl HParams {
             ("feed-forward length", self.n_ff, 1 << 22),
             ("embedding length", self.n_embd, 1 << 20),
             ("vocab size", self.n_vocab, 1 << 24),
+            ("draft copy n-gram", self.draft_copy_ngram, 8),
         ];
         for (what, v, max) in caps {
             if v > max {
@@ -215,6 +219,7 @@ impl HParams {
             n_micro_layer: int(Key::MicroBlockCount, req(DEFAULT_MICRO_LAYERS))?,
             feature_layers: Vec::new(),
             n_merger_head: int(Key::MergerHeadCount, req(DEFAULT_MERGER_HEADS))?,
+            draft_copy_ngram: if grafted { int(Key::DraftCopyNgram, Some(0))? } else { 0 },
         };
         match gguf.get_f64(&Key::RmsEps.name(arch))? {
             Some(e) => hp.rms_eps = e as f32,
@@ -270,6 +275,9 @@ impl HParams {
                 (Key::FeatureLayers, Value::Array(Array::U32(self.feature_layers.iter().map(|&l| l as u32).collect()))),
                 (Key::MergerHeadCount, u(self.n_merger_head)),
             ]);
+            if self.draft_copy_ngram > 0 {
+                kv.push((Key::DraftCopyNgram, u(self.draft_copy_ngram)));
+            }
         }
         kv.into_iter().map(|(k, v)| (k.name(arch), v)).collect()
     }
@@ -309,6 +317,7 @@ impl HParams {
                 out.push((stop(st, Part::Bias), vec![n_out]));
             }
         }
+        out.push((TensorName::DraftCopy, vec![self.draft_copy_ngram as i64 * d, d]));
         out.retain(|(name, _)| set.contains(*name));
         out
     }
@@ -354,6 +363,7 @@ pub(crate) fn small(n_layer: usize, n_features: usize, max_steps: usize) -> HPar
         n_micro_layer: 1,
         feature_layers: (n_layer - n_features..n_layer).collect(),
         n_merger_head: 2,
+        draft_copy_ngram: 0,
     }
 }
 

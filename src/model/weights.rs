@@ -74,6 +74,9 @@ pub struct MicroHead {
     pub micro: Vec<LayerWeights>,
     /// The stop head.
     pub stop: StopHeadWeights,
+    /// A draft head's copy matrix `[M*D, D]`, where its micro decoder reads
+    /// copy candidates ([`crate::decode::copy`]); never a macro step's.
+    pub copy: Option<Tensor>,
 }
 
 /// The modules grafted onto the base: absent from a base-only (llama) model.
@@ -172,6 +175,15 @@ struct Placed {
 pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan, base_only: bool) -> Result<Weights> {
     let path = &gguf.path;
     let set = TensorSet { base_only, ..TensorSet::of_file(|name| gguf.tensor(&name.to_string()).is_some()) };
+    // The key says whether the draft head copies: a copy matrix without it is unexpected, one missing is named.
+    let set = TensorSet { draft_copy: hp.draft_copy_ngram > 0 && !base_only, ..set };
+    if set.draft_copy && !set.draft_head {
+        return Err(Error::Invalid(format!(
+            "{}: {}: the draft head's copy matrix, and the file has no draft head",
+            path.display(),
+            TensorName::DraftCopy
+        )));
+    }
     let expected = hp.tensor_shapes(set);
     for t in &gguf.tensors {
         if !expected.iter().any(|(n, _)| n.to_string() == t.name) {
@@ -262,6 +274,7 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
             fc2: linear(take, &|p| stop(StopLinear::Fc2, p)),
             out: linear(take, &|p| stop(StopLinear::Out, p)),
         },
+        copy: None,
     };
     let grafted = (!base_only).then(|| {
         let merger = MergerWeights {
@@ -274,7 +287,10 @@ pub fn load(gguf: &Gguf, map: Rc<MappedFile>, hp: &HParams, plan: &PlacementPlan
         GraftedWeights {
             head: head(&mut take, TensorName::Micro, TensorName::Stop),
             merger,
-            draft: set.draft_head.then(|| head(&mut take, TensorName::DraftMicro, TensorName::DraftStop)),
+            draft: set.draft_head.then(|| MicroHead {
+                copy: set.draft_copy.then(|| take(TensorName::DraftCopy)),
+                ..head(&mut take, TensorName::DraftMicro, TensorName::DraftStop)
+            }),
         }
     });
     Ok(Weights {

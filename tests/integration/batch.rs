@@ -147,7 +147,12 @@ fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
         .1
         .argmax;
     let err = engine
-        .micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, drafts: false, draft_vocab: false })
+        .micro_step(
+            0,
+            &[(0, t)],
+            &[],
+            MicroWants { stop_head: false, logits: false, drafts: false, draft_vocab: false },
+        )
         .unwrap_err()
         .to_string();
     assert!(err.contains("stored no features"), "{err}");
@@ -158,7 +163,12 @@ fn one_token_steps_skip_the_features_and_micro_step_0_then_refuses() {
             .1
             .argmax;
     engine
-        .micro_step(0, &[(0, t)], MicroWants { stop_head: false, logits: false, drafts: false, draft_vocab: false })
+        .micro_step(
+            0,
+            &[(0, t)],
+            &[],
+            MicroWants { stop_head: false, logits: false, drafts: false, draft_vocab: false },
+        )
         .unwrap();
 }
 

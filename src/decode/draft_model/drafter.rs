@@ -160,7 +160,7 @@ impl Drafter {
                     break;
                 }
                 let micro = MicroWants { stop_head, logits, drafts: false, draft_vocab: false };
-                out = engine.micro_step(step.len() - 1, &[(seq, token)], micro)?.pop().expect("one output");
+                out = engine.micro_step(step.len() - 1, &[(seq, token)], &[], micro)?.pop().expect("one output");
             }
             let mut batch = Batch::new();
             batch.push_merged(seq, &step);

@@ -7,8 +7,8 @@
 
 use super::{DecodeConfig, SeqGen};
 use crate::decode::draft::DraftRule;
-use crate::decode::ngram;
 use crate::decode::step::MacroStep;
+use crate::decode::{copy, ngram};
 use crate::engine::forward_cost::Prices;
 use crate::engine::Engine;
 use crate::error::Result;
@@ -102,7 +102,9 @@ pub(super) fn run(
 /// run the model's draft head, when it has one, and macro steps their own
 /// modules: a step that has both runs as two groups. Drafts come from the
 /// draft vocabulary when every sequence of their group drafts (a macro
-/// step's micro tokens are its output) and no grammar masks them.
+/// step's micro tokens are its output) and no grammar masks them. A draft
+/// head that copies reads each drafting sequence's copy candidates: its
+/// history ends with the token fed ([`copy::candidates`]).
 fn micro_step(
     engine: &mut Engine,
     cfg: &DecodeConfig,
@@ -130,7 +132,10 @@ fn micro_step(
             draft_vocab: all(&|a| drafts(a) && sg(a).constraint.is_none()),
         };
         let inputs: Vec<(SeqId, u32)> = group.iter().map(|&j| (next[j].1, next[j].2)).collect();
-        for (&j, out) in group.iter().zip(engine.micro_step(s, &inputs, want)?) {
+        let longest = if want.drafts { engine.model().hp.draft_copy_ngram } else { 0 };
+        let copies: Vec<Option<u32>> =
+            group.iter().flat_map(|&j| copy::candidates(&sg(next[j].0).history, longest)).collect();
+        for (&j, out) in group.iter().zip(engine.micro_step(s, &inputs, &copies, want)?) {
             outs[j] = Some(out);
         }
     }

@@ -152,6 +152,11 @@ pub enum TensorName {
     DraftMicro(usize, LayerTensor),
     /// A draft head's stop-head layer: the gate's signal when drafting.
     DraftStop(StopLinear, Part),
+    /// A draft head's copy matrix `[M*D, D]`: its micro decoder adds
+    /// `copy . [embed(c_M); ...; embed(c_1)]` to each token's embedding,
+    /// c_m the copy candidate of the text's last m tokens (a missing one a
+    /// zero vector).
+    DraftCopy,
 }
 
 /// The module a tensor belongs to.
@@ -193,6 +198,9 @@ pub enum Presence {
     TiedTo(TensorName),
     /// Part of the optional draft head: a file holds all of it or none.
     DraftHead,
+    /// The draft head's copy matrix: there when the file's
+    /// `hamburger.draft_copy_ngram` says the head copies.
+    DraftCopy,
 }
 
 /// The facts of one tensor every reader of the format consults: the loader,
@@ -219,7 +227,7 @@ impl TensorInfo {
 impl TensorName {
     /// The tensor's facts: one table for the whole format.
     pub fn info(self) -> TensorInfo {
-        use Presence::{DraftHead, Optional, Required, TiedTo};
+        use Presence::{DraftCopy, DraftHead, Optional, Required, TiedTo};
         use TensorUse::{Elementwise, Lookup, MatMul};
         let info = |module, per_layer, usage, presence| TensorInfo { module, per_layer, usage, presence };
         match self {
@@ -234,6 +242,7 @@ impl TensorName {
             TensorName::Stop(_, part) => info(Module::StopHead, false, part.usage(), Required),
             TensorName::DraftMicro(_, lt) => info(Module::Micro, true, lt.usage(), DraftHead),
             TensorName::DraftStop(_, part) => info(Module::StopHead, false, part.usage(), DraftHead),
+            TensorName::DraftCopy => info(Module::Micro, false, MatMul, DraftCopy),
         }
     }
 
@@ -250,6 +259,7 @@ impl TensorName {
             TensorName::Output,
             TensorName::RopeFreqs,
             TensorName::MergerPos,
+            TensorName::DraftCopy,
         ];
         if let Some(t) = simple.into_iter().find(|t| t.to_string() == name) {
             return Some(t);
@@ -295,6 +305,8 @@ pub struct TensorSet {
     pub base_only: bool,
     /// The draft head (`draft.blk.N.*`, `draft_stop.*`) is present.
     pub draft_head: bool,
+    /// The draft head's copy matrix (`draft_copy.weight`) is present.
+    pub draft_copy: bool,
 }
 
 impl TensorSet {
@@ -309,6 +321,7 @@ impl TensorSet {
             // a missing one is named.
             draft_head: present(TensorName::DraftStop(StopLinear::Fc1, Part::Weight))
                 || present(TensorName::DraftMicro(0, LayerTensor::AttnNorm)),
+            draft_copy: present(TensorName::DraftCopy),
         }
     }
 
@@ -322,6 +335,7 @@ impl TensorSet {
             Presence::TiedTo(_) => !self.tied_output,
             Presence::Optional => self.rope_freqs,
             Presence::DraftHead => self.draft_head,
+            Presence::DraftCopy => self.draft_copy,
         };
         present && (info.module == Module::Base || !self.base_only)
     }
@@ -349,6 +363,7 @@ impl fmt::Display for TensorName {
             TensorName::DraftMicro(i, t) => write!(f, "draft.blk.{i}.{}.weight", t.suffix()),
             TensorName::Stop(s, p) => write!(f, "stop_head.{}.{}", s.suffix(), p.suffix()),
             TensorName::DraftStop(s, p) => write!(f, "draft_stop.{}.{}", s.suffix(), p.suffix()),
+            TensorName::DraftCopy => f.write_str("draft_copy.weight"),
         }
     }
 }
@@ -365,6 +380,7 @@ mod tests {
             TensorName::Output,
             TensorName::RopeFreqs,
             TensorName::MergerPos,
+            TensorName::DraftCopy,
         ];
         for lt in LayerTensor::ALL {
             all.push(TensorName::Base(12, lt));
@@ -413,9 +429,13 @@ mod tests {
         let merger = TensorName::Merger(MergerLinear::Q, Part::Weight);
         let all = TensorSet::of_file(|_| true);
         assert!(all.contains(TensorName::Output) && all.contains(TensorName::RopeFreqs) && all.contains(merger));
-        let draft = |t: TensorName| matches!(t, TensorName::DraftMicro(..) | TensorName::DraftStop(..));
+        let draft =
+            |t: TensorName| matches!(t, TensorName::DraftMicro(..) | TensorName::DraftStop(..) | TensorName::DraftCopy);
         let tied = TensorSet::of_file(|t| t != TensorName::Output && t != TensorName::RopeFreqs && !draft(t));
-        assert_eq!(tied, TensorSet { tied_output: true, rope_freqs: false, base_only: false, draft_head: false });
+        let none =
+            TensorSet { tied_output: true, rope_freqs: false, base_only: false, draft_head: false, draft_copy: false };
+        assert_eq!(tied, none);
+        assert!(all.contains(TensorName::DraftCopy) && !tied.contains(TensorName::DraftCopy));
         assert!(all.draft_head && all.contains(TensorName::DraftStop(StopLinear::Out, Part::Bias)));
         assert!(!tied.contains(TensorName::DraftMicro(0, LayerTensor::AttnQ)));
         assert!(!tied.contains(TensorName::Output) && !tied.contains(TensorName::RopeFreqs));

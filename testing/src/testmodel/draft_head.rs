@@ -1,22 +1,43 @@
 //! A checkpoint with a draft head (`draft_head.*`, the GGUF's `draft.blk.N.*`
 //! and `draft_stop.*`), as `hamburger-train draft` writes one: another
-//! checkpoint's macro micro decoder and stop head, beside the first's own.
+//! checkpoint's macro micro decoder and stop head, beside the first's own;
+//! and, as `draft --copy M` writes one, a copy matrix (`draft_head.copy.weight`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
+use safetensors::Dtype;
 
 use convert::ConvertError;
 
+/// A draft head's copy matrix: `[dim, longest * dim]` values, row-major
+/// (PyTorch's `nn.Linear(longest * dim, dim).weight`).
+pub struct CopyMatrix {
+    /// The embedding width D.
+    pub dim: usize,
+    /// The longest n-gram copied from (M).
+    pub longest: usize,
+    /// `dim * longest * dim` values.
+    pub values: Vec<f32>,
+}
+
+impl CopyMatrix {
+    /// A matrix of `dim` and `longest` whose entries are `f(i)` in order.
+    pub fn from_fn(dim: usize, longest: usize, f: impl Fn(usize) -> f32) -> CopyMatrix {
+        CopyMatrix { dim, longest, values: (0..dim * longest * dim).map(f).collect() }
+    }
+}
+
 /// Writes into `dir` the checkpoint `ck` (linked, not copied) with a draft
-/// head copied from `head`'s micro decoder and stop head: a second shard
-/// beside `ck`'s `model.safetensors`, through a safetensors index. Returns
-/// the checkpoint directory.
+/// head copied from `head`'s micro decoder and stop head, and `copy` as its
+/// copy matrix when given: a second shard beside `ck`'s
+/// `model.safetensors`, through a safetensors index. Returns the
+/// checkpoint directory.
 ///
 /// # Errors
 /// When a file cannot be read or written, or `head` has no micro decoder.
-pub fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> Result<PathBuf, ConvertError> {
+pub fn with_draft_head(dir: &Path, ck: &Path, head: &Path, copy: Option<&CopyMatrix>) -> Result<PathBuf, ConvertError> {
     let src = dir.join("ck");
     std::fs::create_dir_all(&src).map_err(io(&src))?;
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "hamburger.json", "model.safetensors"] {
@@ -26,13 +47,18 @@ pub fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> Result<PathBuf, Co
     let bytes = std::fs::read(&head_file).map_err(io(&head_file))?;
     let bad = |e: &dyn std::fmt::Display| ConvertError::io(&head_file, std::io::Error::other(e.to_string()));
     let head_st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(&e))?;
-    let draft: Vec<(String, TensorView)> = head_st
+    let mut draft: Vec<(String, TensorView)> = head_st
         .tensors()
         .into_iter()
         .filter_map(|(k, t)| Some((format!("draft_head.{}", k.strip_prefix("micro_step_decoder.")?), t)))
         .collect();
     if draft.is_empty() {
         return Err(bad(&"no micro_step_decoder.* tensors"));
+    }
+    let copy_bytes: Vec<u8> = copy.map(|c| c.values.iter().flat_map(|v| v.to_le_bytes()).collect()).unwrap_or_default();
+    if let Some(c) = copy {
+        let view = TensorView::new(Dtype::F32, vec![c.dim, c.longest * c.dim], &copy_bytes).map_err(|e| bad(&e))?;
+        draft.push(("draft_head.copy.weight".into(), view));
     }
     let shard = src.join("draft.safetensors");
     let data = safetensors::serialize(draft.clone(), None).map_err(|e| bad(&e))?;

@@ -56,6 +56,7 @@ impl Shape {
             n_micro_layer: DEFAULT_MICRO_LAYERS,
             feature_layers: default_feature_layers(n_layer),
             n_merger_head: DEFAULT_MERGER_HEADS,
+            draft_copy_ngram: 0,
         }
     }
 }

@@ -83,7 +83,7 @@ fn missing_tensor() {
 fn a_draft_head_missing_a_tensor_or_misshapen_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = tiny_fixture();
-    let ck = testing::testmodel::draft_head::with_draft_head(dir.path(), &fixture, &fixture).unwrap();
+    let ck = testing::testmodel::draft_head::with_draft_head(dir.path(), &fixture, &fixture, None).unwrap();
     let whole = dir.path().join("draft-head.gguf");
     let c = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
         .args([ck.to_str().unwrap(), "--outtype", "f32", "--no-progress", "-o", whole.to_str().unwrap()])
@@ -102,6 +102,44 @@ fn a_draft_head_missing_a_tensor_or_misshapen_is_named() {
         &run(&shape).each_ref().map(String::as_str),
         &["shape.gguf", "draft.blk.0.attn_k.weight", "[128, 64]"],
     );
+}
+
+/// A draft head's copy matrix: `hamburger.draft_copy_ngram` and
+/// `draft_copy.weight` go together, at the shape the key says; the
+/// converter names a misshapen one in the checkpoint.
+#[test]
+fn a_copy_matrix_without_its_key_misshapen_or_missing_is_named() {
+    use testing::testmodel::draft_head::{with_draft_head, CopyMatrix};
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = tiny_fixture();
+    let convert = |copy: &CopyMatrix, name: &str| {
+        let ck = with_draft_head(&dir.path().join(name), &fixture, &fixture, Some(copy)).unwrap();
+        let out = dir.path().join(format!("{name}.gguf"));
+        let c = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
+            .args([ck.to_str().unwrap(), "--outtype", "f32", "--no-progress", "-o", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (c, out)
+    };
+    let (c, whole) = convert(&CopyMatrix::from_fn(128, 2, |_| 0.0), "copy");
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    let run = |p: &Path| ["-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "4"].map(String::from);
+    let (ok, ..) = cli(&run(&whole).each_ref().map(String::as_str));
+    assert!(ok, "the draft head with its copy matrix loads");
+    let missing = dir.path().join("missing.gguf");
+    rewrite(&whole, &missing, Edit::Drop("draft_copy.weight"));
+    assert_clean_error(&run(&missing).each_ref().map(String::as_str), &["missing.gguf", "draft_copy.weight"]);
+    let shape = dir.path().join("shape.gguf");
+    rewrite(&whole, &shape, Edit::Reshape("draft_copy.weight", vec![128, 256]));
+    assert_clean_error(&run(&shape).each_ref().map(String::as_str), &["shape.gguf", "draft_copy.weight", "[256, 128]"]);
+    let keyless = dir.path().join("keyless.gguf");
+    rewrite(&whole, &keyless, Edit::Set("hamburger.draft_copy_ngram", Value::U32(0)));
+    assert_clean_error(&run(&keyless).each_ref().map(String::as_str), &["keyless.gguf", "draft_copy.weight"]);
+    // In the checkpoint: [100, 100], not [D, M x D].
+    let (c, out) = convert(&CopyMatrix::from_fn(100, 1, |_| 0.0), "odd");
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(!c.status.success() && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains("draft_head.copy.weight") && !out.exists(), "{err}");
 }
 
 #[test]

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use testing::testmodel::draft_head::CopyMatrix;
 use testing::testmodel::{converted, smollm2_checkpoint, smollm2_draft_head_checkpoint, smollm2_trained_checkpoint};
 
 /// The trained checkpoint with a draft head copied from `head`'s macro
-/// micro decoder and stop head, converted to Q8_0.
-fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> PathBuf {
-    let src = testing::testmodel::draft_head::with_draft_head(dir, ck, head).unwrap();
+/// micro decoder and stop head (and `copy` as its copy matrix), converted to Q8_0.
+fn with_draft_head(dir: &Path, ck: &Path, head: &Path, copy: Option<&CopyMatrix>) -> PathBuf {
+    let src = testing::testmodel::draft_head::with_draft_head(dir, ck, head, copy).unwrap();
     let out = dir.join("draft-head-q8_0.gguf");
     let status = Command::new(env!("CARGO_BIN_EXE_hamburger-convert"))
         .args([src.to_str().unwrap(), "--outtype", "q8_0", "--no-progress", "-o", out.to_str().unwrap()])
@@ -26,18 +27,25 @@ fn with_draft_head(dir: &Path, ck: &Path, head: &Path) -> PathBuf {
 const PYTHON: &str = "Write a Python function `make_tarball(base_name, base_dir, compress, verbose, dry_run, owner, \
                       group)`. Create a (possibly compressed) tar file from all the files under 'base_dir'.";
 
-/// Greedy decoding of `prompt` (`spec`: the speculative flags): the `--json` report.
-fn decoded(model: &Path, prompt: &str, spec: &[&str]) -> Value {
+/// Greedy decoding by `hamburger-cli -m model` with `args` (the prompt, the
+/// budget, the threads and the speculative flags): the `--json` report.
+pub(crate) fn greedy_json(model: &Path, args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_hamburger-cli"))
-        .args(["-m", model.to_str().unwrap(), "-p", prompt, "-n", "48", "--temp", "0", "-t", "2", "--json"])
-        .args(spec)
+        .args(["-m", model.to_str().unwrap(), "--temp", "0", "--json"])
+        .args(args)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-const FORCED: [&str; 6] = ["--spec-type", "draft-mtp", "--spec-draft-n-min", "3", "--spec-draft-n-max", "3"];
+/// Greedy decoding of `prompt`, 48 tokens (`spec`: the speculative flags): the `--json` report.
+fn decoded(model: &Path, prompt: &str, spec: &[&str]) -> Value {
+    greedy_json(model, &[&["-p", prompt, "-n", "48", "-t", "2"], spec].concat())
+}
+
+/// Self-verified decoding with 3 drafts at every verify forward.
+pub(crate) const FORCED: [&str; 6] = ["--spec-type", "draft-mtp", "--spec-draft-n-min", "3", "--spec-draft-n-max", "3"];
 
 /// Drafts accepted over the whole answer.
 fn accepted(report: &Value) -> usize {
@@ -54,17 +62,31 @@ fn self_verified_decoding_drafts_with_the_draft_head_and_macro_steps_ignore_it()
     assert!(accepted(&verified) >= 8, "the trained drafts are accepted: {verified}");
 
     // A draft head equal to the macro modules: the same drafts, accepted alike.
-    let same = with_draft_head(&dir.path().join("same"), &ck, &ck);
+    let same = with_draft_head(&dir.path().join("same"), &ck, &ck, None);
     assert_eq!(decoded(&same, PYTHON, &FORCED)["macro_steps"], verified["macro_steps"]);
 
     // The untrained (random) modules as the draft head: the drafts are the
     // head's (hardly any accepted), the output the base's; macro steps run
     // the trained modules as before.
-    let random = with_draft_head(&dir.path().join("random"), &ck, &smollm2_checkpoint().unwrap());
+    let random = with_draft_head(&dir.path().join("random"), &ck, &smollm2_checkpoint().unwrap(), None);
     let drafted = decoded(&random, PYTHON, &FORCED);
     assert_eq!(drafted["output_ids"], verified["output_ids"], "verification keeps the base's output");
     assert!(accepted(&drafted) < accepted(&verified) / 2, "random drafts are rejected: {drafted}");
     let m = decoded(&random, PYTHON, &[]);
+    assert_eq!((&m["output_ids"], &m["macro_steps"]), (&macro_steps["output_ids"], &macro_steps["macro_steps"]));
+
+    // A copy matrix (`draft_copy.weight`): zero, the drafts are the head's
+    // without one; otherwise the copy candidates change the drafts, and
+    // still neither the output nor the macro steps.
+    let zero = CopyMatrix::from_fn(576, 2, |_| 0.0);
+    let zeroed = with_draft_head(&dir.path().join("zero"), &ck, &ck, Some(&zero));
+    assert_eq!(decoded(&zeroed, PYTHON, &FORCED)["macro_steps"], verified["macro_steps"]);
+    let noise = CopyMatrix::from_fn(576, 2, |i| 0.05 * ((i * 7919 % 1000) as f32 / 500.0 - 1.0));
+    let noisy = with_draft_head(&dir.path().join("noise"), &ck, &ck, Some(&noise));
+    let drafted = decoded(&noisy, PYTHON, &FORCED);
+    assert_eq!(drafted["output_ids"], verified["output_ids"], "verification keeps the base's output");
+    assert_ne!(drafted["macro_steps"], verified["macro_steps"], "the copy candidates change the drafts");
+    let m = decoded(&noisy, PYTHON, &[]);
     assert_eq!((&m["output_ids"], &m["macro_steps"]), (&macro_steps["output_ids"], &macro_steps["macro_steps"]));
 }
 
