@@ -217,6 +217,9 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answered-only", action="store_true", help="answer nothing: the prompts without an answer in "
                    "the corpus --answers (or already in WORK) are left out (a CPU run on what a GPU window or an "
                    "earlier run answered)")
+    p.add_argument("--copy", type=int, default=0, metavar="M", help="the head reads copy candidates: at each token "
+                   "it is fed, the token after the latest earlier occurrence of the text's last M, M-1, ..., 1 tokens "
+                   "(the GGUF's draft_copy.weight; default 0: none)")
     dtype_flag(p)
 
 
@@ -365,7 +368,8 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
         from . import draft
         draft.run(a.work, a.bin, base, a.init, a.prompts, a.skip, a.max_tokens, a.slots, a.threads, a.steps,
                   a.batch, a.lr, a.seed, a.confidence, a.p_min, a.out, a.micro_lr_scale, a.sharegpt_share, a.sharegpt,
-                  a.stdlib_from, a.reference_answers, a.answers, a.init_head, a.dtype, a.answered_only)
+                  a.stdlib_from, a.reference_answers, a.answers, a.init_head, a.dtype, a.answered_only,
+                  a.copy)
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,

@@ -51,6 +51,9 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
     if not rows:
         raise SystemExit(f"accept: {prompts} holds no prompts")
     model = verifier(base, grafted, "accept", head)
+    if with_runtime and model.copy_proj is not None:
+        raise SystemExit("accept: --runtime converts the measured head in the original layout, which has no copy "
+                         "matrix: measure the runtime with hamburger-eval run --spec-type draft-mtp")
     meta = features.meta_of(model, base)
     teacher = verifier_gguf(work, bin_dir, base, model, meta, "accept")
     here = work / "accept" / prompts.stem

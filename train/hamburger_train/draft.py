@@ -34,7 +34,12 @@ stage pays for the base once:
    A draft counts as accepted only along the base's own greedy path, where
    the text so far is what the base would have said: always for the base's
    answers (up to near-ties between the answering Q8_0 GGUF and the f32
-   forward), not always for references.
+   forward), not always for references. With `--copy M` the micro decoder
+   also reads each token's copy candidates (`copying`: what followed the
+   latest earlier occurrence of the text's last M, ..., 1 tokens, from
+   `WORK/tokens.jsonl`) through a copy matrix that starts at zero and learns
+   at `COPY_LR_SCALE` times the rate; it is exported as
+   `draft_head.copy.weight` (the GGUF's `draft_copy.weight`).
 
 Only the micro decoder and stop head train, from `--init`'s (its draft
 head where it has one) or from `--init-head`'s, a draft head alone: a new
@@ -65,10 +70,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from . import corpus, data, device, features, records, segment
-from .drafting import DRAFT_HEAD, DraftRule, measure, text_after, draftable, verifier
+from .copying import COPY_LR_SCALE
+from .drafting import DRAFT_HEAD, DraftRule, attach_copies, measure, text_after, draftable, verifier
 from .export import write_checkpoint, write_safetensors
 from .gate import GatedRule
-from .model import HAMburger
+from .model import COPY_KEY, HAMburger
 from .progress import Progress
 from .state import write_state
 from .train import clock_share, lr_at
@@ -81,11 +87,14 @@ STOP_WEIGHT = 0.5
 
 def draft_optimizer(model: HAMburger, lr: float, micro_lr_scale: float) -> tuple[torch.optim.Optimizer, list]:
     """AdamW over what trains: the micro decoder at `micro_lr_scale` times
-    `lr` (0: frozen) and the stop head at `lr`, the rest frozen; and those parameters."""
+    `lr` (0: frozen), its copy matrix where it has one at `COPY_LR_SCALE`
+    times `lr`, and the stop head at `lr`, the rest frozen; and those parameters."""
     model.requires_grad_(False)
     groups = [{"params": list(model.stop_head.parameters()), "scale": 1.0}]
     if micro_lr_scale > 0:
         groups.append({"params": list(model.micro.parameters()), "scale": micro_lr_scale})
+    if model.copy_proj is not None:
+        groups.append({"params": list(model.copy_proj.parameters()), "scale": COPY_LR_SCALE})
     params = [p for g in groups for p in g["params"]]
     for p in params:
         p.requires_grad_(True)
@@ -93,7 +102,8 @@ def draft_optimizer(model: HAMburger, lr: float, micro_lr_scale: float) -> tuple
 
 
 def head_state(model: HAMburger) -> dict[str, torch.Tensor]:
-    """The micro decoder's and stop head's tensors under the original key names."""
+    """The micro decoder's and stop head's tensors (and its copy matrix's)
+    under the original key names."""
     return {k: v for k, v in model.original_state(grafted_only=True).items() if k.startswith("micro_step_decoder.")}
 
 
@@ -171,8 +181,9 @@ def batch_loss(model: HAMburger, cache: features.Cache, rows: torch.Tensor) -> t
     at = (rows[:, None] + torch.arange(n + 1)[None]).clamp(max=len(cache.next) - 1)
     greedy = cache.top_ids[at, 0]  # the base's own token after each teacher-forced prefix
     on_path = (tokens == greedy[:, :-1]).long().cumprod(1).bool()  # the text so far is the base's own
+    copies = cache.copies[rows] if model.copy_proj is not None else None
     with torch.set_grad_enabled(torch.is_grad_enabled() and next(model.micro.parameters()).requires_grad):
-        out = model.micro_decode(feats, tokens)  # out_1..out_n: drafts 1..n
+        out = model.micro_decode(feats, tokens, copies)  # out_1..out_n: drafts 1..n
     logp = F.log_softmax(model.logits(out), -1)
     top_p = torch.softmax(cache.top_logprobs[at[:, 1:]], -1)
     ce = -(top_p * logp.gather(-1, cache.top_ids[at[:, 1:]])).sum(-1)
@@ -224,21 +235,30 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
         p_mins: list[float], out: Path | None = None, micro_lr_scale: float = 1.0, share: float = 0.0,
         source: Path | None = None, stdlib_from: int = 0, references: bool = False,
         answers: Path | None = None, init_head: Path | None = None, dtype: str = "f32",
-        answered_only: bool = False) -> None:
+        answered_only: bool = False, copy: int = 0) -> None:
     """Prepares the work directory (`prepare`; ShareGPT's own replies as the
     training answers with `references`, the corpus `answers`' answers
     where it has them), then trains (`train_head`, in precision `dtype`)
     into `out` (default `WORK/draft/`), starting from the draft head
     `init_head` when given. With `answered_only` nothing is answered: the
-    prompts the corpus lacks are left out."""
+    prompts the corpus lacks are left out. With `copy` M the head reads copy
+    candidates of n-grams up to M (`copying`): a new copy matrix when the
+    head it starts from has none."""
     for flag, path in (("--init", init), ("--init-head", init_head)):
         if path is not None and not path.exists():
             raise SystemExit(f"draft: {flag} {path} does not exist")
     if answered_only and answers is None:
         raise SystemExit("draft: --answered-only takes its answers from a corpus: give --answers")
+    if copy < 0:
+        raise SystemExit(f"draft: --copy {copy}: the longest n-gram copied from is 1 or more (0: no copy candidates)")
     kept = corpus.read(answers) if answers is not None else None  # a broken corpus is refused before any work
     model, meta = prepare(work, bin_dir, base, init, prompts, skip, max_tokens, slots, threads, share, source,
                           stdlib_from, references, kept, init_head, answered_only)
+    if copy and model.copy_longest() not in (0, copy):
+        raise SystemExit(f"draft: --copy {copy}: the head it starts from copies from n-grams up to "
+                         f"{model.copy_longest()}")
+    if copy and model.copy_proj is None:
+        model.add_copy(copy)
     # What macro steps keep: `--init`'s file, else the base's own modules
     # (read anew: `model`'s micro decoder is `--init-head`'s when given).
     macro = load_file(str(init)) if init is not None else {
@@ -262,6 +282,8 @@ def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.
     st = torch.load(path, weights_only=False) if path.exists() else None
     if st is not None:  # a run resumes with the settings it started with
         micro_lr_scale = st.get("micro_lr_scale", 1.0)
+    if st is not None and COPY_KEY in st["head"] and model.copy_proj is None:
+        model.add_copy(st["head"][COPY_KEY].shape[1] // model.cfg.dim)  # resumed without --copy
     opt, params = draft_optimizer(model, lr, micro_lr_scale)
     step, history, cpu_s = 0, [], 0.0
     if st is not None:
@@ -274,6 +296,11 @@ def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.
     rules = rules_of(confidences, p_mins, model.cfg.max_steps - 1)
     cache = features.load(work / "features", meta, "train")
     held = features.load(work / "features", meta, "heldout", VAL_ANSWERS, required=False)
+    prompts = {t["id"]: t["ids"][:t["n_prompt"]] for t in records.read(work / "tokens.jsonl")}
+    if model.copy_proj is not None:
+        for c in (cache, held):
+            if c is not None:
+                attach_copies(c, prompts, model.copy_longest(), model.cfg.max_steps - 1)
     rows = draftable(cache, model.cfg.eos)
     seen = history[-1]["seen_rows"] if history else 0
     t0 = time.process_time()
@@ -288,7 +315,7 @@ def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.
         if held is None:
             return
         forced = teacher_forced_accepted(model, held)
-        for a in measure(model, held, rules):
+        for a in measure(model, held, rules, prompts=prompts):
             history.append({"kind": "val", "step": step, "seen_rows": seen, "cpu_s": cpu(), **asdict(a),
                             "teacher_forced_accepted": forced})
 

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from .copying import TextIndex, sizes_of, teacher_forced
 from .features import Cache
 from .gate import DraftGate, GatedRule, draft_cost
-from .model import HAMburger
+from .model import COPY_KEY, HAMburger
 
 
 DRAFT_HEAD = "draft_head."
@@ -78,9 +79,17 @@ def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = N
         if path is head:
             check_head_alone(tensors, f"{stage}: {head}")
         sd |= tensors
+    sd = drafting_modules(sd)
+    if COPY_KEY in sd:
+        w, dim = sd[COPY_KEY], model.cfg.dim
+        if w.dim() != 2 or w.shape[0] != dim or w.shape[1] % dim or not w.shape[1]:
+            named = head if head is not None else grafted
+            raise SystemExit(f"{stage}: {named}: {DRAFT_HEAD}copy.weight is {list(w.shape)}, "
+                             f"not [{dim}, M x {dim}]")
+        model.add_copy(w.shape[1] // dim)
     try:
         if sd:
-            model.load_original(drafting_modules(sd), grafted_only=True)
+            model.load_original(sd, grafted_only=True)
     except (KeyError, RuntimeError) as e:
         named = head if grafted is None else grafted if head is None else f"{grafted} with {head}"
         raise SystemExit(f"{stage}: {named}: {e}") from None
@@ -130,15 +139,25 @@ class Drafts:
         return ok.long().cumprod(1).sum(1)
 
 
+Lookup = Callable[[list[list[int]]], torch.Tensor]
+"""Copy candidates during drafting: given each row's drafts so far, the
+candidates [N, M] of the last token fed to the micro decoder (`copying`)."""
+
+
 @torch.no_grad()
-def draft(model: HAMburger, feats: torch.Tensor, t0: torch.Tensor, n: int) -> Drafts:
+def draft(model: HAMburger, feats: torch.Tensor, t0: torch.Tensor, n: int, lookup: Lookup | None = None) -> Drafts:
     """The micro decoder's `n` drafts from features `feats` [N, F, D] after
     the base's tokens `t0` [N], each from the ones before (as the runtime
-    drafts: autoregressive, greedy)."""
+    drafts: autoregressive, greedy); a head with copy candidates looks them
+    up with `lookup` (required then)."""
     tokens = t0[:, None]
     drafted, probs, go_on = [], [], [torch.sigmoid(-model.stop_head(feats[:, -1]))]
+    copies = [] if model.copy_proj is not None else None
     for s in range(n):
-        out = model.micro_decode(feats, tokens)[:, -1]
+        if copies is not None:
+            copies.append(lookup(tokens[:, 1:].tolist()).to(tokens.device))
+        fed = torch.stack(copies, 1) if copies is not None else None
+        out = model.micro_decode(feats, tokens, fed)[:, -1]
         p, d = F.softmax(model.logits(out), -1).max(-1)
         drafted.append(d)
         probs.append(p)
@@ -211,14 +230,22 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], 
     """Accepted tokens per verify forward of each rule on every answer of
     `cache`: the drafts of every row once (the longest any rule drafts),
     then each rule's walk along each answer from the prompt's last row. A
-    rule with `ngram` looks up each answer's prompt ids in `prompts` (by
-    the answer's id) and the answer so far."""
+    rule with `ngram`, and a head with copy candidates, look up each
+    answer's prompt ids in `prompts` (by the answer's id) and the answer so far."""
     n = max(r.n_max for r in rules)
     rows = draftable(cache, model.cfg.eos)
+    texts = row_texts(cache, prompts or {}, model.copy_longest()) if model.copy_proj is not None else None
     out: list[Drafts] = []
     for i in range(0, len(rows), batch):
         r = rows[i:i + batch]
-        out.append(draft(model, cache.features[r].float(), cache.next[r], n))
+        lookup = None
+        if texts is not None:
+            at = [texts[int(x)] for x in r]
+
+            def lookup(tails: list[list[int]], at=at) -> torch.Tensor:
+                """Each row's candidates after its drafts so far."""
+                return torch.tensor([index.candidates(length, tail) for (index, length), tail in zip(at, tails)])
+        out.append(draft(model, cache.features[r].float(), cache.next[r], n, lookup))
     d = Drafts(*(torch.cat([getattr(o, k) for o in out]) for k in ("tokens", "p", "go_on")))
     text = text_after(cache, rows, n)
     room = (text >= 0).sum(1)
@@ -240,6 +267,32 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], 
         results.append(Acceptance(str(rule), forwards, verifies, taken / max(forwards, 1), taken / max(verifies, 1),
                                   drafted / max(forwards, 1), len(rows), *every))
     return results
+
+
+def row_texts(cache: Cache, prompts: dict[str, list[int]], longest: int) -> list[tuple[TextIndex, int]]:
+    """For every row of `cache`, its answer's text (the prompt's ids from
+    `prompts`, then the answer's tokens) indexed for copy candidates of
+    n-grams up to `longest`, and the length of the text up to the row's
+    token: what the runtime has looked up in when it drafts there."""
+    out = []
+    nxt = cache.next.tolist()
+    for a in cache.answers:
+        prompt = prompts.get(a["id"])
+        if prompt is None:
+            raise SystemExit(f"drafting: no prompt ids for answer {a['id']}: copy candidates need the text")
+        index = TextIndex(list(prompt) + nxt[a["start"]:a["start"] + a["rows"]], sizes_of(longest))
+        out += [(index, len(prompt) + k + 1) for k in range(a["rows"])]
+    return out
+
+
+def attach_copies(cache: Cache, prompts: dict[str, list[int]], longest: int, n: int) -> None:
+    """Sets `cache.copies` [R, n, M]: the copy candidates of the `n` tokens
+    the micro decoder reads at each row, teacher-forced (`copying.teacher_forced`)."""
+    parts, texts = [], row_texts(cache, prompts, longest)
+    for a in cache.answers:
+        index, length = texts[a["start"]]
+        parts.append(teacher_forced(index, length - 1, a["rows"], n))
+    cache.copies = torch.cat(parts).to(cache.next.device)
 
 
 def with_ngram_drafts(cache: Cache, rows: torch.Tensor, prompts: dict[str, list[int]], rule: DraftRule,

@@ -166,7 +166,9 @@ class Cache:
     """A loaded cache's rows, answer after answer: `features` [R, F, D] f16,
     `next` [R], `top_ids` / `top_logprobs` [R, K], and for each row the end
     (exclusive) of its answer's rows (`end`); `answers` as the shards list
-    them, each with its first row (`start`)."""
+    them, each with its first row (`start`); for a head with copy
+    candidates, those of the tokens read at each row, teacher-forced
+    (`copies` [R, n, M], `drafting.attach_copies`)."""
 
     features: torch.Tensor
     next: torch.Tensor
@@ -174,6 +176,7 @@ class Cache:
     top_logprobs: torch.Tensor
     end: torch.Tensor
     answers: list[dict]
+    copies: torch.Tensor | None = None
 
 
 def in_memory(model: HAMburger, texts: list[tuple[str, list[int], int]]) -> Cache:

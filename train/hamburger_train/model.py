@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from .copying import copy_matrix, embed_candidates
+
 
 @dataclass
 class Config:
@@ -217,6 +219,8 @@ class HAMburger(nn.Module):
         self.merger = Merger(cfg)
         self.micro = nn.ModuleList(Layer(cfg) for _ in range(cfg.micro_layers))
         self.stop_head = StopHead(cfg.dim)
+        # A draft head's copy matrix (`copying`), where it reads copy candidates: `add_copy`.
+        self.copy_proj: nn.Linear | None = None
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         if lora_rank > 0:
             for layer in self.layers[tuned_layers:]:
@@ -285,10 +289,24 @@ class HAMburger(nn.Module):
         feats.append(rms_norm(x, self.norm, self.cfg.eps))
         return feats, kv if want_kv else None
 
-    def micro_decode(self, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def add_copy(self, longest: int) -> None:
+        """Gives the micro decoder a new copy matrix (zero) for candidates of
+        n-grams up to `longest` (`copying`): it then drafts as before until trained."""
+        self.copy_proj = copy_matrix(longest, self.cfg.dim).to(self.embed.weight.device)
+
+    def copy_longest(self) -> int:
+        """The longest n-gram the micro decoder copies from (0: it reads no copy candidates)."""
+        return 0 if self.copy_proj is None else self.copy_proj.in_features // self.cfg.dim
+
+    def micro_decode(self, feats: torch.Tensor, tokens: torch.Tensor, copies: torch.Tensor | None = None) -> torch.Tensor:
         """The micro decoder over [features (F), embed(tokens) (k-1)] for N macro steps:
-        feats [N, F, D], tokens [N, k-1]; returns out_1..out_{k-1} [N, k-1, D]."""
-        x = torch.cat([feats, self.embed(tokens)], 1)
+        feats [N, F, D], tokens [N, k-1]; returns out_1..out_{k-1} [N, k-1, D].
+        With a copy matrix, each token's embedding gains its copy candidates'
+        `copies` [N, k-1, M] (`copying.embed_candidates`; required then)."""
+        e = self.embed(tokens)
+        if self.copy_proj is not None:
+            e = e + embed_candidates(self.embed, self.copy_proj, copies).to(e.dtype)
+        x = torch.cat([feats, e], 1)
         N, T, _ = x.shape
         pos = torch.arange(T).expand(N, T)
         mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
@@ -371,6 +389,8 @@ class HAMburger(nn.Module):
         for i, lin in zip((0, 2, 4), (self.stop_head.net[0], self.stop_head.net[2], self.stop_head.net[4])):
             sd[f"micro_step_decoder.stop_head.{i}.weight"] = lin.weight
             sd[f"micro_step_decoder.stop_head.{i}.bias"] = lin.bias
+        if self.copy_proj is not None:
+            sd[COPY_KEY] = self.copy_proj.weight
         return sd
 
     def trained_state(self) -> dict[str, torch.Tensor]:
@@ -382,6 +402,11 @@ class HAMburger(nn.Module):
                 if k.startswith(f"model.model.layers.{i}."):
                     sd[k] = v
         return sd
+
+
+COPY_KEY = "micro_step_decoder.copy.weight"
+"""The copy matrix's key among the original names: only a draft head has
+one (`draft_head.copy.weight` in an export, the GGUF's `draft_copy.weight`)."""
 
 
 @torch.no_grad()

@@ -19,18 +19,18 @@ use testing::sharegpt::{self, chat};
 use testing::testmodel::tiny_fixture;
 
 /// The directory of the project's binaries (the teacher server, the scorer, the converter).
-fn bin_dir() -> PathBuf {
+pub(crate) fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_hamburger-convert")).parent().unwrap().to_path_buf()
 }
 
 /// `hamburger-train -t 1 STAGE --work WORK --base BASE --bin BIN ARGS...`.
-fn stage(name: &str, work: &Path, base: &Path, args: &[&str]) -> Command {
+pub(crate) fn stage(name: &str, work: &Path, base: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../train/hamburger-train"));
     c.args(["-t", "1", name, "--work"]).arg(work).arg("--base").arg(base).arg("--bin").arg(bin_dir()).args(args);
     c
 }
 
-fn run_ok(c: &mut Command) -> String {
+pub(crate) fn run_ok(c: &mut Command) -> String {
     let out = c.output().unwrap();
     assert!(out.status.success(), "{:?} failed: {}", c, String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
@@ -49,7 +49,7 @@ fn one_line_error(c: &mut Command) -> String {
 /// of the fixture's golden prompts (24 tokens, the f32 reference's),
 /// tokenized as `draft` tokenizes them, every third held out, and no
 /// prompts left to answer.
-fn fixture_work(dir: &Path) {
+pub(crate) fn fixture_work(dir: &Path) {
     let golden: Value =
         serde_json::from_str(&std::fs::read_to_string(tiny_fixture().join("golden.json")).unwrap()).unwrap();
     let reference = Reference::load(&tiny_fixture().join("hamburger.ckpt"), &tiny_fixture()).unwrap();
@@ -67,14 +67,14 @@ fn fixture_work(dir: &Path) {
     std::fs::write(dir.join("prompts.jsonl"), "").unwrap();
 }
 
-const SCHEDULE: [&str; 8] = ["--prompts", "0", "--steps", "30", "--batch", "16", "--lr", "1e-3"];
+pub(crate) const SCHEDULE: [&str; 8] = ["--prompts", "0", "--steps", "30", "--batch", "16", "--lr", "1e-3"];
 
 fn history(work: &Path) -> Vec<Value> {
     history_of(&work.join("draft"))
 }
 
 /// The history a run wrote into its `--out` directory.
-fn history_of(out: &Path) -> Vec<Value> {
+pub(crate) fn history_of(out: &Path) -> Vec<Value> {
     serde_json::from_str(&std::fs::read_to_string(out.join("history.json")).unwrap()).unwrap()
 }
 

@@ -8,6 +8,7 @@ mod cli;
 mod convert;
 mod device_check;
 mod draft;
+mod draft_copy;
 mod draft_head;
 mod draft_vocab;
 mod eval;
