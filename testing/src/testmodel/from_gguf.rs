@@ -39,7 +39,8 @@ pub enum Grafted<'a> {
     /// every grafted tensor, any base tensor fine-tuning changed, which
     /// replaces the GGUF's, any low-rank adapter of a base weight
     /// (`….lora_A` [rank, in], `….lora_B` [out, rank]), added to it as `B A`,
-    /// and a draft head (`draft_head.*`, every tensor of it) if one is there.
+    /// and a draft head (`draft_head.*`, every tensor of it, its copy matrix
+    /// included) if one is there.
     Trained(&'a [&'a Path]),
 }
 
@@ -66,7 +67,11 @@ pub fn write(gguf_path: &Path, dir: &Path, grafted: Grafted) -> Result<(), Conve
         Grafted::Random(_) => None,
     };
     let draft_head = trained.as_ref().is_some_and(plan::has_draft_head);
-    let shapes = hp.tensor_shapes(TensorSet { tied_output: tied, draft_head, ..Default::default() });
+    if let Some(t) = &trained {
+        hp.draft_copy_ngram = plan::draft_copy_ngram(t, hp.n_embd)?;
+    }
+    let draft_copy = draft_head && hp.draft_copy_ngram > 0;
+    let shapes = hp.tensor_shapes(TensorSet { tied_output: tied, draft_head, draft_copy, ..Default::default() });
     let key_of = |name: TensorName| plan::source_key(name, "model.").expect("every tensor but rope_freqs has a key");
     // Every trained tensor checked before anything is written: all grafted
     // ones must be there; base ones (fine-tuned layers) may be; every
