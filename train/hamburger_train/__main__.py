@@ -217,10 +217,15 @@ def draft_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--answered-only", action="store_true", help="answer nothing: the prompts without an answer in "
                    "the corpus --answers (or already in WORK) are left out (a CPU run on what a GPU window or an "
                    "earlier run answered)")
+    copy_flag(p)
+    dtype_flag(p)
+
+
+def copy_flag(p: argparse.ArgumentParser) -> None:
+    """Whether a draft head reads copy candidates (`draft`, `draft-window`)."""
     p.add_argument("--copy", type=int, default=0, metavar="M", help="the head reads copy candidates: at each token "
                    "it is fed, the token after the latest earlier occurrence of the text's last M, M-1, ..., 1 tokens "
-                   "(the GGUF's draft_copy.weight; default 0: none)")
-    dtype_flag(p)
+                   "(the GGUF's draft_copy.weight; default 0: none, unless the head it starts from has them)")
 
 
 def rule_flags(p: argparse.ArgumentParser) -> None:
@@ -325,7 +330,7 @@ def parser() -> Parser:
           "calibration and export against one clock", train, segment, flags(window_flags))
     dw = stage("draft-window", "on a GPU machine, from a pack: the verifier's answers, their features and a draft "
                "head trained on them against one clock", flags(window_flags), flags(device_flags),
-               flags(head_flags(4000, 256, 3e-4)))
+               flags(head_flags(4000, 256, 3e-4)), flags(copy_flag))
     dw.add_argument("--init", type=Path, help="the grafted.safetensors whose base verifies and whose draft head "
                     "(else micro decoder) training starts from (default: the pack's; after a window in the same "
                     "lease, WORK/export/grafted.safetensors goes on from its result)")
@@ -435,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage == "draft-window":
         from . import draft_window
         draft_window.run(a.pack, a.work, a.out, a.init, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,
-                         a.steps, a.batch, a.lr, a.seed, a.micro_lr_scale, a.dtype)
+                         a.steps, a.batch, a.lr, a.seed, a.micro_lr_scale, a.dtype, a.copy)
         return 0
     if a.stage == "window":
         from . import window

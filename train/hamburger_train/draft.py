@@ -269,14 +269,17 @@ def run(work: Path, bin_dir: Path, base: Path, init: Path | None, prompts: int, 
 
 def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.Tensor], out: Path, steps: int,
                batch: int, lr: float, seed: int, confidences: list[float], p_mins: list[float],
-               micro_lr_scale: float = 1.0, dtype: str = "f32", deadline: float | None = None) -> None:
+               micro_lr_scale: float = 1.0, dtype: str = "f32", deadline: float | None = None,
+               texts: Path | None = None) -> None:
     """Trains `model`'s micro decoder (at `micro_lr_scale` times `lr`; 0:
     only the stop head learns) and stop head as a draft head on `work`'s
     cached features until `steps` optimizer steps of `batch` rows, under
     `device.autocast(dtype)`, resuming from `out/state.pt`; then writes the
     macro modules `macro` with the head beside them (`export`). SIGINT or
     SIGTERM stops it after the step under way, saved; at `deadline`
-    (time.monotonic()) it stops saved and exports what it has."""
+    (time.monotonic()) it stops saved and exports what it has. A head with
+    copy candidates looks them up in the cached answers' texts, the records
+    (`id`, `ids`, `n_prompt`) of `texts` (default `work/tokens.jsonl`)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "state.pt"
     st = torch.load(path, weights_only=False) if path.exists() else None
@@ -296,7 +299,7 @@ def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.
     rules = rules_of(confidences, p_mins, model.cfg.max_steps - 1)
     cache = features.load(work / "features", meta, "train")
     held = features.load(work / "features", meta, "heldout", VAL_ANSWERS, required=False)
-    prompts = {t["id"]: t["ids"][:t["n_prompt"]] for t in records.read(work / "tokens.jsonl")}
+    prompts = {t["id"]: t["ids"][:t["n_prompt"]] for t in records.read(texts or work / "tokens.jsonl")}
     if model.copy_proj is not None:
         for c in (cache, held):
             if c is not None:

@@ -12,8 +12,9 @@ from, the prompts as token ids) and against one clock (`--minutes`):
    until `--answer-share` of the clock is spent;
 3. their features and the verifier's 8 most likely tokens (`features`);
 4. the draft head trained from `init`'s micro decoder and stop head
-   (`draft.train_head`) until the steps are done or the clock leaves only
-   the export's time;
+   (`draft.train_head`; with `copy` M, reading copy candidates, a new
+   copy matrix where `init`'s head has none) until the steps are done or
+   the clock leaves only the export's time;
 5. the head exported (`draft-head.safetensors`, f16) in parts under 16 MiB.
 
 What comes back (`--out`): the verifier's answers as a corpus
@@ -46,7 +47,8 @@ macro window)."""
 
 
 def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, answer_share: float, max_tokens: int,
-        answer_batch: int, steps: int, batch: int, lr: float, seed: int, micro_lr_scale: float, dtype: str) -> None:
+        answer_batch: int, steps: int, batch: int, lr: float, seed: int, micro_lr_scale: float, dtype: str,
+        copy: int = 0) -> None:
     """The window's steps (the module's list), against a clock of `minutes`,
     from `init` (default: the pack's `init.safetensors`)."""
     clock = start(pack, work, out, minutes, "draft-window.json")
@@ -59,6 +61,8 @@ def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, an
     work.mkdir(exist_ok=True)
     model = verifier(base, init, "draft-window")
     model.eval()
+    if copy and model.copy_proj is None:
+        model.add_copy(copy)
     meta = features.meta_of(model, base)
     note(verifier=meta["base"])
     prompts = read_gz_lines(pack / "prompt-ids.jsonl.gz")
@@ -73,7 +77,7 @@ def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, an
     note(features=True)
     head = work / "draft"
     draft.train_head(work, model, meta, load_file(str(init)), head, steps, batch, lr, seed, [0.5], [0.5],
-                     micro_lr_scale, dtype, deadline=clock.end - EXPORT_RESERVE_S)
+                     micro_lr_scale, dtype, deadline=clock.end - EXPORT_RESERVE_S, texts=work / "scored.jsonl")
     st = torch.load(head / "state.pt", weights_only=False, map_location="cpu")
     note(steps=st["step"], seen_rows=st["history"][-1]["seen_rows"] if st["history"] else 0)
     note(parts=[p.name for p in split_file(head / "draft-head.safetensors", out)])
