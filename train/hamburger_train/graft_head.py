@@ -38,11 +38,15 @@ def read(path: Path, flag: str) -> dict[str, torch.Tensor]:
 
 def run(grafted: Path, head: Path, out: Path) -> None:
     """Writes `out`: `grafted` with `head`'s micro decoder and stop head as
-    its macro steps' own. A head that is not a draft head alone, or whose
-    tensors are not the grafted micro decoder's names and shapes, is
-    refused in one line naming the tensor."""
+    its macro steps' own. A head that is not a draft head alone, whose
+    tensors are not the grafted micro decoder's names and shapes, or that
+    copies (macro steps read no copy candidates), is refused in one line
+    naming the tensor."""
     macro, drafts = read(grafted, "--grafted"), read(head, "--head")
     check_head_alone(drafts, f"graft-head: --head {head}")
+    if DRAFT_HEAD + "copy.weight" in drafts:
+        raise SystemExit(f"graft-head: --head {head}: {DRAFT_HEAD}copy.weight: a head that copies cannot run "
+                         "macro steps, which read no copy candidates")
     own = {k: t for k, t in macro.items() if k.startswith(MICRO)}
     if not own:
         raise SystemExit(f"graft-head: --grafted {grafted}: no {MICRO}* tensors (not grafted modules)")

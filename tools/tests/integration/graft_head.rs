@@ -1,7 +1,8 @@
 //! `hamburger-train graft-head` on the shipped files: the draft head's micro
 //! decoder and stop head become the macro steps' own, everything else stays
-//! the grafted file's, and a file that is not a draft head alone is refused
-//! in one line with nothing written.
+//! the grafted file's, and a file that is not a draft head alone, or a head
+//! that copies (as the shipped one does, and macro steps cannot), is
+//! refused in one line with nothing written.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,7 +29,14 @@ fn graft_head(grafted: &Path, head: &Path, out: &Path) -> std::process::Output {
 fn a_draft_head_becomes_the_macro_steps_micro_decoder_and_nothing_else_changes() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("grafted.safetensors");
-    let (grafted, head) = (shipped("grafted.safetensors"), shipped("draft-head.safetensors"));
+    let grafted = shipped("grafted.safetensors");
+    // The shipped head without its copy matrix.
+    let bytes = std::fs::read(shipped("draft-head.safetensors")).unwrap();
+    let copying = SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<_> = copying.tensors().into_iter().filter(|(k, _)| k != "draft_head.copy.weight").collect();
+    assert_eq!(tensors.len() + 1, copying.names().len(), "the shipped head copies");
+    let head = dir.path().join("head.safetensors");
+    safetensors::serialize_to_file(tensors, None, &head).unwrap();
     let done = graft_head(&grafted, &head, &out);
     assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
     let bytes = [std::fs::read(&out).unwrap(), std::fs::read(&grafted).unwrap(), std::fs::read(&head).unwrap()];
@@ -58,5 +66,11 @@ fn a_draft_head_becomes_the_macro_steps_micro_decoder_and_nothing_else_changes()
     let err = String::from_utf8_lossy(&failed.stderr).trim().to_string();
     assert!(!failed.status.success() && err.lines().count() == 1, "{err}");
     assert!(err.contains("--head") && err.contains("not a draft head alone"), "{err}");
+    assert!(!refused.exists() && !refused.with_extension("part").exists());
+    // The shipped head, which copies.
+    let failed = graft_head(&shipped("grafted.safetensors"), &shipped("draft-head.safetensors"), &refused);
+    let err = String::from_utf8_lossy(&failed.stderr).trim().to_string();
+    assert!(!failed.status.success() && err.lines().count() == 1, "{err}");
+    assert!(err.contains("draft_head.copy.weight") && err.contains("macro steps"), "{err}");
     assert!(!refused.exists() && !refused.with_extension("part").exists());
 }

@@ -328,11 +328,12 @@ fn a_window_with_only_evaluation_prompts_held_out_exports_uncalibrated() {
     let log = std::fs::read_to_string(d.join("out/window.log")).unwrap();
     assert!(log.contains("not calibrated"), "{log}");
 
-    // The same pack's draft window: the verifier's answers, their features and the draft
-    // head trained from the shipped one, returned in parts that join into a head the
-    // runtime drafts with.
+    // The same pack's draft window: the verifier's answers, their features and a draft
+    // head that copies (`--copy 2`, as the shipped one) trained from the packed modules,
+    // returned in parts that join into a head the runtime drafts with.
     let last = folders(&pack).pop().unwrap();
-    let toy = ["--device", "cpu", "--minutes", "10", "--steps", "2", "--batch", "8", "--max-tokens", "8"];
+    let toy =
+        ["--device", "cpu", "--minutes", "10", "--steps", "2", "--batch", "8", "--max-tokens", "8", "--copy", "2"];
     run_ok(&mut window_sh(d, &last, &[&["draft"], &toy[..], &["--answer-batch", "3", "-t", "2"]].concat()));
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("out/draft-window.json")).unwrap()).unwrap();
