@@ -14,6 +14,9 @@
 # scripts/gpu-tests.sh, through install-vulkan.sh.)
 set -euo pipefail
 trap 'echo "install-deps.sh: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
+# Each environment installs once: pip's cache would only hold a second copy
+# of every wheel on a disk that CI machines keep small.
+export PIP_NO_CACHE_DIR=1
 
 bash "$(dirname "$0")/install-build-deps.sh"
 missing=()

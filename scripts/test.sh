@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 # After each phase a line says how long it took (CI allows 45 minutes in all).
 start=$SECONDS
 took() { echo "== $1 took $((SECONDS - start)) s"; start=$SECONDS; }
+# What the installs and the build have to work with (they need some 12 GB).
+echo "== $(df -h --output=avail . | tail -1 | tr -d ' ') free on this disk"
 bash scripts/install-deps.sh
 took "installing what is missing"
 log=$(mktemp)
