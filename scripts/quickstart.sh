@@ -10,13 +10,11 @@ cd "$(dirname "$0")/.."
 bash scripts/install-build-deps.sh
 cargo build --release --workspace
 bin=target/release
-cache="${HAMBURGER_CACHE:-$HOME/.cache/hamburger}"
 # The macro modules and, beside them, the draft head that self-verified
 # decoding (--spec-type draft-mtp) drafts with: one GGUF serves both modes.
 grafted=models/smollm2-hamburger/grafted.safetensors
 head=models/smollm2-hamburger/draft-head.safetensors
-key=$(cat "$grafted" "$head" | sha256sum | cut -c1-16)
-ckpt=$("$bin/hamburger-testmodel" smollm2 --grafted "$grafted" --grafted "$head" --out "$cache/smollm2-hamburger-trained-$key")
+ckpt=$("$bin/hamburger-testmodel" smollm2 --grafted "$grafted" --grafted "$head")
 "$bin/hamburger-convert" "$ckpt" --outfile models/smollm2-hamburger-q8_0.gguf --outtype q8_0 --confidence 0.8
 # One everyday chat turn (the prompt on standard input); --color paints each
 # macro step in its own colour, and the statistics after the answer give

