@@ -330,6 +330,7 @@ def train_head(work: Path, model: HAMburger, meta: dict, macro: dict[str, torch.
 
     if step == 0 and not history:
         validate()
+        save()  # the start's state and curve, even for a run of no steps
     prog = Progress("draft", steps, "rows", every=30, initial=step)
     window: list[dict] = []
     order, order_epoch = [], -1

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .model import HAMburger
+from .model import COPY_KEY, HAMburger
 from .state import load_trained
 
 SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "hamburger.json")
@@ -40,11 +40,14 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 def write_checkpoint(model: HAMburger, base: Path, out: Path) -> None:
     """`model` in the original checkpoint layout in `out`: the base
     checkpoint's side files (`SIDE_FILES`) and `model.safetensors`, what
-    `hamburger-convert` loads."""
+    `hamburger-convert` loads. A draft head's copy matrix (a verifier made
+    with a head that copies) is left out: the layout has no place for it,
+    and the head travels on its own (`draft_head.*`)."""
     out.mkdir(parents=True, exist_ok=True)
     for f in SIDE_FILES:
         shutil.copyfile(base / f, out / f)
-    write_safetensors(model.original_state(), out / "model.safetensors")
+    state = {k: v for k, v in model.original_state().items() if k != COPY_KEY}
+    write_safetensors(state, out / "model.safetensors")
 
 
 def run(work: Path, base: Path, out: Path, snapshot: int | None = None,

@@ -91,9 +91,18 @@ fn a_head_that_copies_learns_the_repeats_and_the_runtime_drafts_with_it() {
     assert!(per_verify(&with) > per_verify(&without) + 0.15, "without copies {without}, with {with}");
 
     // The copy matrix [D, 2 D], exported beside the head.
-    let bytes = std::fs::read(copying.join("draft/draft-head.safetensors")).unwrap();
+    let head_file = copying.join("draft/draft-head.safetensors");
+    let bytes = std::fs::read(&head_file).unwrap();
     let head = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     assert_eq!(head.tensor("draft_head.copy.weight").unwrap().shape(), &[128, 256][..]);
+    // A fresh work directory goes on from it: its verifier (the teacher that
+    // tokenizes, converted to GGUF) leaves the copy matrix out, which the
+    // original layout has no place for, and with no steps the head comes back.
+    let again = dir.path().join("again");
+    fixture_work(&again);
+    let from_head = ["--prompts", "0", "--steps", "0", "--init-head", head_file.to_str().unwrap()];
+    run_ok(&mut stage("draft", &again, &tiny_fixture(), &from_head));
+    assert!(std::fs::read(again.join("draft/draft-head.safetensors")).unwrap() == bytes);
 
     // The runtime drafts with it, looking the candidates up in the text it
     // writes: on the same held-out answers it accepts what the tool measured
