@@ -50,7 +50,7 @@ case "${1:-}" in
     # FLAGS after it override the toy ones (--device cpu where there is no GPU).
     case "${2:-}" in
       run) toy=(--batch 2 --micro-batch 2 --base-lr-scale 0) ;;
-      draft) toy=(--batch 8) ;;
+      draft) toy=(--batch 8 --answered 16) ;;
       *) echo "usage: window.sh smoke run|draft [FLAGS]" >&2; exit 2 ;;
     esac
     what=$2

@@ -324,6 +324,11 @@ def parser() -> Parser:
     k.add_argument("--trained-on", type=Path, action="append", default=[], metavar="SCORED",
                    help="an earlier run's WORK/scored.jsonl: the prompts it trained on are left out of the "
                    "pack and of --answers, so this run goes on with the rest (repeatable)")
+    k.add_argument("--verifier-answers", type=Path, metavar="CORPUS", help="a corpus of the verifier's answers "
+                   "(train/answers/verifier-*.jsonl.gz): its answers to the packed prompts travel as token ids, so a "
+                   "draft head's window takes their features instead of answering them again")
+    k.add_argument("--init-head", type=Path, metavar="HEAD", help="a draft head alone (e.g. the shipped "
+                   "draft-head.safetensors) a draft head's window goes on from")
     k.add_argument("--room-mib", type=int, help="the most one folder holds (default: what a call carries, "
                    "60 MiB, less the working tree, which travels with every call)")
     stage("window", "on a GPU machine, from a pack: the base's answers, segmentation, training, "
@@ -332,8 +337,13 @@ def parser() -> Parser:
                "head trained on them against one clock", flags(window_flags), flags(device_flags),
                flags(head_flags(4000, 256, 3e-4)), flags(copy_flag))
     dw.add_argument("--init", type=Path, help="the grafted.safetensors whose base verifies and whose draft head "
-                    "(else micro decoder) training starts from (default: the pack's; after a window in the same "
-                    "lease, WORK/export/grafted.safetensors goes on from its result)")
+                    "(else micro decoder) training starts from where the pack has no draft head (pack --init-head) "
+                    "(default: the pack's; after a window in the same lease, WORK/export/grafted.safetensors goes "
+                    "on from its result)")
+    dw.add_argument("--answered", type=positive, metavar="N", help="take only the first N of the verifier's "
+                    "answers the pack carries (pack --verifier-answers; default all)")
+    dw.add_argument("--features-share", type=share, default=0.7, help="the share of the clock after which no "
+                    "features are computed (the new answers' first), so training has the rest (default 0.7)")
     gh = stage("graft-head", "grafted modules whose macro steps' micro decoder and stop head are a draft head's "
                "(a start for macro training, or a candidate)")
     gh.add_argument("--grafted", type=Path, required=True, help="the grafted.safetensors whose merger and base "
@@ -388,7 +398,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     elif stage == "pack":
         from . import pack
         pack.run(a.work, a.bin, base, a.out, a.prompts, a.skip, a.sharegpt_share, a.sharegpt, a.stdlib_from, a.init,
-                 a.answers, a.room_mib << 20 if a.room_mib else None, a.trained_on)
+                 a.answers, a.room_mib << 20 if a.room_mib else None, a.trained_on, a.verifier_answers, a.init_head)
     elif stage == "calibrate":  # asked for alone it refits; within `all` it fits a state once
         from . import calibrate
         calibrate.run(a.work, base, refit=a.stage == "calibrate")
@@ -440,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage == "draft-window":
         from . import draft_window
         draft_window.run(a.pack, a.work, a.out, a.init, a.minutes, a.answer_share, a.max_tokens, a.answer_batch,
-                         a.steps, a.batch, a.lr, a.seed, a.micro_lr_scale, a.dtype, a.copy)
+                         a.steps, a.batch, a.lr, a.seed, a.micro_lr_scale, a.dtype, a.copy, a.answered,
+                         a.features_share)
         return 0
     if a.stage == "window":
         from . import window

@@ -93,14 +93,14 @@ def teacher_forced(index: TextIndex, n_prompt: int, rows: int, n: int) -> torch.
     an answer's `rows` rows, teacher-forced (the text's own: row k reads the
     text's tokens n_prompt + k .. n_prompt + k + n - 1), [rows, n, M]; -1
     where there is none or the text has ended."""
-    text = index.text
-    per_pos = [index.candidates(q + 1) for q in range(len(text))]
-    out = torch.full((rows, n, len(index.sizes)), -1, dtype=torch.long)
-    for k in range(rows):
-        for j in range(n):
-            q = n_prompt + k + j
-            if q < len(text):
-                out[k, j] = torch.tensor(per_pos[q])
+    first, m = min(n_prompt, len(index.text)), len(index.sizes)
+    # Each place's candidates once (a row reads n consecutive places), from the first place a row reads.
+    per_pos = torch.tensor([index.candidates(q + 1) for q in range(first, len(index.text))],
+                           dtype=torch.long).reshape(-1, m)
+    q = n_prompt - first + torch.arange(rows)[:, None] + torch.arange(n)[None]
+    out = torch.full((rows, n, m), -1, dtype=torch.long)
+    inside = q < len(per_pos)
+    out[inside] = per_pos[q[inside]]
     return out
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,10 +117,12 @@ def most_likely(model: HAMburger, feats: torch.Tensor) -> tuple[torch.Tensor, to
     return ids, logprobs
 
 
-def build(cache: Path, model: HAMburger, base: Path, answers: list[dict], batch: int = 1) -> None:
+def build(cache: Path, model: HAMburger, base: Path, answers: list[dict], batch: int = 1,
+          deadline: float | None = None) -> None:
     """Caches the features and the base's most likely tokens of every answer
     (`segment.tokenize`'s records: `id`, `split`, `ids`, `n_prompt`) not
-    cached yet, `batch` answers a pass (more than one pays on a GPU)."""
+    cached yet, in their order, `batch` answers a pass (more than one pays on
+    a GPU); with `deadline` (time.monotonic()), no shard is begun after it."""
     cache.mkdir(parents=True, exist_ok=True)
     meta = meta_of(model, base)
     check_meta(cache, meta)
@@ -133,6 +136,9 @@ def build(cache: Path, model: HAMburger, base: Path, answers: list[dict], batch:
     prog = Progress("features", len(done) + len(todo), "tokens", initial=len(done))
     n = len(done)
     for s in range(0, len(todo), SHARD):
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"features: stopped at the deadline, {n} of {len(done) + len(todo)} answers cached", file=sys.stderr)
+            break
         chunk = todo[s:s + SHARD]
         # Passes take answers of similar length (little padding); the shard
         # keeps them in the order given, as one answer a pass did.
@@ -145,7 +151,8 @@ def build(cache: Path, model: HAMburger, base: Path, answers: list[dict], batch:
             ti, tv = most_likely(model, torch.cat(fs))
             sizes = [len(f) for f in fs]
             for i, f, t, ids, lp in zip(picked, fs, texts, ti.split(sizes), tv.split(sizes)):
-                rows[i] = (f.to(torch.float16), torch.tensor(t[0][t[1]:]), ids, lp)
+                # kept on the CPU until written (a GPU holds one pass's, not a shard's)
+                rows[i] = (f.to(torch.float16).cpu(), torch.tensor(t[0][t[1]:], device="cpu"), ids.cpu(), lp.cpu())
                 n += 1
                 prog.update(n, len(f))
         feats, nxt, top_ids, top_logprobs = (list(col) for col in zip(*rows))

@@ -7,7 +7,10 @@ and split as a CPU run) rendered with the chat template and tokenized
 side files, the modules training starts from (`--init`) and, from an earlier
 window, the answers it returned (`--answers`), less the prompts an earlier
 run already scored and trained on (`--trained-on`, so a run goes on with
-what that one did not reach). The files, large ones cut into
+what that one did not reach). For a draft head's window it also carries
+the verifier's answers a corpus holds (`--verifier-answers`, as token ids:
+the window takes their features instead of answering them again) and the
+draft head to go on from (`--init-head`). The files, large ones cut into
 pieces, are laid into folders `OUT/p1 .. pN`, each small enough to travel
 beside the working tree in one call, each with a copy of `window.sh`, which
 stages a folder on the GPU machine (`window.sh stage`) and, from the last,
@@ -27,7 +30,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import corpus, data, export, records
+from . import corpus, data, export, records, segment
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOW_SH = Path(__file__).resolve().parents[1] / "window.sh"
@@ -35,8 +38,10 @@ WINDOW_FLAGS = ("--device cuda --dtype bf16 --minutes 8 --steps 1500 --batch 16 
                 "--base-lr-scale 0 --answer-batch 256")
 """The window's flags `steps.txt` suggests: run 7's recipe (the base held where the shipped model left it),
 bf16 on the GPU, a step's 16 answers in one padded pass, an 8-minute clock."""
-DRAFT_WINDOW_FLAGS = "--device cuda --dtype bf16 --minutes 5 --steps 4000 --batch 256 --lr 3e-4 --answer-batch 256"
-"""The draft head's window flags `steps.txt` suggests: draft run 6's rate, rows in batches a GPU fills."""
+DRAFT_WINDOW_FLAGS = ("--device cuda --dtype bf16 --minutes 8 --answer-share 0.35 --features-share 0.6 --steps 6000 "
+                      "--batch 256 --lr 2e-4 --answer-batch 256")
+"""The draft head's window flags `steps.txt` suggests: rows in batches a GPU fills, at a rate for going on
+from a trained head (`pack --init-head`); a third of the clock answering, a quarter for the features."""
 TRAVEL_BYTES = 60 * 1024 * 1024
 """What one call may carry, the working tree included (the device takes 64 MiB; a margin kept)."""
 
@@ -146,28 +151,51 @@ def left_to_train(answers: Path, trained: set[str], tmp: Path) -> Path:
     return kept
 
 
+def answered_ids(kept: corpus.Corpus, rows: list[dict], bin_dir: Path, teacher: Path, tmp: Path) -> Path:
+    """The corpus `kept`'s answers to `rows` (the same id and chat) as a draft
+    window reads them, written to `tmp/answered-ids.jsonl.gz`: a header naming the
+    corpus's teacher, tokenizer and budget, then each answer's record as a CPU
+    draft run tokenizes it (`segment.tokenize`: `id`, `split`, `ids`, `n_prompt`)."""
+    work = tmp / "answered"
+    work.mkdir()
+    header = kept.header
+    corpus.seed(work / "responses.jsonl", kept, rows, {"base": header.get("teacher"),
+                "tokenizer": header.get("tokenizer")}, header.get("max_tokens"))
+    segment.tokenize(work, bin_dir, teacher)
+    path = tmp / "answered-ids.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(json.dumps({k: header.get(k) for k in ("teacher", "tokenizer", "max_tokens")}) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in records.read(work / "tokens.jsonl"))
+    shutil.rmtree(work)
+    return path
+
+
 def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int, share: float,
         source: Path | None, stdlib_from: int, init: Path, answers: Path | None,
-        room: int | None = None, trained_on: Sequence[Path] = ()) -> list[Path]:
+        room: int | None = None, trained_on: Sequence[Path] = (), verifier_answers: Path | None = None,
+        init_head: Path | None = None) -> list[Path]:
     """Builds the pack in `out` (made anew) for prompts `skip`..`limit` of `work`'s list, less those the
     runs of `trained_on` (their `scored.jsonl`) trained on; returns its folders."""
-    for f, what in ((init, "--init"), (answers, "--answers")):
+    for f, what in ((init, "--init"), (answers, "--answers"), (init_head, "--init-head")):
         if f is not None and not f.is_file():
             raise SystemExit(f"pack: {what} {f}: no such file")
     if answers is not None:
         check_answers(answers)
+    kept = corpus.read(verifier_answers) if verifier_answers is not None else None
     trained = trained_ids(trained_on)
     tree = tree_files()
-    # --init travels in the pack: where it is in the tree, it must be out of the tree during the calls
-    init_in_tree = init.resolve() in tree
-    room = room or TRAVEL_BYTES - sum(f.stat().st_size for f in tree if f != init.resolve())
+    # --init and --init-head travel in the pack: where they are in the tree, they must be out of it during the calls
+    carried = list(dict.fromkeys(f.resolve() for f in (init, init_head) if f is not None))  # steps.txt's order
+    in_tree = [f for f in carried if f in tree]
+    room = room or TRAVEL_BYTES - sum(f.stat().st_size for f in tree if f not in carried)
     if room < 8 * 1024 * 1024:
         raise SystemExit(f"pack: the working tree leaves {max(room, 0) >> 20} MiB of the {TRAVEL_BYTES >> 20} MiB "
                          "a call carries: move its largest files out of the tree for the window's calls")
     work.mkdir(parents=True, exist_ok=True)
     rows = [r for r in data.build_prompts(work, limit, share, source, stdlib_from)[skip:limit]
             if r["id"] not in trained]
-    ids = tokenize(bin_dir, data.teacher_gguf(bin_dir, base, work), rows)
+    teacher = data.teacher_gguf(bin_dir, base, work)
+    ids = tokenize(bin_dir, teacher, rows)
     if out.exists():
         shutil.rmtree(out)
     tmp = out / "tmp"
@@ -177,6 +205,12 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     files = [tmp / "prompt-ids.jsonl.gz"]
     files += pieces(base_gguf(), "base.gguf", room, tmp)
     files += pieces(init, "init.safetensors", room, tmp)
+    if init_head is not None:
+        files += pieces(init_head, "init-head.safetensors", room, tmp)
+    if kept is not None:
+        made = answered_ids(kept, rows, bin_dir, teacher, tmp)
+        files += pieces(made, "answered.jsonl.gz", room, tmp)
+        made.unlink()
     if answers is not None:
         left = left_to_train(answers, trained, tmp)
         files += pieces(left, "answers.jsonl.gz", room, tmp)
@@ -190,9 +224,9 @@ def run(work: Path, bin_dir: Path, base: Path, out: Path, limit: int, skip: int,
     steps.append(f"bash {shown[-1]}/window.sh smoke run && bash {shown[-1]}/window.sh run {WINDOW_FLAGS}")
     steps.append(f"# or, in its place or in a later call, a draft head: bash {shown[-1]}/window.sh smoke draft && "
                  f"bash {shown[-1]}/window.sh draft {DRAFT_WINDOW_FLAGS}")
-    if init_in_tree:  # here, before the first call and after the last
-        keep = f"/tmp/hamburger-init-{init.name}"
-        steps = [f"# here: mv {init} {keep}", *steps, f"# here: mv {keep} {init}"]
+    for f in in_tree:  # here, before the first call and after the last
+        keep = f"/tmp/hamburger-{f.parent.name}-{f.name}"
+        steps = [f"# here: mv {f} {keep}", *steps, f"# here: mv {keep} {f}"]
     steps.append("# here, after a draft window: train/hamburger-train answers --from OUT/verifier-answers.jsonl.gz "
                  "--into train/answers/verifier-<the first 12 hex digits of its teacher>.jsonl.gz")
     (out / "steps.txt").write_text("\n".join(steps) + "\n")

@@ -116,6 +116,18 @@ fn gz_lines(path: &Path) -> Vec<Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// `text` gzipped into `path`.
+fn write_gz(path: &Path, text: &str) {
+    let mut gz = Command::new("gzip")
+        .arg("-c")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut gz.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    std::fs::write(path, gz.wait_with_output().unwrap().stdout).unwrap();
+}
+
 /// The returned `parts` (under `out`, each at most 15 MiB) joined in order into `to`.
 fn joined(out: &Path, parts: &[String], to: &Path) -> PathBuf {
     let paths: Vec<PathBuf> = parts.iter().map(|p| out.join(p)).collect();
@@ -294,15 +306,17 @@ fn a_missing_or_broken_data_package_or_answers_file_is_one_line_naming_it() {
     assert!(!d.join("work/prompts.jsonl").exists(), "nothing half-made is kept");
 
     std::fs::write(d.join("answers.jsonl.gz"), b"not gzip").unwrap();
-    let mut c = Command::new(repo().join("train/hamburger-train"));
-    c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
-    c.arg("--bin").arg(bin_dir()).arg("--answers").arg(d.join("answers.jsonl.gz")).arg("--out").arg(d.join("pack"));
-    assert_one_line_error(&mut c, &["--answers", "answers.jsonl.gz"]);
-
-    let mut c = Command::new(repo().join("train/hamburger-train"));
-    c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
-    c.arg("--bin").arg(bin_dir()).arg("--trained-on").arg(d.join("scored.jsonl")).arg("--out").arg(d.join("pack"));
-    assert_one_line_error(&mut c, &["--trained-on", "scored.jsonl"]);
+    let pack = |flag: &str, file: &str| {
+        let mut c = Command::new(repo().join("train/hamburger-train"));
+        c.args(["-t", "1", "pack", "--work"]).arg(d.join("work")).arg("--base").arg(testmodel::tiny_fixture());
+        c.arg("--bin").arg(bin_dir()).arg(flag).arg(d.join(file)).arg("--out").arg(d.join("pack"));
+        c
+    };
+    assert_one_line_error(&mut pack("--answers", "answers.jsonl.gz"), &["--answers", "answers.jsonl.gz"]);
+    assert_one_line_error(&mut pack("--trained-on", "scored.jsonl"), &["--trained-on", "scored.jsonl"]);
+    assert_one_line_error(&mut pack("--verifier-answers", "answers.jsonl.gz"), &["answers.jsonl.gz", "not a whole"]);
+    assert_one_line_error(&mut pack("--init-head", "head.safetensors"), &["--init-head", "head.safetensors"]);
+    assert!(!d.join("pack").exists(), "nothing half-made is kept");
 }
 
 /// A window whose held-out answers are all evaluation prompts (which
@@ -369,6 +383,66 @@ fn a_window_with_only_evaluation_prompts_held_out_exports_uncalibrated() {
     let forced = ["--spec-type", "draft-mtp", "--spec-draft-n-min", "3"];
     let v = decoded(d, "drafting", &[grafted.as_path(), head.as_path()], &forced);
     assert_eq!(v["output_ids"].as_array().unwrap().len(), 8, "{v}");
+    goes_on_from_the_corpus_and_the_head(d, &entries, &head);
+}
+
+/// A second draft window, packed with the first one's answers as they came
+/// home (`pack --verifier-answers`) and its head (`--init-head`), answers
+/// nothing again: it takes the very ids the first one answered, and with no
+/// step to train returns the head it started from. Answers of another
+/// verifier are refused, naming the file.
+fn goes_on_from_the_corpus_and_the_head(d: &Path, entries: &[Value], head: &Path) {
+    let first = std::fs::read_to_string(d.join("device-work/draft-window/scored.jsonl")).unwrap();
+    std::fs::remove_dir_all(d.join("device-work/draft-window")).unwrap();
+    std::fs::remove_dir_all(d.join("out")).unwrap();
+    let corpus = d.join("answers/verifier.jsonl.gz");
+    let mix = ["--prompts", "3", "--sharegpt-share", "1", "--verifier-answers", corpus.to_str().unwrap()];
+    let pack = pack_chats(d, entries, &[&mix[..], &["--init-head", head.to_str().unwrap()]].concat());
+    let toy = ["--device", "cpu", "--minutes", "10", "--steps", "0", "--batch", "8", "--max-tokens", "8", "-t", "2"];
+    let folders = folders(&pack);
+    for f in &folders[..folders.len() - 1] {
+        run_ok(&mut window_sh(d, f, &["stage"]));
+    }
+    run_ok(&mut window_sh(d, folders.last().unwrap(), &[&["draft"], &toy[..]].concat()));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("out/draft-window.json")).unwrap()).unwrap();
+    let counts = [&summary["init_head"], &summary["carried"], &summary["answered"], &summary["kept"]];
+    assert_eq!(counts, [&json!(true), &json!(3), &json!(0), &json!(0)], "{summary}");
+    assert_eq!((&summary["features"], &summary["done"]), (&json!(3), &json!(true)), "{summary}");
+    let again = std::fs::read_to_string(d.join("device-work/draft-window/scored.jsonl")).unwrap();
+    let ids = |text: &str| -> Vec<(Value, Value)> {
+        let mut v: Vec<(Value, Value)> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|r| (r["id"].clone(), r["ids"].clone()))
+            .collect();
+        v.sort_by_key(|a| a.0.to_string());
+        v
+    };
+    assert_eq!(ids(&again), ids(&first), "the first window's answers, as they came home");
+    let parts: Vec<String> = summary["parts"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().into()).collect();
+    let returned = joined(&d.join("out"), &parts, &d.join("draft-head-again.safetensors"));
+    let (a, b) = (std::fs::read(&returned).unwrap(), std::fs::read(head).unwrap());
+    let (a, b) =
+        (safetensors::SafeTensors::deserialize(&a).unwrap(), safetensors::SafeTensors::deserialize(&b).unwrap());
+    let mut names = a.names();
+    names.sort_unstable();
+    assert_eq!(names.len(), b.names().len());
+    assert!(names.iter().all(|k| a.tensor(k).unwrap().data() == b.tensor(k).unwrap().data()), "the packed head");
+
+    // The carried answers' header names another verifier: refused, naming the file.
+    let staged = d.join("staged/answered.jsonl.gz");
+    let mut lines = gz_lines(&staged);
+    lines[0]["teacher"] = json!("0".repeat(64));
+    write_gz(&staged, &lines.iter().map(|l| format!("{l}\n")).collect::<String>());
+    let mut c = Command::new(repo().join("train/hamburger-train"));
+    c.args(["-t", "2", "draft-window", "--device", "cpu", "--pack"]).arg(d.join("staged"));
+    c.arg("--work").arg(d.join("device-work-other")).arg("--out").arg(d.join("out-other"));
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("Traceback"), "{err}");
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(last.contains("answered.jsonl.gz") && last.contains("another base"), "{err}");
 }
 
 /// The draft window's answers, returned as a corpus of its verifier, added
@@ -397,15 +471,7 @@ fn brought_home(d: &Path, summary: &Value) {
     assert_eq!(gz_lines(&home), returned);
     // An answer holding a line separator that JSON keeps raw (U+2028) is read as one answer.
     let odd = json!({"id": "odd#0", "asked": "0", "response": "a\u{2028}b\u{85}c", "finish_reason": "stop"});
-    let text = format!("{}\n{odd}\n", returned[0]);
-    let mut gz = Command::new("gzip")
-        .arg("-c")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut gz.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    std::fs::write(d.join("odd.jsonl.gz"), gz.wait_with_output().unwrap().stdout).unwrap();
+    write_gz(&d.join("odd.jsonl.gz"), &format!("{}\n{odd}\n", returned[0]));
     let mut c = Command::new(repo().join("train/hamburger-train"));
     c.args(["answers", "--from"]).arg(d.join("odd.jsonl.gz")).arg("--into").arg(&home);
     assert!(String::from_utf8_lossy(&c.output().unwrap().stderr).contains("1 of"));
