@@ -26,6 +26,15 @@ aggregate tokens/s (all answers' tokens over the wall time of the burst).
 
     python3 scripts/pool_bench.py mixed --server 'ours=http://127.0.0.1:8080' ... \\
         [--long 4 --long-n 1500 --short 24 --short-n 100] [--reps 1]
+
+sustained: CLIENTS clients each send chats back to back for SECONDS (a
+prompt of its own, of MIN_WORDS to MAX_WORDS words, greedy, MAX_TOKENS
+tokens), one server after the other, as a long answering run does once
+cached prompts fill the pool: requests and prompt plus answer tokens each
+minute, and the whole run's tokens/s.
+
+    python3 scripts/pool_bench.py sustained --server 'ours=http://127.0.0.1:8080' ... \\
+        [--clients 16] [--seconds 480] [--min-words 200 --max-words 1000] [--max-tokens 64]
 """
 
 import argparse
@@ -178,6 +187,37 @@ def mixed(args):
             print(f"| {label} | {len(asked)} | {whole} | {cut} | {failed} | {tokens} | {wall:.1f} | {tokens / wall:.1f} |  <!-- rep {rep}; long answers' tokens {long_got} -->", flush=True)
 
 
+def sustained(args):
+    """Requests back to back against each server in turn for `args.seconds`."""
+    print("| server | clients | requests | tokens/s (prompt + answer) |\n| --- | ---: | ---: | ---: |")
+    for label, url in (s.split("=", 1) for s in args.server):
+        lock, done, start = threading.Lock(), [0, 0], time.perf_counter()
+        stop = start + args.seconds
+
+        def client(k):
+            rng, i = random.Random(k), 0
+            while time.perf_counter() < stop:
+                words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(args.min_words, args.max_words)))
+                body = {"messages": [{"role": "user", "content": f"Note {k}-{i}: {words}"}],
+                        "max_tokens": args.max_tokens, "temperature": 0}
+                i += 1
+                with post(url, "/v1/chat/completions", body) as r:
+                    usage = json.loads(r.read())["usage"]
+                with lock:
+                    if time.perf_counter() < stop:
+                        done[0] += 1
+                        done[1] += usage["prompt_tokens"] + usage["completion_tokens"]
+
+        threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(args.clients)]
+        for t in threads:
+            t.start()
+        while (left := stop - time.perf_counter()) > 0:
+            time.sleep(min(60, left))
+            with lock:
+                print(f"{label}, {time.perf_counter() - start:.0f} s: {done[0]} requests, {done[1]} tokens", flush=True)
+        print(f"| {label} | {args.clients} | {done[0]} | {done[1] / args.seconds:.1f} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -196,8 +236,15 @@ def main():
     m.add_argument("--short", type=int, default=24)
     m.add_argument("--short-n", type=int, default=100)
     m.add_argument("--reps", type=int, default=1)
+    u = sub.add_parser("sustained")
+    u.add_argument("--server", action="append", required=True, metavar="LABEL=URL")
+    u.add_argument("--clients", type=int, default=16)
+    u.add_argument("--seconds", type=int, default=480)
+    u.add_argument("--min-words", type=int, default=200)
+    u.add_argument("--max-words", type=int, default=1000)
+    u.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
-    shared_prefix(args) if args.cmd == "shared-prefix" else mixed(args)
+    {"shared-prefix": shared_prefix, "mixed": mixed, "sustained": sustained}[args.cmd](args)
 
 
 if __name__ == "__main__":

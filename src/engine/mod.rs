@@ -3,6 +3,8 @@
 //! forwards and micro steps; it knows neither stop rules nor sessions, which
 //! `decode/` builds on top.
 //!
+//! * `attention_groups`: whether a forward's rows attend by sequence or
+//!   all over the union of their windows, whichever costs less;
 //! * [`budget`]: [`EngineParams`], an engine's settings, and what they will
 //!   allocate, checked before anything is (the memory plan);
 //! * [`forward_cost`]: the measured times of its forwards and micro steps,
@@ -20,6 +22,7 @@
 //!   the decode loop ([`crate::decode::generate`]) and the single-sequence
 //!   [`crate::decode::session::Session`] sit on top.
 
+mod attention_groups;
 pub mod budget;
 pub mod calibration;
 mod context;
@@ -31,6 +34,7 @@ use std::time::Instant;
 
 use ggml::{Backend, Buffer, Context, Tensor, Type};
 
+use crate::engine::attention_groups::{attend_by_seq, SeqWindow};
 use crate::engine::budget::EngineParams;
 use crate::engine::counters::EngineCounters;
 use crate::engine::forward_cost::ForwardCosts;
@@ -60,10 +64,6 @@ const KV_PAD: usize = 64;
 // A window padded so always ends within the cache's whole last tile
 // (`KvCache::window_of`), never cut at its last usable cell.
 const _: () = assert!(KV_TILE.is_multiple_of(KV_PAD));
-
-/// Windows from this many cells are read in groups of their own only where
-/// their sequence holds at least half of their cells.
-const SCATTERED_WINDOW: usize = 512;
 
 /// Caches, graphs and positions of several sequences over a borrowed model.
 pub struct Engine<'m> {
@@ -334,12 +334,17 @@ impl<'m> Engine<'m> {
             .map(|seq| (seq, kv.window_of(seq, KV_ALIGN, KV_PAD).expect("a sequence of the batch holds its cells")))
             .collect();
         let window = |seq| windows.iter().find(|&&(s, _)| s == seq).map(|&(_, w)| w).expect("a sequence of the batch");
-        // A window mostly of other sequences' cells is read at a loss: one
-        // query row's attention is split across the threads by cells, and
-        // the thread with the masked ones idles. Then all rows attend the
-        // union of the windows together, as one group.
-        let compact = |&(seq, w): &(SeqId, Window)| w.n_kv < SCATTERED_WINDOW || 2 * kv.n_cells_of(seq) >= w.n_kv;
-        let by_seq = windows.iter().all(compact);
+        let seq_windows: Vec<SeqWindow> = windows
+            .iter()
+            .map(|&(seq, window)| {
+                let rows = batch.inputs().iter().filter(|i| i.seq == seq).count();
+                SeqWindow { rows, window, held: kv.n_cells_of(seq) }
+            })
+            .collect();
+        let by_seq = attend_by_seq(&seq_windows, self.flash, self.n_threads);
+        if !by_seq {
+            log::debug!("forward {}: every row attends the union of {} windows", self.forwards, windows.len());
+        }
         let groups = |r: &[Row]| attn_groups(r, window, by_seq);
         let layout = BaseLayout::new(&self.model.hp, batch, &pos, &cells, groups, want, rows);
         let per_seq = base::feature_rows_per_seq(&self.model.hp);
