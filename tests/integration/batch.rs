@@ -205,3 +205,52 @@ fn consecutive_decode_steps_reuse_one_graph_until_the_attention_window_grows() {
         std::iter::once(prompt.len()).chain((64..300).step_by(64).filter(|&c| c > prompt.len())).collect();
     assert_eq!(builds_at, expected, "the steps that built a graph");
 }
+
+/// A sequence whose cells lie scattered (it adopted the first cells of
+/// another's long context and writes its own after that context) sends the
+/// rows of a forward to the union of all windows only where that costs no
+/// more than attending by sequence: never beside a compact window far away
+/// (before, one scattered window sent every row to the union, about the
+/// whole pool), and beside a window nested in its own only fused, where a
+/// one-row window split across threads by cells idles the threads given
+/// the other sequence's cells.
+#[test]
+fn a_scattered_sequence_attends_the_union_only_where_it_costs_no_more() {
+    let model = tiny_f32();
+    let prompt = &golden_prompts(0.3)[0];
+    let long: Vec<u32> = prompt.iter().copied().cycle().take(600).collect();
+    let want = Wants { stop_head: false, logits: false, features: false, draft_stop: false };
+    let forward = |engine: &mut Engine, inputs: &[(usize, &[u32])]| {
+        let mut batch = Batch::new();
+        for &(seq, tokens) in inputs {
+            batch.push_tokens(seq, tokens);
+        }
+        engine.decode(&batch, want).unwrap();
+        engine.attended_by_seq()
+    };
+    for flash in [false, true] {
+        let params = EngineParams {
+            n_ctx: 4096,
+            n_seq: 4,
+            kv_type: ggml::Type::F32,
+            flash_attn: Some(flash),
+            n_threads: 2,
+            ..Default::default()
+        };
+        let mut engine = Engine::new(&model, &params).unwrap();
+        forward(&mut engine, &[(0, prompt)]); // from its home, cell 0
+        forward(&mut engine, &[(2, &long[..300])]); // from its home, cell 2048
+        forward(&mut engine, &[(2, &long[300..])]);
+        let shared: Vec<usize> = engine.kv().entries_of(2).iter().take(4).map(|&(c, _)| c).collect();
+        assert_eq!(engine.adopt(1, &shared).unwrap(), 4);
+        // Its own 60 cells follow sequence 2's 600: a window of 704 cells, 64 its own.
+        forward(&mut engine, &[(1, &long[4..64])]);
+        assert_eq!(engine.kv().span_of(1), Some((2048, 2048 + 600 + 59)), "flash {flash}");
+        // Sequence 2 drops its last 10 entries: its next cells fill their gap,
+        // so its window stays nested in sequence 1's.
+        assert_eq!(engine.keep_prefix(2, 590), 590);
+        let one = |seq| (seq, &prompt[..1]);
+        assert!(forward(&mut engine, &[one(0), one(1), one(2)]), "flash {flash}: beside a window far away");
+        assert_eq!(forward(&mut engine, &[one(1), one(2)]), !flash, "flash {flash}: beside a nested window");
+    }
+}
