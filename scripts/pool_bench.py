@@ -221,28 +221,21 @@ def sustained(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("shared-prefix")
-    s.add_argument("--server", action="append", required=True, metavar="LABEL=URL")
-    s.add_argument("--clients", type=int, default=8)
+
+    def command(name, **ints):
+        """A subcommand: --server, then integer flags with their defaults."""
+        c = sub.add_parser(name)
+        c.add_argument("--server", action="append", required=True, metavar="LABEL=URL")
+        for flag, default in ints.items():
+            c.add_argument("--" + flag.replace("_", "-"), type=int, default=default)
+        return c
+
+    s = command("shared-prefix", clients=8, max_tokens=8, reps=3)
     s.add_argument("--prefix", type=int, default=1500, help="tokens of the shared system prompt (about)")
-    s.add_argument("--max-tokens", type=int, default=8)
-    s.add_argument("--reps", type=int, default=3)
     s.add_argument("--warm", action="store_true", help="a request with the burst's system prompt first")
     s.add_argument("--json", action="store_true")
-    m = sub.add_parser("mixed")
-    m.add_argument("--server", action="append", required=True, metavar="LABEL=URL")
-    m.add_argument("--long", type=int, default=4)
-    m.add_argument("--long-n", type=int, default=1500)
-    m.add_argument("--short", type=int, default=24)
-    m.add_argument("--short-n", type=int, default=100)
-    m.add_argument("--reps", type=int, default=1)
-    u = sub.add_parser("sustained")
-    u.add_argument("--server", action="append", required=True, metavar="LABEL=URL")
-    u.add_argument("--clients", type=int, default=16)
-    u.add_argument("--seconds", type=int, default=480)
-    u.add_argument("--min-words", type=int, default=200)
-    u.add_argument("--max-words", type=int, default=1000)
-    u.add_argument("--max-tokens", type=int, default=64)
+    command("mixed", long=4, long_n=1500, short=24, short_n=100, reps=1)
+    command("sustained", clients=16, seconds=480, min_words=200, max_words=1000, max_tokens=64)
     args = ap.parse_args()
     {"shared-prefix": shared_prefix, "mixed": mixed, "sustained": sustained}[args.cmd](args)
 
