@@ -50,19 +50,16 @@ between small kernels (as training one answer at a time did in the first
 macro window)."""
 
 
-def take_answered(path: Path, scored: Path, meta: dict, limit: int | None) -> set[str]:
+def take_answered(path: Path, scored: Path, meta: dict, max_tokens: int, limit: int | None) -> set[str]:
     """Appends the first `limit` (all: None) of the pack's verifier answers
     `path` to `scored` where it lacks them, and returns their ids; answers of
-    another verifier or tokenizer than `meta`'s are refused in one line naming
-    the file."""
+    another verifier, tokenizer or budget than `meta`'s at `max_tokens` are
+    refused in one line naming the file (`corpus.check_header`)."""
     lines = read_gz_lines(path)
     if not lines:
         return set()
     header, rows = lines[0], lines[1:limit + 1 if limit is not None else None]
-    for key, mine in (("teacher", "base"), ("tokenizer", "tokenizer")):
-        if header.get(key) != meta[mine]:
-            raise SystemExit(f"draft-window: {path} holds answers of another {mine} ({key} {header.get(key)}, "
-                             f"this verifier's {meta[mine]}): pack the corpus of the verifier --init makes")
+    corpus.check_header(path, header, corpus.header_of(meta, max_tokens), "this verifier's")
     done = records.done_ids(scored)
     with open(scored, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows if r["id"] not in done)
@@ -93,7 +90,7 @@ def run(pack: Path, work: Path, out: Path, init: Path | None, minutes: float, an
     if copy and model.copy_proj is None:
         model.add_copy(copy)
     meta = features.meta_of(model, base)
-    carried = take_answered(pack / "answered.jsonl.gz", work / "scored.jsonl", meta, answered)
+    carried = take_answered(pack / "answered.jsonl.gz", work / "scored.jsonl", meta, max_tokens, answered)
     note(verifier=meta["base"], init_head=init_head is not None, carried=len(carried))
     prompts = read_gz_lines(pack / "prompt-ids.jsonl.gz")
     answering_ends = clock.start + answer_share * minutes * 60
