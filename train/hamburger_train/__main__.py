@@ -172,7 +172,8 @@ def device_flags(p: argparse.ArgumentParser) -> None:
 def dtype_flag(p: argparse.ArgumentParser) -> None:
     """The precision of the training passes (`device.autocast`): `train`, `draft` and the windows."""
     p.add_argument("--dtype", default="f32", choices=DTYPES,
-                   help="precision of the training passes (bf16: autocast, the losses in f32; default f32)")
+                   help="precision of the training passes (bf16: autocast, the losses in f32, for GPUs and CPUs with "
+                        "AVX512-BF16 or AMX; default f32)")
 
 
 def window_flags(p: argparse.ArgumentParser) -> None:
