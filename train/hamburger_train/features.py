@@ -208,34 +208,46 @@ def load(cache: Path, want: dict, split: str | None = None, limit: int | None = 
     """The cached rows of the answers of `split` (all when None; the first
     `limit` answers when given) on the default device, refusing a cache
     made with another base or tokenizer than `want` (`meta_of`); with no
-    such answers, a one-line error, or None when not `required`."""
+    such answers, a one-line error, or None when not `required`. The rows
+    are copied shard by shard into tensors of their final size, so a cache
+    may take most of the memory (joining the shards' parts would need twice
+    its size)."""
     if not (cache / "meta.json").exists():
         raise SystemExit(f"features: {cache} holds no feature cache")
     check_meta(cache, want)
-    parts: dict[str, list] = {k: [] for k in ("features", "next", "top_ids", "top_logprobs")}
+    # Pass 1, the shards' headers only: which answers, at which rows.
+    picked: list[tuple[str, list[tuple[int, dict]]]] = []
     answers: list[dict] = []
-    ends: list[torch.Tensor] = []
     rows = 0
     for entry in records.read(cache / "index.jsonl"):
         with safe_open(str(cache / entry["shard"]), "pt") as f:
             listed = json.loads(f.metadata()["answers"])
-            keep, at = [], 0
-            for a in listed:
-                if (split is None or a["split"] == split) and (limit is None or len(answers) < limit):
-                    keep.append((at, a))
-                at += a["rows"]
-            if not keep:
-                continue
-            tensors = {k: f.get_tensor(k) for k in parts}
-        for at, a in keep:
-            for k in parts:
-                parts[k].append(tensors[k][at:at + a["rows"]])
-            answers.append({**a, "start": rows})
-            rows += a["rows"]
-            ends.append(torch.full((a["rows"],), rows))
+        keep, at = [], 0
+        for a in listed:
+            if (split is None or a["split"] == split) and (limit is None or len(answers) < limit):
+                keep.append((at, a))
+                answers.append({**a, "start": rows})
+                rows += a["rows"]
+            at += a["rows"]
+        if keep:
+            picked.append((entry["shard"], keep))
     if not answers:
         if not required:
             return None
         raise SystemExit(f"features: {cache} holds no {split or ''} answers".replace("  ", " "))
+    # Pass 2: each kept answer's rows copied to its place.
+    out: dict[str, torch.Tensor] = {}
+    row = 0
+    for shard, keep in picked:
+        with safe_open(str(cache / shard), "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in ("features", "next", "top_ids", "top_logprobs")}
+        for k, t in tensors.items():
+            if k not in out:
+                out[k] = torch.empty((rows, *t.shape[1:]), dtype=t.dtype)
+        for at, a in keep:
+            for k, t in tensors.items():
+                out[k][row:row + a["rows"]] = t[at:at + a["rows"]]
+            row += a["rows"]
+    ends = torch.cat([torch.full((a["rows"],), a["start"] + a["rows"]) for a in answers])
     on = torch.get_default_device()
-    return Cache(*(torch.cat(parts[k]).to(on) for k in parts), torch.cat(ends).to(on), answers)
+    return Cache(*(out[k].to(on) for k in ("features", "next", "top_ids", "top_logprobs")), ends.to(on), answers)
