@@ -53,6 +53,9 @@ from .segment import TOP
 SHARD = 64
 """Answers per shard file: the unit a resumed caching run redoes at most."""
 
+COLUMNS = ("features", "next", "top_ids", "top_logprobs")
+"""A shard's tensors, one row per answer token each, in `Cache`'s order."""
+
 
 def base_fingerprint(model: HAMburger) -> str:
     """SHA-256 of the base's weights as the model holds them (its grafted
@@ -159,8 +162,7 @@ def build(cache: Path, model: HAMburger, base: Path, answers: list[dict], batch:
         listed = [{"id": r["id"], "split": r["split"], "rows": len(f)} for r, f in zip(chunk, feats)]
         name = f"shard-{len(index):05d}.safetensors"
         tmp = cache / (name + ".part")
-        save_file({"features": torch.cat(feats).contiguous(), "next": torch.cat(nxt),
-                   "top_ids": torch.cat(top_ids).contiguous(), "top_logprobs": torch.cat(top_logprobs).contiguous()},
+        save_file({k: torch.cat(col).contiguous() for k, col in zip(COLUMNS, (feats, nxt, top_ids, top_logprobs))},
                   str(tmp), metadata={"answers": json.dumps(listed)})
         tmp.replace(cache / name)
         records.append(cache / "index.jsonl", {"shard": name, "ids": [a["id"] for a in listed]})
@@ -225,8 +227,8 @@ def load(cache: Path, want: dict, split: str | None = None, limit: int | None = 
         keep, at = [], 0
         for a in listed:
             if (split is None or a["split"] == split) and (limit is None or len(answers) < limit):
-                keep.append((at, a))
                 answers.append({**a, "start": rows})
+                keep.append((at, answers[-1]))
                 rows += a["rows"]
             at += a["rows"]
         if keep:
@@ -237,17 +239,15 @@ def load(cache: Path, want: dict, split: str | None = None, limit: int | None = 
         raise SystemExit(f"features: {cache} holds no {split or ''} answers".replace("  ", " "))
     # Pass 2: each kept answer's rows copied to its place.
     out: dict[str, torch.Tensor] = {}
-    row = 0
     for shard, keep in picked:
         with safe_open(str(cache / shard), "pt") as f:
-            tensors = {k: f.get_tensor(k) for k in ("features", "next", "top_ids", "top_logprobs")}
+            tensors = {k: f.get_tensor(k) for k in COLUMNS}
         for k, t in tensors.items():
             if k not in out:
                 out[k] = torch.empty((rows, *t.shape[1:]), dtype=t.dtype)
         for at, a in keep:
             for k, t in tensors.items():
-                out[k][row:row + a["rows"]] = t[at:at + a["rows"]]
-            row += a["rows"]
+                out[k][a["start"]:a["start"] + a["rows"]] = t[at:at + a["rows"]]
     ends = torch.cat([torch.full((a["rows"],), a["start"] + a["rows"]) for a in answers])
     on = torch.get_default_device()
-    return Cache(*(out[k].to(on) for k in ("features", "next", "top_ids", "top_logprobs")), ends.to(on), answers)
+    return Cache(*(out[k].to(on) for k in COLUMNS), ends.to(on), answers)
