@@ -53,6 +53,15 @@ def drafting_modules(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: t for k, t in sd.items() if not k.startswith(DRAFT_HEAD)} | head
 
 
+def read_tensors(path: Path, named: str) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file `path`, or a one-line error
+    starting with `named` (the stage and flag) and naming the file."""
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as e:
+        raise SystemExit(f"{named} {path}: {e}") from None
+
+
 def check_head_alone(tensors: dict[str, torch.Tensor], named: str) -> None:
     """Refuses, in one line starting with `named`, tensors that are not a
     draft head alone (`draft-head.safetensors`: every name `DRAFT_HEAD`*)."""
@@ -72,10 +81,7 @@ def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = N
     # A head beside no grafted file drafts beside the base checkpoint's own modules.
     sd = dict(model.original_state(grafted_only=True)) if grafted is None and head is not None else {}
     for path in (p for p in (grafted, head) if p is not None):
-        try:
-            tensors = load_file(str(path))
-        except (OSError, SafetensorError) as e:
-            raise SystemExit(f"{stage}: {path}: {e}") from None
+        tensors = read_tensors(path, f"{stage}:")
         if path is head:
             check_head_alone(tensors, f"{stage}: {head}")
         sd |= tensors

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .model import COPY_KEY, HAMburger
@@ -31,9 +32,13 @@ SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "hamburg
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Writes atomically (a `.part` renamed into place)."""
+    """Writes atomically (a `.part` renamed into place); a file that cannot
+    be written is an OSError naming it."""
     tmp = path.with_suffix(".part")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    except SafetensorError as e:
+        raise OSError(f"{path}: {e}") from None
     tmp.replace(path)
 
 

@@ -18,22 +18,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
-
-from .drafting import DRAFT_HEAD, check_head_alone, drafting_modules
+from .drafting import DRAFT_HEAD, check_head_alone, drafting_modules, read_tensors
 from .export import write_safetensors
 
 MICRO = "micro_step_decoder."
-
-
-def read(path: Path, flag: str) -> dict[str, torch.Tensor]:
-    """The tensors of `path`, or a one-line error naming the flag and file."""
-    try:
-        return load_file(str(path))
-    except (OSError, SafetensorError) as e:
-        raise SystemExit(f"graft-head: {flag} {path}: {e}") from None
 
 
 def run(grafted: Path, head: Path, out: Path) -> None:
@@ -42,7 +30,7 @@ def run(grafted: Path, head: Path, out: Path) -> None:
     tensors are not the grafted micro decoder's names and shapes, or that
     copies (macro steps read no copy candidates), is refused in one line
     naming the tensor."""
-    macro, drafts = read(grafted, "--grafted"), read(head, "--head")
+    macro, drafts = read_tensors(grafted, "graft-head: --grafted"), read_tensors(head, "graft-head: --head")
     check_head_alone(drafts, f"graft-head: --head {head}")
     if DRAFT_HEAD + "copy.weight" in drafts:
         raise SystemExit(f"graft-head: --head {head}: {DRAFT_HEAD}copy.weight: a head that copies cannot run "
