@@ -13,6 +13,7 @@
     hamburger-train draft-window --pack DIR --work DIR --out DIR  # there: a draft head, the same way
     hamburger-train draft     --work DIR --init GRAFTED   # the micro decoder as a draft head (verified decoding)
     hamburger-train accept    --work DIR --prompts FILE   # accepted tokens per verify forward of a draft head
+    hamburger-train average-heads --head A --head B --out FILE  # draft heads averaged (a model soup)
     hamburger-train answers   --work DIR --into FILE      # a draft run's answers kept in a corpus (train/answers/)
     hamburger-train answers   --from FILE --into FILE     # a draft window's answers added to it
 
@@ -351,6 +352,9 @@ def parser() -> Parser:
                     "stay (e.g. models/smollm2-hamburger/grafted.safetensors)")
     gh.add_argument("--head", type=Path, required=True, help="a draft head alone (draft-head.safetensors)")
     gh.add_argument("--out", type=Path, required=True, help="the grafted.safetensors to write")
+    av = stage("average-heads", "draft heads averaged tensor by tensor (a model soup of runs from the same head)")
+    av.add_argument("--head", type=Path, action="append", required=True, help="a draft head alone (repeat: two or more)")
+    av.add_argument("--out", type=Path, required=True, help="the draft-head.safetensors to write")
     g = stage("greedy", "the runtime's greedy decoding of a checkpoint, as JSON (a check)")
     g.add_argument("--out", type=Path, required=True, metavar="CHECKPOINT", help="the checkpoint directory")
     prompts = g.add_mutually_exclusive_group(required=True)
@@ -462,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.stage == "graft-head":
         from . import graft_head
         graft_head.run(a.grafted, a.head, a.out)
+        return 0
+    if a.stage == "average-heads":
+        from . import average_heads
+        average_heads.run(a.head, a.out)
         return 0
     if a.stage == "answers":
         from . import corpus

@@ -3,6 +3,7 @@
 //! named in its own opening comment; one binary links the tools once.
 
 mod adapters;
+mod average_heads;
 mod bad_input;
 mod cli;
 mod convert;
