@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .drafting import check_head_alone, read_tensors
+from .drafting import check_head_alone, check_same_tensors, read_tensors
 from .export import write_safetensors
 
 
@@ -26,14 +26,7 @@ def average(heads: list[dict[str, torch.Tensor]], paths: list[Path]) -> dict[str
     refused in one line naming its file and the tensor."""
     first = heads[0]
     for head, path in zip(heads[1:], paths[1:]):
-        for k, t in first.items():
-            theirs = head.get(k)
-            if theirs is None or theirs.shape != t.shape:
-                what = "missing" if theirs is None else f"{list(theirs.shape)}"
-                raise SystemExit(f"average-heads: --head {path}: {k}: {what}; {paths[0]} has {list(t.shape)}")
-        extra = sorted(set(head) - set(first))
-        if extra:
-            raise SystemExit(f"average-heads: --head {path}: {extra[0]}: not in {paths[0]}")
+        check_same_tensors(head, first, f"average-heads: --head {path}", str(paths[0]))
     # Summed from the first head's values, not from 0, so that -0 stays -0.
     total = {k: sum((h[k].float() for h in heads[1:]), t.float()) for k, t in first.items()}
     return {k: (total[k] / len(heads)).to(t.dtype) for k, t in first.items()}

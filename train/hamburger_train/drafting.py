@@ -69,6 +69,21 @@ def check_head_alone(tensors: dict[str, torch.Tensor], named: str) -> None:
         raise SystemExit(f"{named}: not a draft head alone (a tensor not named {DRAFT_HEAD}*)")
 
 
+def check_same_tensors(given: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], named: str,
+                       other: str) -> None:
+    """Refuses, in one line starting with `named` and naming the tensor,
+    `given` tensors whose names or shapes are not `expected`'s (`other`
+    says where those come from)."""
+    for k, t in expected.items():
+        theirs = given.get(k)
+        if theirs is None or theirs.shape != t.shape:
+            what = "missing" if theirs is None else f"{list(theirs.shape)}"
+            raise SystemExit(f"{named}: {k}: {what}; {other} has {list(t.shape)}")
+    extra = sorted(set(given) - set(expected))
+    if extra:
+        raise SystemExit(f"{named}: {extra[0]}: not in {other}")
+
+
 def verifier(base: Path, grafted: Path | None, stage: str, head: Path | None = None) -> HAMburger:
     """The model that verifies and drafts: the base checkpoint `base` with
     what `grafted` (a `grafted.safetensors`; None: nothing) changes: its

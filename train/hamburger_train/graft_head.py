@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .drafting import DRAFT_HEAD, check_head_alone, drafting_modules, read_tensors
+from .drafting import DRAFT_HEAD, check_head_alone, check_same_tensors, drafting_modules, read_tensors
 from .export import write_safetensors
 
 MICRO = "micro_step_decoder."
@@ -38,14 +38,8 @@ def run(grafted: Path, head: Path, out: Path) -> None:
     own = {k: t for k, t in macro.items() if k.startswith(MICRO)}
     if not own:
         raise SystemExit(f"graft-head: --grafted {grafted}: no {MICRO}* tensors (not grafted modules)")
-    for k, t in own.items():
-        theirs = drafts.get(DRAFT_HEAD + k.removeprefix(MICRO))
-        if theirs is None or theirs.shape != t.shape:
-            what = "missing" if theirs is None else f"{list(theirs.shape)}, not {list(t.shape)}"
-            raise SystemExit(f"graft-head: --head {head}: {DRAFT_HEAD}{k.removeprefix(MICRO)}: {what}")
-    if len(drafts) != len(own):
-        extra = sorted(set(drafts) - {DRAFT_HEAD + k.removeprefix(MICRO) for k in own})[0]
-        raise SystemExit(f"graft-head: --head {head}: {extra}: not in the grafted micro decoder")
+    check_same_tensors(drafts, {DRAFT_HEAD + k.removeprefix(MICRO): t for k, t in own.items()},
+                       f"graft-head: --head {head}", "the grafted micro decoder")
     kept = {k: t for k, t in macro.items() if not k.startswith(DRAFT_HEAD)}
     swapped = drafting_modules(kept | drafts)
     write_safetensors({k: t.to(macro[k].dtype) for k, t in swapped.items()}, out)

@@ -23,6 +23,13 @@ fn average_heads(heads: &[&Path], out: &Path) -> Output {
     c.arg("--out").arg(out).output().unwrap()
 }
 
+/// The bytes of the mean of `heads`, written at `out` by a run that succeeded.
+fn averaged(heads: &[&Path], out: &Path) -> Vec<u8> {
+    let done = average_heads(heads, out);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    std::fs::read(out).unwrap()
+}
+
 /// The one-line error of a refused run that wrote nothing at `out`.
 fn refused(done: &Output, out: &Path) -> String {
     let err = String::from_utf8_lossy(&done.stderr).trim().to_string();
@@ -55,10 +62,7 @@ fn the_mean_of_draft_heads_is_taken_tensor_by_tensor_and_mismatches_are_refused(
     let bytes = std::fs::read(&head_file).unwrap();
     let head = SafeTensors::deserialize(&bytes).unwrap();
 
-    let same = dir.path().join("same.safetensors");
-    let done = average_heads(&[&head_file, &head_file], &same);
-    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
-    let out_bytes = std::fs::read(&same).unwrap();
+    let out_bytes = averaged(&[&head_file, &head_file], &dir.path().join("same.safetensors"));
     let out = SafeTensors::deserialize(&out_bytes).unwrap();
     assert_eq!(out.len(), head.len());
     for (k, t) in head.tensors() {
@@ -68,10 +72,7 @@ fn the_mean_of_draft_heads_is_taken_tensor_by_tensor_and_mismatches_are_refused(
 
     let minus = dir.path().join("minus.safetensors");
     negated(&head, &[], &minus);
-    let zero = dir.path().join("zero.safetensors");
-    let done = average_heads(&[&head_file, &minus], &zero);
-    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
-    let zero_bytes = std::fs::read(&zero).unwrap();
+    let zero_bytes = averaged(&[&head_file, &minus], &dir.path().join("zero.safetensors"));
     let zeros = SafeTensors::deserialize(&zero_bytes).unwrap();
     assert_eq!(zeros.len(), head.len());
     for (k, t) in zeros.tensors() {
