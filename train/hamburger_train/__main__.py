@@ -296,6 +296,9 @@ def parser() -> Parser:
     c.add_argument("--ngram", type=integers, default=[], metavar="N[,N...]",
                    help="also the rule with every draft, the context drafting first where its last N tokens "
                         "occurred before (llama.cpp's ngram-simple, --spec-ngram-simple-size-n N), for each N")
+    c.add_argument("--tree", type=integers, default=[], metavar="N[,N...]",
+                   help="also a tree of N drafts at every verify forward, for each N: the chain and the likeliest "
+                        "alternatives to its tokens, best-first by the head's probability of the path (greedy)")
     c.add_argument("--slots", type=int, default=4, help="concurrent requests (server -np)")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c.add_argument("--runtime", action="store_true", help="also measure the runtime's self-verified greedy "
@@ -393,7 +396,7 @@ def run_stage(stage: str, a: argparse.Namespace, base: Path) -> None:
     elif stage == "accept":
         from . import accept
         accept.run(a.work, a.bin, base, a.grafted, a.prompts, a.max_tokens, a.slots, a.threads, a.confidence,
-                   a.p_min, a.json, a.runtime, a.head, a.ngram)
+                   a.p_min, a.json, a.runtime, a.head, a.ngram, a.tree)
     elif stage == "segment":
         from . import segment
         segment.run(a.work, a.bin, base, a.threads, a.ratio, a.min_entropy)

@@ -23,24 +23,29 @@ from pathlib import Path
 
 from . import data, features, records, segment
 from .draft import rules_of, verifier_gguf
-from .drafting import DraftRule, measure, verifier
+from .drafting import DraftRule, TreeRule, measure, verifier
 from .export import write_checkpoint
 from .model import HAMburger
 
 
 def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Path, max_tokens: int, slots: int,
         threads: int, confidences: list[float], p_mins: list[float], as_json: bool,
-        with_runtime: bool = False, head: Path | None = None, ngrams: list[int] | None = None) -> None:
+        with_runtime: bool = False, head: Path | None = None, ngrams: list[int] | None = None,
+        trees: list[int] | None = None) -> None:
     """Measures `grafted` (default: the work directory's `draft` result),
     with the draft head alone in `head` when given, on the prompts of
     `prompts` (JSON lines with `id` and `prompt`); with `with_runtime` also
     the runtime's self-verified greedy decoding of the same prompts
     (`runtime`) on that model as a GGUF (`runtime_gguf`); for each size in
     `ngrams`, also every draft with the context's n-grams drafting first
-    (with `with_runtime`, the runtime's too: every draft, and its gate)."""
+    (with `with_runtime`, the runtime's too: every draft, and its gate); for
+    each size in `trees`, also a tree of that many drafts at every verify
+    forward (`TreeRule`, the tool's alone)."""
     grafted = grafted or work / "draft" / "grafted.safetensors"
     if any(n < 1 for n in ngrams or []):
         raise SystemExit(f"accept: --ngram {','.join(map(str, ngrams))}: n-gram sizes are 1 or more")
+    if any(n < 1 for n in trees or []):
+        raise SystemExit(f"accept: --tree {','.join(map(str, trees))}: a tree has 1 draft or more")
     if not grafted.exists():
         raise SystemExit(f"accept: {grafted} does not exist (run draft first, or give --grafted)")
     try:
@@ -64,6 +69,7 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
     cache = features.load(here / "features", meta)
     n_max = model.cfg.max_steps - 1
     rules = rules_of(confidences, p_mins, n_max) + [DraftRule(n_max, None, None, n) for n in ngrams or []]
+    rules += [TreeRule(n, n_max) for n in trees or []]
     prompts_ids = {r["id"]: r["ids"][:r["n_prompt"]] for r in records.read(here / "tokens.jsonl")}
     results = measure(model, cache, rules, prompts=prompts_ids)
     report = {"grafted": str(grafted), "head": head and str(head), "prompts": str(prompts),

@@ -20,6 +20,9 @@ its own probability under the micro decoder at least `p_min` (llama.cpp's
 itself drafts first, as llama.cpp's `ngram-simple` does (`ngram_draft`):
 where its last `ngram` tokens occurred before, the tokens that followed
 them are the draft, and the micro decoder drafts only where they did not.
+A `TreeRule` drafts a tree instead of a chain (EAGLE's and SpecInfer's
+trees, greedy): the chain and the likeliest alternatives to its tokens,
+all verified by one base forward.
 """
 
 from __future__ import annotations
@@ -139,16 +142,40 @@ class DraftRule:
         return ", ".join(gates)
 
 
+@dataclass(frozen=True)
+class TreeRule:
+    """A tree of `nodes` drafted tokens that one base forward verifies
+    (greedy: the base keeps the deepest node whose path equals its own
+    tokens): the micro decoder's chain of up to `n_max` tokens (its most
+    likely token at each micro step) and the likeliest alternatives to
+    them, `nodes` in all, taken best-first by the micro decoder's
+    probability of the path to each. An alternative is a sibling of a chain
+    token, read from the same micro step's distribution, so a tree costs
+    no more micro steps than the chain; nothing is drafted after it. The
+    verify forward reads one row per node, each attending only its own
+    path (a tree mask), as EAGLE-2's dynamic trees do."""
+
+    nodes: int
+    n_max: int = 3
+
+    def __str__(self) -> str:
+        return f"tree of {self.nodes}, n_max {self.n_max}"
+
+
 @dataclass
 class Drafts:
     """The micro decoder's drafts at N rows: `tokens` [N, S], each one's
     probability `p` [N, S] and the stop head's "go on" probability before
     it `go_on` [N, S] (micro step s reads out_s: the base's final features
-    for s = 0)."""
+    for s = 0); and at each micro step the next most likely tokens after
+    the drafted one, `alternatives` [N, S, A], with their probabilities
+    `alternative_p` [N, S, A] (A may be 0)."""
 
     tokens: torch.Tensor
     p: torch.Tensor
     go_on: torch.Tensor
+    alternatives: torch.Tensor
+    alternative_p: torch.Tensor
 
     def lengths(self, rule: DraftRule) -> torch.Tensor:
         """How many of each row's drafts `rule` lets through, [N]."""
@@ -166,26 +193,34 @@ candidates [N, M] of the last token fed to the micro decoder (`copying`)."""
 
 
 @torch.no_grad()
-def draft(model: HAMburger, feats: torch.Tensor, t0: torch.Tensor, n: int, lookup: Lookup | None = None) -> Drafts:
+def draft(model: HAMburger, feats: torch.Tensor, t0: torch.Tensor, n: int, lookup: Lookup | None = None,
+          alternatives: int = 0) -> Drafts:
     """The micro decoder's `n` drafts from features `feats` [N, F, D] after
     the base's tokens `t0` [N], each from the ones before (as the runtime
-    drafts: autoregressive, greedy); a head with copy candidates looks them
-    up with `lookup` (required then)."""
+    drafts: autoregressive, greedy), with the `alternatives` next most
+    likely tokens at each micro step; a head with copy candidates looks
+    them up with `lookup` (required then)."""
     tokens = t0[:, None]
     drafted, probs, go_on = [], [], [torch.sigmoid(-model.stop_head(feats[:, -1]))]
+    alts, alt_p = [], []
     copies = [] if model.copy_proj is not None else None
     for s in range(n):
         if copies is not None:
             copies.append(lookup(tokens[:, 1:].tolist()).to(tokens.device))
         fed = torch.stack(copies, 1) if copies is not None else None
         out = model.micro_decode(feats, tokens, fed)[:, -1]
-        p, d = F.softmax(model.logits(out), -1).max(-1)
+        probs_all = F.softmax(model.logits(out), -1)
+        top_p, top = probs_all.topk(min(1 + alternatives, probs_all.shape[-1]), -1)
+        p, d = top_p[:, 0], top[:, 0]
         drafted.append(d)
         probs.append(p)
+        alts.append(top[:, 1:])
+        alt_p.append(top_p[:, 1:])
         if s + 1 < n:
             go_on.append(torch.sigmoid(-model.stop_head(out)))
         tokens = torch.cat([tokens, d[:, None]], 1)
-    return Drafts(torch.stack(drafted, 1), torch.stack(probs, 1), torch.stack(go_on, 1))
+    return Drafts(torch.stack(drafted, 1), torch.stack(probs, 1), torch.stack(go_on, 1), torch.stack(alts, 1),
+                  torch.stack(alt_p, 1))
 
 
 def ngram_draft(context: list[int], n: int, k: int) -> list[int]:
@@ -207,6 +242,32 @@ def accepted(drafts: torch.Tensor, text: torch.Tensor, lengths: torch.Tensor) ->
     prefix: the tokens the base accepts."""
     s = torch.arange(drafts.shape[1])[None]
     return ((drafts == text) & (s < lengths[:, None])).long().cumprod(1).sum(1)
+
+
+def tree_accepted(d: Drafts, text: torch.Tensor, rule: TreeRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's accepted drafts [N] under the tree `rule` (the text's
+    tokens after the row `text` [N, S], -1 past its end), and the tree's
+    size there [N] (its nodes within the text's room). A node is accepted
+    when its path equals the text; the chain goes on past an accepted chain
+    token only, an accepted alternative ends the path."""
+    levels = min(rule.n_max, d.tokens.shape[1])
+    tokens = torch.cat([d.tokens[:, :levels, None], d.alternatives[:, :levels]], 2)  # [N, L, 1 + A]
+    chain_p = d.p[:, :levels]
+    before = torch.cat([torch.ones_like(chain_p[:, :1]), chain_p.cumprod(1)[:, :-1]], 1)
+    score = (torch.cat([chain_p[:, :, None], d.alternative_p[:, :levels]], 2) * before[:, :, None]).flatten(1)
+    chosen = torch.zeros_like(score, dtype=torch.bool)
+    chosen.scatter_(1, score.topk(min(rule.nodes, score.shape[1]), 1).indices, True)
+    chosen = chosen.reshape(tokens.shape)
+    # A node's parent (the chain token before its level) is in the tree too, whatever ties topk broke.
+    chain_in = chosen[:, :, 0].long().cumprod(1).bool()
+    chosen &= torch.cat([torch.ones_like(chain_in[:, :1]), chain_in[:, :-1]], 1)[:, :, None]
+    text = text[:, :levels]
+    chain_right = torch.cat([torch.ones_like(text[:, :1], dtype=torch.bool),
+                             (d.tokens[:, :levels] == text).long().cumprod(1).bool()[:, :-1]], 1)
+    hit = (chosen & (tokens == text[:, :, None])).any(2) & chain_right
+    room = (text >= 0).sum(1)
+    inside = torch.arange(levels)[None] < room[:, None]
+    return hit.long().cumprod(1).sum(1), (chosen & inside[:, :, None]).sum((1, 2))
 
 
 @dataclass
@@ -246,14 +307,16 @@ def draftable(cache: Cache, end_tokens: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], batch: int = 256,
+def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule | TreeRule], batch: int = 256,
             prompts: dict[str, list[int]] | None = None) -> list[Acceptance]:
     """Accepted tokens per verify forward of each rule on every answer of
-    `cache`: the drafts of every row once (the longest any rule drafts),
-    then each rule's walk along each answer from the prompt's last row. A
-    rule with `ngram`, and a head with copy candidates, look up each
-    answer's prompt ids in `prompts` (by the answer's id) and the answer so far."""
+    `cache`: the drafts of every row once (the longest any rule drafts,
+    with as many alternatives as the largest tree could take), then each
+    rule's walk along each answer from the prompt's last row. A rule with
+    `ngram`, and a head with copy candidates, look up each answer's prompt
+    ids in `prompts` (by the answer's id) and the answer so far."""
     n = max(r.n_max for r in rules)
+    alternatives = max([r.nodes - 1 for r in rules if isinstance(r, TreeRule)], default=0)
     rows = draftable(cache, model.cfg.eos)
     texts = row_texts(cache, prompts or {}, model.copy_longest()) if model.copy_proj is not None else None
     out: list[Drafts] = []
@@ -266,8 +329,9 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], 
             def lookup(tails: list[list[int]], at=at) -> torch.Tensor:
                 """Each row's candidates after its drafts so far."""
                 return torch.tensor([index.candidates(length, tail) for (index, length), tail in zip(at, tails)])
-        out.append(draft(model, cache.features[r].float(), cache.next[r], n, lookup))
-    d = Drafts(*(torch.cat([getattr(o, k) for o in out]) for k in ("tokens", "p", "go_on")))
+        out.append(draft(model, cache.features[r].float(), cache.next[r], n, lookup, alternatives))
+    d = Drafts(*(torch.cat([getattr(o, k) for o in out])
+                 for k in ("tokens", "p", "go_on", "alternatives", "alternative_p")))
     text = text_after(cache, rows, n)
     room = (text >= 0).sum(1)
     where = {int(r): i for i, r in enumerate(rows)}
@@ -276,6 +340,10 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule], 
         if isinstance(rule, GatedRule):
             counts = walk_gated(model, cache, rule, d, text, room, where)
             every = (None, None)
+        elif isinstance(rule, TreeRule):
+            acc, size = tree_accepted(d, text, rule)
+            counts = walk(cache, where, lambda i: (int(size[i]), int(acc[i])))
+            every = (acc.sum().item() / max(len(rows), 1), size.sum().item() / max(len(rows), 1))
         else:
             tokens, lengths = d.tokens, d.lengths(rule)
             if rule.ngram:

@@ -216,6 +216,8 @@ fn macro_modules_kept_and_the_trained_ones_beside_them(grafted: &Path) {
 /// draftable row is a verify forward and nothing is accepted. With
 /// `--runtime` the runtime decodes the same prompts self-verified with the
 /// trained head (hamburger-cli, Q8_0): one measure, two tools that agree.
+/// Trees of drafts (`--tree`) are taken best-first, so a larger tree holds
+/// a smaller one and accepts at least as much at every row.
 fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir: &Path) {
     let prompts = dir.join("few.jsonl");
     let rows: Vec<String> = ["Tell me a story.", "Write a function.", "What is a list?"]
@@ -235,6 +237,8 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
         "1",
         "--ngram",
         "2",
+        "--tree",
+        "1,3,8",
         "--runtime",
     ];
     let report: Value =
@@ -249,6 +253,12 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
     assert!(all["forwards"].as_u64() <= none["forwards"].as_u64(), "{all}");
     assert!(all["drafted_per_forward"].as_f64().unwrap() > 2.0, "{all}");
     assert!(work.join("accept/few/features/meta.json").exists());
+    let every = |v: &Value| v["all_accepted"].as_f64().unwrap();
+    let trees = ["tree of 1, n_max 3", "tree of 3, n_max 3", "tree of 8, n_max 3"].map(rule);
+    assert!(every(&trees[0]) <= every(&all) && every(&trees[0]) <= every(&trees[1]), "{trees:?} {all}");
+    assert!(every(&trees[1]) <= every(&trees[2]), "{trees:?}");
+    let sizes = trees.each_ref().map(|t| t["all_drafted"].as_f64().unwrap());
+    assert!(sizes[0] <= 1.0 && sizes[1] <= 3.0 && sizes[2] <= 8.0 && sizes[2] > 6.0, "{sizes:?}");
 
     // The runtime drafting 3 at every verify forward, and the tool walking
     // the texts the runtime wrote with the same rule: the same base forwards
@@ -303,13 +313,15 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
         &["--prompts", prompts.to_str().unwrap(), "--head", macro_file.to_str().unwrap()],
     ));
     assert!(err.contains("not a draft head") && err.contains("macro.safetensors"), "{err}");
-    let err = one_line_error(&mut stage(
-        "accept",
-        work,
-        &tiny_fixture(),
-        &["--prompts", prompts.to_str().unwrap(), "--ngram", "2,0"],
-    ));
-    assert!(err.contains("--ngram 2,0"), "{err}");
+    for (flag, sizes) in [("--ngram", "2,0"), ("--tree", "3,0")] {
+        let err = one_line_error(&mut stage(
+            "accept",
+            work,
+            &tiny_fixture(),
+            &["--prompts", prompts.to_str().unwrap(), flag, sizes],
+        ));
+        assert!(err.contains(&format!("{flag} {sizes}")), "{err}");
+    }
 }
 
 /// Each stage takes its own flags: `draft` refuses `export`'s `--snapshot`
