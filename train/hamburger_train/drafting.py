@@ -27,7 +27,7 @@ all verified by one base forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -330,8 +330,7 @@ def measure(model: HAMburger, cache: Cache, rules: list[DraftRule | GatedRule | 
                 """Each row's candidates after its drafts so far."""
                 return torch.tensor([index.candidates(length, tail) for (index, length), tail in zip(at, tails)])
         out.append(draft(model, cache.features[r].float(), cache.next[r], n, lookup, alternatives))
-    d = Drafts(*(torch.cat([getattr(o, k) for o in out])
-                 for k in ("tokens", "p", "go_on", "alternatives", "alternative_p")))
+    d = Drafts(*(torch.cat([getattr(o, f.name) for o in out]) for f in fields(Drafts)))
     text = text_after(cache, rows, n)
     room = (text >= 0).sum(1)
     where = {int(r): i for i, r in enumerate(rows)}
