@@ -140,6 +140,8 @@ pub enum Param {
     DraftNMin,
     /// The least probability a drafted token needs.
     DraftPMin,
+    /// The most drafts of a tree ([`crate::decode::draft::DraftParams::tree`]).
+    DraftTree,
     /// The n-gram the context drafts after ([`crate::decode::draft::DraftParams::ngram`]).
     NgramSizeN,
     /// The device a model runs on ([`crate::model::placement::LoadOptions::device`]).
@@ -172,6 +174,7 @@ impl Param {
             Param::DraftNMax => "draft_n_max",
             Param::DraftNMin => "draft_n_min",
             Param::DraftPMin => "draft_p_min",
+            Param::DraftTree => "draft_tree",
             Param::NgramSizeN => "ngram_size_n",
         }
     }

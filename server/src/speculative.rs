@@ -90,6 +90,7 @@ pub fn decoding(
                 n_min: count(c.n_min).unwrap_or(d.n_min),
                 p_min: p_min.unwrap_or(d.p_min),
                 ngram: ngram.then(|| count(c.ngram_size_n).or(d.ngram).unwrap_or(ngram::DEFAULT_SIZE)),
+                tree: d.tree,
             }))
         }
         SpecType::None => {

@@ -26,6 +26,7 @@
 
 use crate::engine::forward_cost::Prices;
 use crate::error::{Param, ParamError};
+use crate::graph::base::MAX_TREE_DRAFTS;
 
 /// Speculative decoding's type, by llama.cpp's names (`--spec-type`, the
 /// server's `speculative.type`): those that apply to a HAMburger.
@@ -111,12 +112,16 @@ pub struct DraftParams {
     /// before (`ngram-simple,draft-mtp`, llama.cpp's
     /// `--spec-ngram-simple-size-n`); `None`: the micro decoder alone.
     pub ngram: Option<usize>,
+    /// Greedy decoding verifies a tree of up to this many of the micro
+    /// decoder's drafts: its chain and the likeliest alternatives to its
+    /// tokens ([`crate::decode::tree`]); 0: the chain alone.
+    pub tree: usize,
 }
 
 impl Default for DraftParams {
-    /// llama.cpp's defaults (n-min 0, p-min 0), the model's most drafts.
+    /// llama.cpp's defaults (n-min 0, p-min 0), the model's most drafts, a chain.
     fn default() -> Self {
-        DraftParams { n_max: None, n_min: 0, p_min: 0.0, ngram: None }
+        DraftParams { n_max: None, n_min: 0, p_min: 0.0, ngram: None, tree: 0 }
     }
 }
 
@@ -149,6 +154,10 @@ impl DraftParams {
             let message = format!("{} 0: an n-gram of 1 token or more", Param::NgramSizeN);
             return Err(ParamError::new(&[Param::NgramSizeN], message));
         }
+        if self.tree > MAX_TREE_DRAFTS {
+            let message = format!("{} {}: a tree of at most {MAX_TREE_DRAFTS} drafts", Param::DraftTree, self.tree);
+            return Err(ParamError::new(&[Param::DraftTree], message));
+        }
         Ok(())
     }
 
@@ -159,7 +168,8 @@ impl DraftParams {
     pub fn rule(&self, model_max: usize) -> Result<DraftRule, ParamError> {
         self.validate(model_max)?;
         let n_max = self.n_max.unwrap_or(model_max.saturating_sub(1));
-        Ok(DraftRule { n_max, n_min: self.n_min, p_min: self.p_min, by_model: false, ngram: self.ngram })
+        let (n_min, p_min, ngram, tree) = (self.n_min, self.p_min, self.ngram, self.tree);
+        Ok(DraftRule { n_max, n_min, p_min, by_model: false, ngram, tree })
     }
 }
 
@@ -181,6 +191,8 @@ pub struct DraftRule {
     /// The context drafts first, where its last `ngram` tokens occurred
     /// before ([`crate::decode::ngram`]).
     pub ngram: Option<usize>,
+    /// Greedy: the most drafts of a tree ([`DraftParams::tree`]; 0: a chain).
+    pub tree: usize,
 }
 
 impl DraftRule {
@@ -383,7 +395,7 @@ fn could_pay(prices: &Prices, n_max: usize) -> bool {
 mod tests {
     use super::*;
 
-    const RULE: DraftRule = DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false, ngram: None };
+    const RULE: DraftRule = DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false, ngram: None, tree: 0 };
 
     #[test]
     fn spec_types_by_llama_cpps_names() {
@@ -402,7 +414,7 @@ mod tests {
     #[test]
     fn validation_names_the_parameter() {
         let ok = DraftParams::default();
-        assert_eq!(ok.rule(4), Ok(DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false, ngram: None }));
+        assert_eq!(ok.rule(4), Ok(DraftRule { n_max: 3, n_min: 0, p_min: 0.0, by_model: false, ngram: None, tree: 0 }));
         let e = DraftParams { n_max: Some(4), ..ok }.validate(4).unwrap_err();
         assert_eq!(e.params, [Param::DraftNMax]);
         assert_eq!(
@@ -430,7 +442,7 @@ mod tests {
     fn n_min_drafts_always_and_n_max_never_more() {
         let mut g = DraftGate::new();
         let dear = Prices::from_curve(&[1.0, 3.0, 5.0, 7.0], 1.0); // nothing is worth its cost
-        let rule = DraftRule { n_max: 2, n_min: 1, p_min: 0.9, by_model: false, ngram: None };
+        let rule = DraftRule { n_max: 2, n_min: 1, p_min: 0.9, by_model: false, ngram: None, tree: 0 };
         assert!(g.wants(&rule, 1, &[0.5], &dear));
         assert!(!g.wants(&DraftRule { n_max: 0, ..rule }, 1, &[0.5], &dear));
         assert!(rule.keeps(1, 0.0) && !rule.keeps(2, 0.5) && rule.keeps(2, 0.95));

@@ -9,6 +9,7 @@
 //! rows ([`verify`]).
 
 mod choose;
+mod drafted;
 mod inputs;
 mod micro_loop;
 mod model_drafts;
@@ -18,7 +19,7 @@ use std::borrow::BorrowMut;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::decode::draft::DraftGate;
+use crate::decode::draft::{DraftGate, DraftRule};
 use crate::decode::step::{Generation, MacroStep, StepParams, StepRule};
 use crate::engine::forward_cost::Prices;
 use crate::engine::Engine;
@@ -31,6 +32,7 @@ use crate::model::Model;
 use crate::sampling::constraint::SeqConstraint;
 use crate::sampling::Sampler;
 
+use drafted::Draft;
 pub use inputs::Pending;
 use inputs::{feed, Fed};
 pub use model_drafts::SyntheticAcceptance;
@@ -74,22 +76,6 @@ impl DecodeConfig {
 /// Called with each macro step's kept tokens as soon as it completes; returns
 /// false to stop the sequence.
 pub type OnStep<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
-
-/// The tokens a self-verified sequence drafted and the next forward checks.
-#[derive(Debug, Clone, Default)]
-struct Draft {
-    tokens: Vec<u32>,
-    /// The distribution each was drawn from ([`Sampler::distribution`]).
-    q: Vec<Vec<(u32, f32)>>,
-    /// The stop probability after the token each one follows (the gate's signal).
-    p_stop_before: Vec<f32>,
-    /// The constraint's mark before the drafted tokens were committed to it
-    /// (they are taken back before the check).
-    mark: Option<usize>,
-    /// The context drafted them (`ngram-simple`), not the micro decoder:
-    /// the context's gate learns from their check.
-    from_context: bool,
-}
 
 /// One sequence's generation: what is left to feed, its sampler and budget,
 /// and what it has generated.
@@ -253,7 +239,7 @@ impl<'a> SeqGen<'a> {
     /// outputs, self-verified drafts included (one KV cell each: what a
     /// scheduler keeps free for it).
     pub fn pending_inputs(&self) -> usize {
-        self.refeed.len() + self.pending.n_inputs() + self.prompt.len() - self.fed + self.draft.tokens.len()
+        self.refeed.len() + self.pending.n_inputs() + self.prompt.len() - self.fed + self.draft.n_rows()
     }
 
     /// The tokens of its prompt (those it was given to feed) fed so far.
@@ -323,6 +309,17 @@ impl<'a> SeqGen<'a> {
     /// for log-probabilities).
     fn wants_logits(&self) -> bool {
         !self.done && (!self.sampler.is_greedy() || self.logprobs.is_some() || self.constraint.is_some())
+    }
+
+    /// The most drafts of the tree this sequence's micro decoder drafts under
+    /// `rule` (0: a chain): trees are verified greedily, so only a greedy
+    /// sampler with no constraint grows them.
+    fn tree_nodes(&self, rule: &DraftRule) -> usize {
+        if self.sampler.is_greedy() && self.constraint.is_none() && !rule.by_model {
+            rule.tree
+        } else {
+            0
+        }
     }
 
     /// Whether the micro decoder may run after this sequence's next forward:
@@ -457,8 +454,8 @@ pub fn macro_step<'a, S: BorrowMut<SeqGen<'a>>>(engine: &mut Engine, cfg: &Decod
     let want_logits = cfg.keep_logits || running().any(|s| s.wants_logits());
     let stop_head = running().any(|s| s.rule(cfg).needs_stop_head() && s.may_draft(cfg, &prices));
     let features = running().any(|s| s.rule(cfg).may_continue() && s.may_draft(cfg, &prices));
-    let micro_logits =
-        want_logits || running().any(|s| s.rule(cfg).draft.is_some_and(|d| !d.by_model && d.p_min > 0.0));
+    let micro_logits = want_logits
+        || running().any(|s| s.rule(cfg).draft.is_some_and(|d| !d.by_model && (d.p_min > 0.0 || d.tree > 0)));
     let drafting = running().any(|s| s.rule(cfg).draft.is_some() && s.may_draft(cfg, &prices));
     let want = Wants { stop_head, logits: want_logits, features, draft_stop: stop_head && drafting };
     let mut outs = engine.decode(&batch, want)?.into_iter();

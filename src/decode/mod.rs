@@ -8,6 +8,8 @@
 //!   generation returns;
 //! * [`draft`]: self-verified decoding's drafts and the gate that decides,
 //!   at the engine's measured prices, whether the next one is worth it;
+//! * [`tree`]: trees of drafts, the chain and the likeliest alternatives
+//!   to its tokens, verified by one forward;
 //! * [`ngram`]: drafts from the context itself (llama.cpp's `ngram-simple`);
 //! * [`copy`]: the same lookup as inputs of a draft head that copies;
 //! * [`generate`]: the decode loop for one or many sequences in lockstep;
@@ -22,3 +24,4 @@ pub mod generate;
 pub mod ngram;
 pub mod session;
 pub mod step;
+pub mod tree;

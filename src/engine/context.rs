@@ -99,21 +99,38 @@ impl Engine<'_> {
     /// Keeps `seq`'s last base forward up to its output row `row` (0: the
     /// first output row of `seq` in that forward) and drops the entries of
     /// the inputs after it: the drafted tokens a self-verified step rejected.
-    /// The next input of `seq` continues after that row, and micro step 0
-    /// reads that row's features (when the forward stored them), so the next
-    /// draft starts from the last accepted token.
+    /// In a tree of drafts, the path to `row` is kept and the sibling rows
+    /// go: a kept sibling's entry is copied into the cell of the drafted
+    /// token it replaced, so that the context's cells stay one run in
+    /// position order, as a chain's (a hole would change the order
+    /// attention sums in, and so its rounding). The next input of `seq` continues after that row, and
+    /// micro step 0 reads that row's features (when the forward stored
+    /// them), so the next draft starts from the last accepted token.
     ///
     /// # Errors
     /// When the last forward of `seq` had no such output row.
     pub fn keep_through_output(&mut self, seq: SeqId, row: usize) -> Result<()> {
-        let Some(&pos) = self.out_pos.get(seq).and_then(|p| p.get(row)) else {
+        let Some(&kept_row) = self.out_rows.get(seq).and_then(|p| p.get(row)) else {
             return Err(Error::Invalid(format!("sequence {seq}'s last base forward has no output row {row}")));
         };
-        let kept = self.kv.keep_prefix(seq, pos as usize + 1);
-        debug_assert_eq!(kept, pos as usize + 1, "a verified row is one token's entry");
+        if kept_row.sibling {
+            // Its entry goes where the chain's token at its position wrote,
+            // so the cells stay one run, as a chain's would.
+            let twin = self.out_rows[seq].iter().find(|o| !o.sibling && o.pos == kept_row.pos);
+            let Some(twin) = twin.copied() else {
+                return Err(Error::Invalid(format!("sequence {seq}'s sibling row {row} has no chain row beside it")));
+            };
+            self.kv.copy_cell(kept_row.cell, twin.cell)?;
+        }
+        for o in self.out_rows[seq].iter().filter(|o| o.sibling) {
+            self.kv.leave(o.cell, seq);
+        }
+        let pos = kept_row.pos as usize;
+        let kept = self.kv.keep_prefix(seq, pos + 1);
+        debug_assert_eq!(kept, pos + 1, "a verified row is one token's entry");
         self.next_pos[seq] = kept;
         self.rewrite_below[seq] = self.rewrite_below[seq].min(kept);
-        self.out_pos[seq].truncate(row + 1);
+        self.out_rows[seq].truncate(row + 1);
         if self.feature_row[seq].is_some() {
             self.feature_row[seq] = Some(row);
         }
@@ -127,7 +144,7 @@ impl Engine<'_> {
         self.micro.clear_seq(seq);
         self.next_pos[seq] = next;
         self.feature_row[seq] = None;
-        self.out_pos[seq].clear();
+        self.out_rows[seq].clear();
         self.rewrite_below[seq] = rewrite_below;
     }
 }

@@ -51,6 +51,15 @@ use crate::memory::row_class::RowClasses;
 use crate::model::Model;
 use crate::sampling::TokenLogprob;
 
+/// An output row of a sequence's last base forward: its rope position, the
+/// cell it wrote, and whether it was a sibling row of a tree of drafts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OutRow {
+    pos: i32,
+    cell: usize,
+    sibling: bool,
+}
+
 /// Attention windows start at a multiple of this many cells: ggml's CPU
 /// flash attention sums in tiles of 64 cells from the window's start, so
 /// a row sums over the same tiles wherever its sequence's window starts.
@@ -87,8 +96,8 @@ pub struct Engine<'m> {
     /// base forward's last output row, or the row [`Engine::keep_through_output`]
     /// kept); `None` when that forward stored no features.
     feature_row: Vec<Option<usize>>,
-    /// The rope positions of each sequence's output rows in its last base forward.
-    out_pos: Vec<Vec<i32>>,
+    /// Each sequence's output rows in its last base forward.
+    out_rows: Vec<Vec<OutRow>>,
     /// Per sequence: inputs at positions below this one rewrite, in place,
     /// the entry the sequence already holds there ([`Engine::rewind`]).
     rewrite_below: Vec<usize>,
@@ -140,7 +149,7 @@ impl<'m> Engine<'m> {
             micro_graphs: GraphCache::new(),
             next_pos: vec![0; p.n_seq],
             feature_row: vec![None; p.n_seq],
-            out_pos: vec![Vec::new(); p.n_seq],
+            out_rows: vec![Vec::new(); p.n_seq],
             rewrite_below: vec![0; p.n_seq],
             forwards: 0,
             attended_by_seq: true,
@@ -373,10 +382,11 @@ impl<'m> Engine<'m> {
         match run() {
             Ok(outs) => {
                 for s in batch.seqs() {
-                    self.out_pos[s].clear();
+                    self.out_rows[s].clear();
                 }
-                for ((&s, &p), &r) in layout.out_seqs.iter().zip(&layout.out_pos).zip(&layout.out_rank) {
-                    self.out_pos[s].push(p);
+                let rows = layout.out_pos.iter().zip(&layout.out_cells);
+                for ((&s, (&pos, &(cell, sibling))), &r) in layout.out_seqs.iter().zip(rows).zip(&layout.out_rank) {
+                    self.out_rows[s].push(OutRow { pos, cell, sibling });
                     self.feature_row[s] = want.features.then_some(r);
                 }
                 self.next_pos = next_pos;

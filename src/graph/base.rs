@@ -23,26 +23,37 @@ use crate::model::Model;
 
 /// The rope position of each input of `batch` (in batch order) given each
 /// sequence's next token position, and the next positions after it. A
-/// merged input sits at the position of its last token.
+/// merged input sits at the position of its last token, a sibling row
+/// ([`Batch::push_sibling_row`]) at that of the drafted token it stands beside.
 pub fn positions(batch: &Batch, next_pos: &[usize]) -> (Vec<i32>, Vec<usize>) {
     let mut next = next_pos.to_vec();
     let pos = batch
         .inputs()
         .iter()
         .map(|i| {
-            next[i.seq] += i.n_tokens;
-            (next[i.seq] - 1) as i32
+            let back = match i.sibling {
+                Some(back) => back + 1,
+                None => {
+                    next[i.seq] += i.n_tokens;
+                    1
+                }
+            };
+            next[i.seq].saturating_sub(back) as i32
         })
         .collect();
     (pos, next)
 }
 
+/// The most drafted tokens a tree of drafts holds (chain and siblings).
+pub const MAX_TREE_DRAFTS: usize = 8;
+
 /// Output rows per sequence whose features one base forward can store: a
 /// self-verified forward's last committed token and up to `max_steps - 1`
-/// drafted tokens. The feature store keeps this many slots per sequence, so
-/// that the next draft can start from whichever row was accepted last.
+/// drafted tokens, or [`MAX_TREE_DRAFTS`] in a tree. The feature store
+/// keeps this many slots per sequence, so that the next draft can start
+/// from whichever row was accepted last.
 pub fn feature_rows_per_seq(hp: &HParams) -> usize {
-    hp.max_steps
+    hp.max_steps.max(1 + MAX_TREE_DRAFTS)
 }
 
 /// The shape a base graph is built for.
@@ -126,6 +137,8 @@ pub struct BaseLayout {
     pub out_seqs: Vec<SeqId>,
     /// The rope position of each output row.
     pub out_pos: Vec<i32>,
+    /// The cache cell of each output row, and whether it is a sibling row.
+    pub out_cells: Vec<(usize, bool)>,
     /// Each output row's rank among its sequence's output rows (0 for the first).
     pub out_rank: Vec<usize>,
 }
@@ -177,8 +190,10 @@ impl BaseLayout {
         let permuted = perm.iter().enumerate().any(|(r, &p)| p != r as i32);
         let (f, r) = (hp.n_features(), feature_rows_per_seq(hp));
         let slots: Vec<usize> = out_seqs.iter().zip(&out_rank).map(|(&s, &k)| s * r + k).collect();
-        let rows: Vec<Row> =
-            graph_order.iter().map(|&i| Row { seq: inputs[i].seq, pos: pos[i], cell: cells[i] }).collect();
+        let rows: Vec<Row> = graph_order
+            .iter()
+            .map(|&i| Row { seq: inputs[i].seq, pos: pos[i], cell: cells[i], sibling: inputs[i].sibling.is_some() })
+            .collect();
         let attn = attn(&rows);
         BaseLayout {
             shape: BaseShape {
@@ -196,6 +211,7 @@ impl BaseLayout {
             rows,
             feat_idx: (0..f).flat_map(|fi| slots.iter().map(move |&c| (c * f + fi) as i64)).collect(),
             out_pos: outs.iter().map(|&i| pos[i]).collect(),
+            out_cells: outs.iter().map(|&i| (cells[i], inputs[i].sibling.is_some())).collect(),
             out_seqs,
             out_rank,
         }
@@ -333,6 +349,18 @@ mod tests {
     }
 
     #[test]
+    fn a_sibling_row_sits_at_the_position_of_the_drafted_token_it_stands_beside() {
+        let mut b = Batch::new();
+        b.push_output_rows(0, &[1, 2, 3]);
+        b.push_sibling_row(0, 4, 1);
+        b.push_sibling_row(0, 5, 0);
+        b.push_tokens(1, &[6]);
+        let (pos, next) = positions(&b, &[10, 3]);
+        assert_eq!(pos, [10, 11, 12, 11, 12, 3]);
+        assert_eq!(next, [13, 4]);
+    }
+
+    #[test]
     fn inputs_are_embedded_by_group_and_each_sequences_last_input_is_an_output_row() {
         let hp = small(4, 2, 4);
         let want = Wants { stop_head: true, logits: false, features: true, draft_stop: false };
@@ -353,8 +381,8 @@ mod tests {
         assert_eq!(rows, [(0, 5, 3), (0, 6, 0), (0, 8, 2), (1, 4, 1)]);
         assert_eq!(l.out_seqs, [0, 1]);
         // Feature f of sequence q's first output row goes to column q * R * F + f
-        // (R = 4 rows per sequence), grouped by feature.
-        assert_eq!(l.feat_idx, [0, 8, 1, 9]);
+        // (R = 9 rows per sequence: a tree's 8 drafts and the verified row), grouped by feature.
+        assert_eq!(l.feat_idx, [0, 18, 1, 19]);
         let shape = BaseShape {
             merged: vec![1, 1, 0],
             n_plain: 2,
@@ -398,7 +426,7 @@ mod tests {
         assert!(!l.shape.permuted && !l.shape.stop_head && !l.shape.features);
         assert_eq!(l.shape.merged, [0, 0, 0]);
         assert_eq!(l.out_seqs, [2]);
-        assert_eq!(l.feat_idx, [16, 17]);
+        assert_eq!(l.feat_idx, [36, 37]);
     }
 
     #[test]
@@ -424,8 +452,8 @@ mod tests {
         assert_eq!(l.out_pos, [3, 8, 9, 10]);
         // The forced token is no output: it goes first in graph order.
         assert_eq!(l.perm, [1, 0, 2, 3, 4]);
-        // Sequence 0's rows take its feature slots 0, 1, 2 (columns (0 * 4 + r) * 2 + f).
-        assert_eq!(l.feat_idx, [8, 0, 2, 4, 9, 1, 3, 5]);
+        // Sequence 0's rows take its feature slots 0, 1, 2 (columns (0 * 9 + r) * 2 + f).
+        assert_eq!(l.feat_idx, [18, 0, 2, 4, 19, 1, 3, 5]);
     }
 
     #[test]

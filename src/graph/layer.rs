@@ -21,6 +21,17 @@ pub struct Row {
     pub pos: i32,
     /// The cache cell written.
     pub cell: usize,
+    /// A sibling row of a tree of drafts ([`crate::memory::batch::Batch::push_sibling_row`]):
+    /// it attends no other row's cell at its own position, and no other row attends its cell.
+    pub sibling: bool,
+}
+
+/// Whether a tree of drafts hides `cell`, written by this graph's `writer`
+/// row (None: an earlier forward's), from the query row `r`: a sibling's
+/// cell is its own row's alone, and a sibling row sees no other row's cell
+/// at its own position (the drafted token it replaces, or another sibling).
+fn off_path(writer: Option<&Row>, r: &Row) -> bool {
+    writer.is_some_and(|w| w.cell != r.cell && w.seq == r.seq && (w.sibling || (r.sibling && w.pos == r.pos)))
 }
 
 /// The rows of one attention group and the window of cells they attend: a
@@ -131,7 +142,8 @@ impl AttnInputs {
     }
 
     /// Writes the values for `rows` (whose cells `cache` already holds): each
-    /// row attends the cells of its own sequence at positions up to its own.
+    /// row attends the cells of its own sequence at positions up to its own,
+    /// along its path where the rows hold a tree of drafts ([`Row::sibling`]).
     ///
     /// # Errors
     /// When a tensor cannot be written, or the rows do not fall into the
@@ -158,8 +170,10 @@ impl AttnInputs {
                 t.write(&m.iter().map(|&i| i as i32).collect::<Vec<_>>())?;
             }
             let w = gi.group.window;
+            let tree = rows.iter().any(|r| r.sibling);
+            let writer = |c: usize| if tree { rows.iter().find(|r| r.cell == c) } else { None };
             let allowed = m.iter().flat_map(|&i| (w.first..w.first + w.n_kv).map(move |c| (c, rows[i])));
-            let allowed = allowed.map(|(c, r)| cache.attends(c, r.seq, r.pos));
+            let allowed = allowed.map(|(c, r)| cache.attends(c, r.seq, r.pos) && !off_path(writer(c), &r));
             if self.flash {
                 gi.mask.write(&allowed.map(|a| if a { f16::ZERO } else { f16::NEG_INFINITY }).collect::<Vec<_>>())?;
             } else {

@@ -98,7 +98,7 @@ impl MicroLayout {
         want: MicroWants,
     ) -> MicroLayout {
         let (f, len) = (hp.n_features(), cells_per_seq(hp));
-        let row = |seq: SeqId, pos: usize| Row { seq, pos: pos as i32, cell: seq * len + pos };
+        let row = |seq: SeqId, pos: usize| Row { seq, pos: pos as i32, cell: seq * len + pos, sibling: false };
         let (rows, gather) = if s == 0 {
             let feature_rows = inputs
                 .iter()

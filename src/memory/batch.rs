@@ -4,7 +4,10 @@
 //! cell; the last input of each sequence in the batch yields outputs
 //! (logits, stop probability, features for the micro decoder), and so does
 //! every input pushed as an output row (the drafted tokens a self-verified
-//! forward checks, [`Batch::push_output_rows`]).
+//! forward checks, [`Batch::push_output_rows`]). A self-verified forward
+//! may check a tree of drafts: after the chain of drafted tokens come
+//! sibling rows ([`Batch::push_sibling_row`]), each an alternative to one
+//! of them, at its position, and each row attends only its own path.
 
 use crate::memory::kv_cache::SeqId;
 
@@ -19,6 +22,10 @@ pub struct BaseInput {
     pub n_tokens: usize,
     /// Whether it yields outputs even when it is not its sequence's last input.
     pub output: bool,
+    /// A sibling row: an alternative to a drafted token, at its position,
+    /// attended by no other row; the value is how many positions that
+    /// token lies before the sequence's last input that is no sibling.
+    pub sibling: Option<usize>,
 }
 
 /// The inputs of one base forward, in the order they were added.
@@ -46,11 +53,26 @@ impl Batch {
         self.push_rows(seq, tokens, true);
     }
 
+    /// Adds `token` of `seq` as a sibling row: an output row at the position
+    /// of the drafted token `back` positions before the last input of `seq`
+    /// that is no sibling, which it replaces on its path: it attends the
+    /// cells that token attends but that token's own (and the other rows'
+    /// at its position), and no other row attends it (a tree of drafts,
+    /// EAGLE-2's). Siblings go after the chain, so the chain's rows attend
+    /// their cells in the order a chain alone gives them.
+    pub fn push_sibling_row(&mut self, seq: SeqId, token: u32, back: usize) {
+        self.push_row(seq, token, true, Some(back));
+    }
+
     fn push_rows(&mut self, seq: SeqId, tokens: &[u32], output: bool) {
         for &t in tokens {
-            self.inputs.push(BaseInput { seq, first: self.tokens.len(), n_tokens: 1, output });
-            self.tokens.push(t);
+            self.push_row(seq, t, output, None);
         }
+    }
+
+    fn push_row(&mut self, seq: SeqId, token: u32, output: bool, sibling: Option<usize>) {
+        self.inputs.push(BaseInput { seq, first: self.tokens.len(), n_tokens: 1, output, sibling });
+        self.tokens.push(token);
     }
 
     /// Adds `tokens` of `seq` (a macro step's output) merged into ONE input.
@@ -58,7 +80,13 @@ impl Batch {
         if tokens.is_empty() {
             return;
         }
-        self.inputs.push(BaseInput { seq, first: self.tokens.len(), n_tokens: tokens.len(), output: false });
+        self.inputs.push(BaseInput {
+            seq,
+            first: self.tokens.len(),
+            n_tokens: tokens.len(),
+            output: false,
+            sibling: None,
+        });
         self.tokens.extend_from_slice(tokens);
     }
 

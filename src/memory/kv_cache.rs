@@ -403,6 +403,25 @@ impl KvCache {
         }
     }
 
+    /// Copies the keys and values of cell `from` into cell `to` in every
+    /// layer; the cells' bookkeeping stays as it was.
+    ///
+    /// # Errors
+    /// When a cell is beyond the cache, or a copy fails.
+    pub fn copy_cell(&mut self, from: usize, to: usize) -> Result<()> {
+        if from.max(to) >= self.cells.len() {
+            return Err(Error::Invalid(format!("cannot copy cell {from} to cell {to}: beyond the cache")));
+        }
+        self.copy_cells(from, to, 1)
+    }
+
+    /// Takes `seq` out of cell `cell`, freeing it when nothing else holds it.
+    pub fn leave(&mut self, cell: usize, seq: SeqId) {
+        if let Some(slot) = self.cells.get_mut(cell) {
+            leave(slot, seq);
+        }
+    }
+
     /// Frees cell `cell`.
     pub fn release(&mut self, cell: usize) {
         self.cells[cell] = None;

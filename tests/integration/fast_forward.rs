@@ -93,7 +93,7 @@ fn self_verified_outputs_obey_a_schema_on_the_trained_model() {
         .unwrap();
     let one = StepParams { confidence: 1.01, ..Default::default() };
     for (name, draft) in
-        [("gated", DraftParams::default()), ("k=3", DraftParams { n_max: Some(3), n_min: 3, p_min: 0.0, ngram: None })]
+        [("gated", DraftParams::default()), ("k=3", DraftParams { n_max: Some(3), n_min: 3, ..DraftParams::default() })]
     {
         for ff in [true, false] {
             let c = grammars.compile(&spec, MicroPolicy::BestAllowed, ff).unwrap();

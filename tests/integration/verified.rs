@@ -16,6 +16,8 @@
 //! equal up to the first position where the two disagree, and there the
 //! session's own logits must give the two tokens within [`NEAR_TIE`]: a
 //! near-tie that the summation order may flip, not a verification error.
+//! Trees of drafts are held to that second check only: a sibling row sums
+//! its cells, among the chain's that it does not attend, in another order.
 
 use std::path::{Path, PathBuf};
 
@@ -123,9 +125,10 @@ fn two_row_reference(model: &Model, prompt: &[u32], flash_attn: bool) -> Vec<u32
 
 /// The forced and gated drafts the tests run: 1, 2 and 3 tokens at every
 /// step (`n_min` = `n_max`), and the default (gated) drafts; then 3 and
-/// gated with the context drafting first (`ngram-simple,draft-mtp`).
+/// gated with the context drafting first (`ngram-simple,draft-mtp`); then
+/// trees of drafts: of 5 around 3 forced, and of 8 around the gated chain.
 fn drafts() -> Vec<(&'static str, DraftParams)> {
-    let forced = |k| DraftParams { n_max: Some(k), n_min: k, p_min: 0.0, ngram: None };
+    let forced = |k| DraftParams { n_max: Some(k), n_min: k, ..DraftParams::default() };
     let ngram = Some(hamburger::ngram::DEFAULT_SIZE);
     vec![
         ("k=1", forced(1)),
@@ -134,6 +137,8 @@ fn drafts() -> Vec<(&'static str, DraftParams)> {
         ("gated", DraftParams::default()),
         ("ngram k=3", DraftParams { ngram, ..forced(3) }),
         ("ngram gated", DraftParams { ngram, ..DraftParams::default() }),
+        ("tree 5 k=3", DraftParams { tree: 5, ..forced(3) }),
+        ("tree 8 gated", DraftParams { tree: 8, ..DraftParams::default() }),
     ]
 }
 
@@ -152,7 +157,12 @@ fn check_exact(model: &Path, prompts: &[Vec<u32>], flash_attn: bool) -> Vec<(&'s
         let check = |&(name, draft, pi): &(&'static str, DraftParams, usize)| {
             let (prompt, (want, plain)) = (&prompts[pi], &references[pi]);
             let gen = generate(&mut session(&model, Some(draft), flash_attn), prompt);
-            assert_eq!(&gen.output_ids, want, "{name}, prompt {pi}: verified tokens against the two-row reference");
+            // A tree's sibling rows sum their cells in another order than a
+            // chain's (`a_sibling_row_reads_its_path_and_is_kept_in_place`):
+            // they agree with the reference up to near-ties only.
+            if draft.tree == 0 {
+                assert_eq!(&gen.output_ids, want, "{name}, prompt {pi}: verified tokens against the two-row reference");
+            }
             assert_eq!(gen.timings.kv_entries, prompt.len() + gen.output_ids.len() - 1, "one KV entry per token");
             if name.contains("k=") {
                 // Every step drafts, but the last (nothing follows) and
@@ -227,6 +237,8 @@ fn greedy_verified_equals_one_token_per_step_on_the_trained_smollm2() {
     assert!(acceptance.iter().any(|&(_, a)| a > 0.3), "{acceptance:?}");
     let of = |name| acceptance.iter().find(|a| a.0 == name).map(|a| a.1).unwrap();
     assert!(of("ngram k=3") > of("k=3"), "{acceptance:?}");
+    // A tree's siblings are accepted where the chain's token is not.
+    assert!(of("tree 5 k=3") > of("k=3"), "{acceptance:?}");
 }
 
 /// Quantized (Q8_0) weights: a verify forward's rows and one token's row sum
@@ -255,4 +267,47 @@ fn quantized_verified_output_agrees_up_to_near_ties() {
     eprintln!(
         "Q8_0: {agree} of {runs} verified answers equal the one-token-per-step answers; the others part at near-ties"
     );
+}
+
+/// A tree of drafts' sibling row reads what a chain of its path reads (the
+/// sums over its cells in another order: within rounding), and once it is
+/// kept its entry takes the place of the drafted token it replaced: the
+/// context's cells are one run again, and the next forward reads what it
+/// reads after the chain (bit for bit, but for the sibling's own rounding).
+#[test]
+fn a_sibling_row_reads_its_path_and_is_kept_in_place() {
+    for ty in [ggml::Type::F32, ggml::Type::Q8_0] {
+        let model = open(&trained(ty));
+        let prompt = &smollm2_prompts(&model)[3];
+        let want = Wants { stop_head: false, logits: true, features: false, draft_stop: false };
+        let (t0, d1, s1, d2, next) = (prompt[prompt.len() - 1], 100, 200, 300, 400);
+        let run = |tree: bool| {
+            let mut engine = Engine::new(&model, &engine_params(false)).unwrap();
+            let mut batch = Batch::new();
+            batch.push_tokens(0, &prompt[..prompt.len() - 1]);
+            engine.decode(&batch, want).unwrap();
+            let mut batch = Batch::new();
+            let row = if tree {
+                // s1 stands beside d1, one position before the chain's last token d2.
+                batch.push_output_rows(0, &[t0, d1, d2]);
+                batch.push_sibling_row(0, s1, 1);
+                3
+            } else {
+                batch.push_output_rows(0, &[t0, s1]);
+                1
+            };
+            let rows = engine.decode(&batch, want).unwrap();
+            engine.keep_through_output(0, row).unwrap();
+            let cells = engine.kv().entries_of(0);
+            let mut batch = Batch::new();
+            batch.push_tokens(0, &[next]);
+            let after = engine.decode(&batch, want).unwrap().remove(0).1;
+            (rows[row].1.logits.clone().unwrap(), cells, after.logits.unwrap())
+        };
+        let (tree, chain) = (run(true), run(false));
+        let gap = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+        assert!(gap(&tree.0, &chain.0) < 1e-3, "{ty}: the sibling row's logits, {}", gap(&tree.0, &chain.0));
+        assert_eq!(tree.1, chain.1, "{ty}: the cells kept and their positions");
+        assert!(gap(&tree.2, &chain.2) < 1e-3, "{ty}: the next forward's logits, {}", gap(&tree.2, &chain.2));
+    }
 }

@@ -161,7 +161,7 @@ fn verified_sampling_is_distributed_as_one_token_per_step() {
     let (stat, df, threshold) = chi_square(&plain, &exact);
     eprintln!("one token per step: chi-square {stat:.1} on {df} degrees of freedom (threshold {threshold:.1})");
     assert!(stat < threshold, "the one-token sampler against its own exact distribution");
-    let draft = DraftParams { n_max: Some(2), n_min: 2, p_min: 0.0, ngram: None };
+    let draft = DraftParams { n_max: Some(2), n_min: 2, ..DraftParams::default() };
     let (verified, acceptance) = sample(&model, Some(draft));
     let (stat, df, threshold) = chi_square(&verified, &exact);
     eprintln!(

@@ -132,6 +132,7 @@ pub fn flag(p: Param) -> &'static str {
         Param::DraftNMax => "--spec-draft-n-max",
         Param::DraftNMin => "--spec-draft-n-min",
         Param::DraftPMin => "--spec-draft-p-min",
+        Param::DraftTree => "--spec-draft-tree",
         Param::NgramSizeN => "--spec-ngram-simple-size-n",
         Param::Device => "--device",
         Param::TensorSplit => "--tensor-split",

@@ -71,6 +71,12 @@ pub struct SpecArgs {
     /// decoder, or -md's model) ends the draft (default 0).
     #[arg(long, alias = "draft-p-min", value_parser = finite, allow_negative_numbers = true)]
     pub spec_draft_p_min: Option<f32>,
+    /// Self-verified, greedy: verify a tree of up to N drafts, the micro
+    /// decoder's chain and the likeliest alternatives to its tokens, best
+    /// first (more rows per verify forward, no more micro steps; worth it
+    /// where rows are cheap). 0: the chain alone (default).
+    #[arg(long, value_name = "N")]
+    pub spec_draft_tree: Option<usize>,
 }
 
 impl SpecArgs {
@@ -93,6 +99,7 @@ impl SpecArgs {
                 n_min: self.spec_draft_n_min.unwrap_or(0),
                 p_min: self.spec_draft_p_min.unwrap_or(0.0),
                 ngram: ngram.then(|| self.spec_ngram_simple_size_n.unwrap_or(hamburger::ngram::DEFAULT_SIZE)),
+                tree: self.spec_draft_tree.unwrap_or(0),
             })),
             SpecType::DraftModel if !draft_model => {
                 anyhow::bail!("--spec-type draft-simple needs a draft model (-md, --model-draft)")
@@ -103,6 +110,7 @@ impl SpecArgs {
                     ("--spec-draft-n-max", self.spec_draft_n_max.is_some()),
                     ("--spec-draft-n-min", self.spec_draft_n_min.is_some()),
                     ("--spec-draft-p-min", self.spec_draft_p_min.is_some()),
+                    ("--spec-draft-tree", self.spec_draft_tree.is_some()),
                     ("--spec-ngram-simple-size-n", self.spec_ngram_simple_size_n.is_some()),
                 ];
                 // Accepted with a warning, as llama.cpp's tools take them
@@ -150,6 +158,9 @@ impl DraftModelArgs {
             anyhow::bail!(
                 "--spec-type draft-mtp drafts with -m's own micro decoder, -md with a draft model: give one of them"
             );
+        }
+        if spec.spec_draft_tree.is_some() {
+            anyhow::bail!("--spec-draft-tree verifies the micro decoder's drafts (--spec-type draft-mtp), not -md's");
         }
         let d = hamburger::draft_model::DraftModelParams::default();
         let p = hamburger::draft_model::DraftModelParams {

@@ -40,7 +40,8 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
     `ngrams`, also every draft with the context's n-grams drafting first
     (with `with_runtime`, the runtime's too: every draft, and its gate); for
     each size in `trees`, also a tree of that many drafts at every verify
-    forward (`TreeRule`, the tool's alone)."""
+    forward (`TreeRule`; with `with_runtime`, the runtime's too,
+    `--spec-draft-tree`, beside the tool's walk of the texts it wrote)."""
     grafted = grafted or work / "draft" / "grafted.safetensors"
     if any(n < 1 for n in ngrams or []):
         raise SystemExit(f"accept: --ngram {','.join(map(str, ngrams))}: n-gram sizes are 1 or more")
@@ -83,9 +84,14 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
             report["runtime"] = [fixed] + [runtime(bin_dir, gguf, walked, p, threads)[0] for p in sorted({0.0, *p_mins})]
             report["runtime"] += [runtime(bin_dir, gguf, walked, 0.0, threads, f, n)[0]
                                   for n in ngrams or [] for f in (n_max, None)]
+            tree_runs = [(n, runtime(bin_dir, gguf, walked, 0.0, threads, n_max, tree=n)) for n in trees or []]
         # The tool's walk of the very texts the runtime wrote with n_max drafts at every verify forward.
         own = measure(model, features.in_memory(model, texts), [DraftRule(n_max, None, None)])[0]
         report["runtime_texts"] = asdict(own)
+        # And of the texts it wrote with each tree, beside its own counts.
+        report["runtime_trees"] = [
+            {"runtime": ours, "tool": asdict(measure(model, features.in_memory(model, t), [TreeRule(n, n_max)])[0])}
+            for n, (ours, t) in tree_runs]
     if as_json:
         print(json.dumps(report))
         return
@@ -102,7 +108,7 @@ def run(work: Path, bin_dir: Path, base: Path, grafted: Path | None, prompts: Pa
         print(f"| `accept` on the runtime's own texts, {r['rule']} | {r['forwards']} | {r['verify_forwards']} "
               f"| {r['accepted_per_forward']:.3f} | {r['accepted_per_verify_forward']:.3f} "
               f"| {r['drafted_per_forward']:.3f} | | |")
-    for r in report.get("runtime", []):
+    for r in report.get("runtime", []) + [t["runtime"] for t in report.get("runtime_trees", [])]:
         print(f"| runtime (Q8_0), {r['rule']}, p >= {r['p_min']:g}: same text {r['same_text']}/{r['answers']}, "
               f"shared prefix {r['shared_prefix']:.1f} "
               f"| {r['forwards']} | {r['verify_forwards']} | {r['accepted_per_forward']:.3f} "
@@ -118,12 +124,14 @@ def runtime_gguf(bin_dir: Path, model: HAMburger, base: Path, tmp: Path) -> Path
 
 
 def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, threads: int,
-            fixed: int | None = None, ngram: int | None = None) -> tuple[dict, list[tuple[str, list[int], int]]]:
+            fixed: int | None = None, ngram: int | None = None,
+            tree: int = 0) -> tuple[dict, list[tuple[str, list[int], int]]]:
     """The runtime's self-verified greedy decoding (`hamburger-cli
     --spec-type draft-mtp`, or with `ngram` `ngram-simple,draft-mtp` of that
     n-gram size; with `fixed`, exactly that many drafts at every
     verify forward, the ungated rule of that n_max, which `measure` walks
-    alike; else the runtime's own gate, which prices drafts by the times it
+    alike, and with `tree` a tree of that many drafts (`--spec-draft-tree`,
+    `TreeRule`'s); else the runtime's own gate, which prices drafts by the times it
     measures and so follows the machine, not `gate.py`) of each answer's prompt ids, as many tokens as
     the answer has before the end-of-turn token `tokenize` ends it with: its
     drafts, accepted drafts and verify forwards summed (the CLI's timings),
@@ -143,6 +151,8 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
             else ["--spec-type", "draft-mtp"]
         if fixed is not None:
             cmd += ["--spec-draft-n-min", str(fixed), "--spec-draft-n-max", str(fixed)]
+        if tree:
+            cmd += ["--spec-draft-tree", str(tree)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(f"accept: {cmd[0]} failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -156,6 +166,7 @@ def runtime(bin_dir: Path, gguf: Path, answers: list[dict], p_min: float, thread
         shared += k
     n = max(len(answers), 1)
     rule = (f"n_max {fixed}" if fixed is not None else "gate") + (f", ngram-simple n {ngram} first" if ngram else "")
+    rule = f"tree of {tree}, {rule}" if tree else rule
     return {"rule": rule, "p_min": p_min, "answers": len(answers),
             "same_text": same, "shared_prefix": shared / n,
             "forwards": forwards, "verify_forwards": verifies, "accepted_per_forward": accepted / max(forwards, 1),

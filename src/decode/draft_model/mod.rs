@@ -112,7 +112,8 @@ impl DraftModelParams {
     /// As [`DraftModelParams::validate`].
     pub fn rule(&self, n_batch: usize) -> Result<StepRule, ParamError> {
         self.validate(n_batch)?;
-        let draft = DraftRule { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, by_model: true, ngram: None };
+        let draft =
+            DraftRule { n_max: self.n_max, n_min: self.n_min, p_min: self.p_min, by_model: true, ngram: None, tree: 0 };
         Ok(StepRule { max_steps: self.n_max + 1, confidence: 1.0, forced: false, draft: Some(draft) })
     }
 }

@@ -5,6 +5,7 @@
 //! inputs.
 
 use super::SeqGen;
+use crate::decode::tree;
 use crate::memory::batch::Batch;
 use crate::memory::kv_cache::SeqId;
 use crate::memory::row_class::fresh_chunk;
@@ -43,7 +44,7 @@ impl Pending {
 pub(super) struct Fed {
     /// Its index in the sequences.
     pub(super) index: usize,
-    /// Drafted tokens fed (self-verified), whose rows are output rows.
+    /// Drafted rows fed (self-verified: a tree's siblings included), each an output row.
     pub(super) drafts: usize,
     /// Whether everything committed is fed: its outputs are the next token's.
     pub(super) complete: bool,
@@ -60,7 +61,8 @@ pub(super) struct Fed {
 /// multiples of `n_batch` positions; `next_pos` is the sequence's next
 /// position in the cache); then, when all of that fits, its drafts (whole,
 /// or none: drafts that do not fit are dropped), the last committed token
-/// and each drafted one an output row.
+/// and each drafted one an output row (a tree's siblings after the chain,
+/// [`tree::rows`]).
 pub(super) fn feed(
     sg: &mut SeqGen,
     index: usize,
@@ -92,7 +94,7 @@ pub(super) fn feed(
     let prompt = if sg.pending.plain.is_empty() { (*budget).min(end - pos) } else { 0 };
     *budget -= prompt;
     let complete = sg.pending.plain.is_empty() && sg.fed + prompt == sg.prompt.len();
-    let n_drafts = sg.draft.tokens.len();
+    let n_drafts = sg.draft.n_rows();
     // Drafts follow a verified token, the one plain input (no forced token, no prompt).
     let drafts = if complete && prompt == 0 && plain.len() == 1 && n_drafts <= *budget { n_drafts } else { 0 };
     if drafts < n_drafts {
@@ -101,7 +103,14 @@ pub(super) fn feed(
     *budget -= drafts;
     if drafts > 0 {
         batch.push_output_rows(seq, &plain);
-        batch.push_output_rows(seq, &sg.draft.tokens);
+        let chain = sg.draft.tokens.len();
+        for node in tree::rows(&sg.draft.tokens, &sg.draft.siblings) {
+            if node.sibling {
+                batch.push_sibling_row(seq, node.token, chain - node.depth);
+            } else {
+                batch.push_output_rows(seq, &[node.token]);
+            }
+        }
     } else {
         batch.push_tokens(seq, &plain);
     }

@@ -8,6 +8,7 @@
 use super::{DecodeConfig, SeqGen};
 use crate::decode::draft::DraftRule;
 use crate::decode::step::MacroStep;
+use crate::decode::tree::Level;
 use crate::decode::{copy, ngram};
 use crate::engine::forward_cost::Prices;
 use crate::engine::Engine;
@@ -91,6 +92,11 @@ pub(super) fn run(
         let sg = &mut *seqs[st.index];
         // Drafted tokens are no history until verified.
         sg.history.truncate(sg.history.len() - sg.draft.tokens.len());
+        if let Some(rule) = sg.rule(cfg).draft {
+            // A tree's rows take cells too, as the chain's do (`draft_token`).
+            let room = sg.cells_left(engine).saturating_sub(1);
+            sg.draft.grow_tree(sg.tree_nodes(&rule).min(room));
+        }
         sg.end_step(st.step, st.n_forced, cfg, engine);
     }
     Ok(())
@@ -185,7 +191,9 @@ fn draft_token(
         let before = sg.constraint.as_ref().map(|c| c.mark());
         sg.draft.mark = sg.draft.mark.or(before);
         let (token, q) = sg.draw(&out, true)?;
-        let prob = out.logits.as_deref().map_or(1.0, |l| TokenLogprob::new(l, token, 0).logprob.exp());
+        let tree = sg.tree_nodes(rule);
+        let lp = out.logits.as_deref().map(|l| TokenLogprob::new(l, token, tree));
+        let prob = lp.as_ref().map_or(1.0, |lp| lp.logprob.exp());
         if !rule.keeps(depth, prob) {
             sg.history.pop();
             if let (Some(c), Some(mark)) = (&mut sg.constraint, before) {
@@ -195,6 +203,10 @@ fn draft_token(
         }
         sg.draft.tokens.push(token);
         sg.draft.q.push(q);
+        if let Some(lp) = lp.filter(|_| tree > 0) {
+            let alternatives = lp.top.into_iter().filter(|&(t, _)| t != token).map(|(t, l)| (t, l.exp()));
+            sg.draft.levels.push(Level { p: prob, alternatives: alternatives.collect() });
+        }
         st.p_stop = out.p_stop;
     }
     let last = *sg.draft.tokens.last().or(st.step.tokens.last())?;

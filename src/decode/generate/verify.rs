@@ -2,7 +2,9 @@
 //! token and the drafted tokens after it, one row each; the base's
 //! distribution at each row accepts the next drafted token or replaces it
 //! (speculative sampling, [`crate::sampling::Sampler::verify_draft`]; greedy: the
-//! tokens agree or the base's own token takes its place), and at the first
+//! tokens agree or the base's own token takes its place; in a tree of
+//! drafts, [`crate::decode::tree`], a sibling that is the base's token is
+//! accepted instead, and ends the path), and at the first
 //! rejection, or after the last draft, the base adds its own token. So every
 //! token is the base's, drawn as one token per forward would draw it. A
 //! draft model's drafts ([`super::model_drafts`]) are checked as
@@ -16,6 +18,7 @@
 use super::micro_loop::Start;
 use super::{DecodeConfig, SeqGen};
 use crate::decode::step::MacroStep;
+use crate::decode::tree;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::graph::StepOut;
@@ -38,14 +41,21 @@ pub(super) fn check(
     features: bool,
 ) -> Result<Start> {
     let draft = sg.take_draft();
-    let drafted = draft.tokens.len();
+    let nodes = tree::rows(&draft.tokens, &draft.siblings);
+    let drafted = nodes.len();
     debug_assert_eq!(rows.len(), drafted + 1, "one output row per drafted token, and the verified one's");
     let by_model = sg.rule(cfg).draft.is_some_and(|d| d.by_model);
     let mut step = MacroStep::default();
-    let mut accepted = 0;
-    for (j, mut out) in rows.into_iter().enumerate() {
+    let (mut accepted, mut chain_accepted) = (0, 0);
+    let mut rows: Vec<Option<StepOut>> = rows.into_iter().map(Some).collect();
+    // The output row read next, and once the check ends the last accepted one.
+    let mut row = 0;
+    let mut on_chain = true;
+    loop {
+        let mut out = rows[row].take().expect("each output row is read once");
+        let j = step.tokens.len();
         let p = sg.distribution(&out, true);
-        let (token, agreed) = match draft.tokens.get(j) {
+        let (token, mut agreed) = match draft.tokens.get(j).filter(|_| on_chain) {
             Some(&d) if by_model => {
                 // As llama-server: the row's token is drawn as a plain decode
                 // draws it, so the output is the same with drafts or without.
@@ -62,6 +72,14 @@ pub(super) fn check(
             },
             None => (sg.sampler.draw(&p), false),
         };
+        chain_accepted += usize::from(agreed);
+        let mut next = nodes.iter().position(|n| !n.sibling && n.depth == j + 1).filter(|_| agreed);
+        if on_chain && !agreed {
+            // A tree (greedy): the base's token may be a sibling's, whose path ends with it.
+            next = nodes.iter().position(|n| n.sibling && n.depth == j + 1 && n.token == token);
+            agreed = next.is_some();
+            on_chain = !agreed;
+        }
         if let Some(c) = &mut sg.constraint {
             c.commit(token);
         }
@@ -75,14 +93,18 @@ pub(super) fn check(
             step.logits.push(out.logits.take().unwrap_or_default());
         }
         accepted += usize::from(agreed);
+        if let Some(n) = next {
+            row = n + 1;
+        }
         if !agreed || sg.is_eog(cfg, token) || step.tokens.len() >= sg.remaining() {
             break;
         }
     }
-    engine.keep_through_output(sg.seq, accepted)?;
+    engine.keep_through_output(sg.seq, row)?;
     let gate = if draft.from_context { &mut sg.context_gate } else { &mut sg.gate };
     if let Some(gate) = gate {
-        gate.record(&draft.p_stop_before, accepted);
+        // The gate weighs the chain's drafts: it learns how many of them held.
+        gate.record(&draft.p_stop_before, chain_accepted);
     }
     let t = &mut sg.gen.timings;
     t.drafted += drafted;

@@ -231,6 +231,7 @@ fn invalid_flags() {
         (&["--spec-draft-n-min", "3", "--spec-draft-n-max", "1"], &["--spec-draft-n-min", "--spec-draft-n-max"]),
         (&["--spec-draft-p-min", "1.5"], &["--spec-draft-p-min", "1.5"]),
         (&["--spec-draft-p-min", "nan"], &["--spec-draft-p-min"]),
+        (&["--spec-draft-tree", "9"], &["--spec-draft-tree", "9"]),
     ] {
         assert_clean_error(&[&mtp[..], extra].concat(), names);
     }
@@ -477,6 +478,7 @@ fn draft_model_flags_and_a_draft_of_another_vocabulary() {
         &["--spec-draft-n-min 3", "--spec-draft-n-max 2"],
     );
     run(&["-md", h, "--spec-draft-p-min", "1.5"], &["--spec-draft-p-min 1.5"]);
+    run(&["-md", h, "--spec-draft-tree", "5"], &["--spec-draft-tree", "-md"]);
     run(&["-md", h, "--spec-draft-n-max", "600", "-b", "512"], &["--spec-draft-n-max 600", "-b 512"]);
     run(&["-md", h, "--grammar", "start: \"a\""], &["-md", "grammar"]);
     run(&["-md", "/nonexistent/draft.gguf"], &["-md", "/nonexistent/draft.gguf"]);

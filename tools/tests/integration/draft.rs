@@ -217,7 +217,8 @@ fn macro_modules_kept_and_the_trained_ones_beside_them(grafted: &Path) {
 /// `--runtime` the runtime decodes the same prompts self-verified with the
 /// trained head (hamburger-cli, Q8_0): one measure, two tools that agree.
 /// Trees of drafts (`--tree`) are taken best-first, so a larger tree holds
-/// a smaller one and accepts at least as much at every row.
+/// a smaller one and accepts at least as much at every row; the runtime's
+/// trees (`--spec-draft-tree`) agree with the tool's on the texts it wrote.
 fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir: &Path) {
     let prompts = dir.join("few.jsonl");
     let rows: Vec<String> = ["Tell me a story.", "Write a function.", "What is a list?"]
@@ -272,6 +273,19 @@ fn accept_measures_the_draft_head_on_the_verifiers_own_answers(work: &Path, dir:
     assert!((f(&ours, "drafted_per_forward") - f(tool, "drafted_per_forward")).abs() < 0.2, "{ours} {tool}");
     let accepted = (f(&ours, "accepted_per_verify_forward"), f(tool, "accepted_per_verify_forward"));
     assert!((accepted.0 - accepted.1).abs() < 0.1, "{ours} {tool}");
+    // Trees of drafts: the runtime's (`--spec-draft-tree`) and the tool's
+    // walk of the texts it wrote take the same base forwards and tree sizes.
+    let runtime_trees = report["runtime_trees"].as_array().unwrap();
+    assert_eq!(runtime_trees.len(), 3, "{report}");
+    for t in runtime_trees {
+        let (ours, tool) = (&t["runtime"], &t["tool"]);
+        assert!((f(ours, "forwards") - f(tool, "forwards")).abs() <= 0.05 * f(tool, "forwards"), "{t}");
+        assert!((f(ours, "drafted_per_forward") - f(tool, "drafted_per_forward")).abs() < 0.2, "{t}");
+        let accepted = (f(ours, "accepted_per_verify_forward"), f(tool, "accepted_per_verify_forward"));
+        assert!((accepted.0 - accepted.1).abs() < 0.1, "{t}");
+    }
+    let tree8 = &runtime_trees[2]["runtime"];
+    assert!(f(tree8, "drafted_per_forward") > f(&ours, "drafted_per_forward") + 2.0, "{tree8} {ours}");
     // With p_min 1 the runtime drafts nothing, as the tool's rule does.
     let never = report["runtime"].as_array().unwrap().iter().find(|r| r["p_min"] == json!(1.0)).unwrap().clone();
     assert_eq!((never["verify_forwards"].as_u64(), never["drafted_per_forward"].as_f64()), (Some(0), Some(0.0)));

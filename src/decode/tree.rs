@@ -1,0 +1,100 @@
+//! Trees of drafts: one verify forward checks the chain the micro decoder
+//! drafted and, beside it, the likeliest alternatives to its tokens
+//! (siblings read from the same micro steps' distributions, so a tree costs
+//! more rows and no more micro steps), each row attending only its own
+//! path. The nodes are taken best-first by the micro decoder's probability
+//! of the path to each, as EAGLE-2's dynamic trees are, and an accepted
+//! sibling ends the path (nothing is drafted after it). Greedy decoding
+//! only: the base keeps the node whose token is its own, so the text is
+//! the base's.
+
+/// What one micro step drafted: the chain's token's probability under the
+/// micro decoder, and the likeliest other tokens with theirs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Level {
+    /// The drafted token's probability.
+    pub p: f32,
+    /// The next likeliest tokens and their probabilities, likeliest first.
+    pub alternatives: Vec<(u32, f32)>,
+}
+
+/// One drafted row of a verify forward after the last verified token's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    /// Drafts from the verified token to it, itself included (1: the first).
+    pub depth: usize,
+    /// Its token.
+    pub token: u32,
+    /// Whether it is a sibling (an alternative to the chain's token at its
+    /// depth) rather than the chain's.
+    pub sibling: bool,
+}
+
+/// The tree of at most `nodes` drafts (chain tokens and siblings) best-first
+/// by path probability among the chain of `levels` (one per drafted token)
+/// and their alternatives: how many chain tokens it keeps, and the
+/// siblings, each `(depth, token)`, by depth. A node's parent (the chain
+/// token before its depth) is in the tree, and so is the chain's token at a
+/// sibling's depth (whose position the sibling shares in the verify
+/// forward): the nodes without them (ties) are left out.
+pub fn choose(levels: &[Level], nodes: usize) -> (usize, Vec<(usize, u32)>) {
+    // (path probability, depth, None for the chain's token, or an alternative)
+    let mut scored: Vec<(f32, usize, Option<u32>)> = Vec::new();
+    let mut before = 1.0f32;
+    for (i, l) in levels.iter().enumerate() {
+        scored.push((before * l.p, i + 1, None));
+        scored.extend(l.alternatives.iter().map(|&(t, q)| (before * q, i + 1, Some(t))));
+        before *= l.p;
+    }
+    // Stable: the chain's token first among equals, alternatives in order.
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.truncate(nodes);
+    let mut chain = 0;
+    while scored.iter().any(|&(_, d, t)| d == chain + 1 && t.is_none()) {
+        chain += 1;
+    }
+    let mut siblings: Vec<(usize, u32)> =
+        scored.iter().filter_map(|&(_, d, t)| t.filter(|_| d <= chain).map(|t| (d, t))).collect();
+    siblings.sort_by_key(|&(d, _)| d);
+    (chain, siblings)
+}
+
+/// The drafted rows of a verify forward in the order it reads them: the
+/// chain, then the siblings by depth (so the chain's rows attend their
+/// cells in the order a chain alone gives them, and round alike).
+pub fn rows(chain: &[u32], siblings: &[(usize, u32)]) -> Vec<Node> {
+    let chain = chain.iter().enumerate().map(|(i, &token)| Node { depth: i + 1, token, sibling: false });
+    chain.chain(siblings.iter().map(|&(depth, token)| Node { depth, token, sibling: true })).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn level(p: f32, alternatives: &[(u32, f32)]) -> Level {
+        Level { p, alternatives: alternatives.to_vec() }
+    }
+
+    #[test]
+    fn best_first_by_path_probability() {
+        // Paths: chain 0.6, 0.3, 0.06; alternatives 0.3 and 0.05 (depth 1), 0.15 (2), 0.06 and 0.03 (3).
+        let levels =
+            [level(0.6, &[(10, 0.3), (11, 0.05)]), level(0.5, &[(20, 0.25)]), level(0.2, &[(30, 0.2), (31, 0.1)])];
+        assert_eq!(choose(&levels, 3), (2, vec![(1, 10)]));
+        assert_eq!(choose(&levels, 4), (2, vec![(1, 10), (2, 20)]));
+        assert_eq!(choose(&levels, 5), (3, vec![(1, 10), (2, 20)]));
+        assert_eq!(choose(&levels, 6), (3, vec![(1, 10), (2, 20), (3, 30)]));
+        assert_eq!(choose(&levels, 7), (3, vec![(1, 10), (1, 11), (2, 20), (3, 30)]));
+        // A sibling whose chain token is not in the tree has no row to share: left out.
+        assert_eq!(choose(&[level(0.2, &[(10, 0.5)])], 1), (0, vec![]));
+        assert_eq!(choose(&levels, 1), (1, vec![]));
+        assert_eq!(choose(&[], 4), (0, vec![]));
+    }
+
+    #[test]
+    fn rows_put_siblings_after_the_chain() {
+        let r = rows(&[5, 6], &[(1, 7), (1, 8), (2, 9)]);
+        let tokens: Vec<(usize, u32, bool)> = r.iter().map(|n| (n.depth, n.token, n.sibling)).collect();
+        assert_eq!(tokens, [(1, 5, false), (2, 6, false), (1, 7, true), (1, 8, true), (2, 9, true)]);
+    }
+}
