@@ -2,6 +2,8 @@
 //! positions, cells written, mask), which fill themselves from the cache and
 //! the rows of a batch, and the Llama decoder layer.
 
+use std::collections::HashMap;
+
 use ggml::{Context, Graph, Tensor, Type};
 use half::f16;
 
@@ -165,13 +167,17 @@ impl AttnInputs {
         {
             return Err(Error::Invalid("the rows do not fit the graph's attention groups".into()));
         }
+        // A tree of drafts: the row that wrote each cell of this forward.
+        let written: HashMap<usize, &Row> = match rows.iter().any(|r| r.sibling) {
+            true => rows.iter().map(|r| (r.cell, r)).collect(),
+            false => HashMap::new(),
+        };
         for (m, gi) in members.iter().zip(&self.groups) {
             if let Some(t) = &gi.rows {
                 t.write(&m.iter().map(|&i| i as i32).collect::<Vec<_>>())?;
             }
             let w = gi.group.window;
-            let tree = rows.iter().any(|r| r.sibling);
-            let writer = |c: usize| if tree { rows.iter().find(|r| r.cell == c) } else { None };
+            let writer = |c: usize| written.get(&c).copied();
             let allowed = m.iter().flat_map(|&i| (w.first..w.first + w.n_kv).map(move |c| (c, rows[i])));
             let allowed = allowed.map(|(c, r)| cache.attends(c, r.seq, r.pos) && !off_path(writer(c), &r));
             if self.flash {
