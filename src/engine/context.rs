@@ -103,9 +103,10 @@ impl Engine<'_> {
     /// go: a kept sibling's entry is copied into the cell of the drafted
     /// token it replaced, so that the context's cells stay one run in
     /// position order, as a chain's (a hole would change the order
-    /// attention sums in, and so its rounding). The next input of `seq` continues after that row, and
-    /// micro step 0 reads that row's features (when the forward stored
-    /// them), so the next draft starts from the last accepted token.
+    /// attention sums in, and so its rounding). The next input of `seq`
+    /// continues after that row, and micro step 0 reads that row's features
+    /// (when the forward stored them), so the next draft starts from the
+    /// last accepted token.
     ///
     /// # Errors
     /// When the last forward of `seq` had no such output row.
