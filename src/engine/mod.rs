@@ -40,7 +40,7 @@ use crate::engine::counters::EngineCounters;
 use crate::engine::forward_cost::ForwardCosts;
 use crate::error::{Error, Result};
 use crate::error::{Param, ParamError};
-use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, OutputRows, Wants};
+use crate::graph::base::{self, BaseInputs, BaseLayout, BaseShape, OutRow, OutputRows, Wants};
 use crate::graph::cache::GraphCache;
 use crate::graph::layer::{attn_groups, Row};
 use crate::graph::micro::{self, MicroInputs, MicroLayout, MicroShape, MicroWants};
@@ -50,15 +50,6 @@ use crate::memory::kv_cache::{KvCache, SeqId, Window, KV_TILE};
 use crate::memory::row_class::RowClasses;
 use crate::model::Model;
 use crate::sampling::TokenLogprob;
-
-/// An output row of a sequence's last base forward: its rope position, the
-/// cell it wrote, and whether it was a sibling row of a tree of drafts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct OutRow {
-    pos: i32,
-    cell: usize,
-    sibling: bool,
-}
 
 /// Attention windows start at a multiple of this many cells: ggml's CPU
 /// flash attention sums in tiles of 64 cells from the window's start, so
@@ -384,9 +375,8 @@ impl<'m> Engine<'m> {
                 for s in batch.seqs() {
                     self.out_rows[s].clear();
                 }
-                let rows = layout.out_pos.iter().zip(&layout.out_cells);
-                for ((&s, (&pos, &(cell, sibling))), &r) in layout.out_seqs.iter().zip(rows).zip(&layout.out_rank) {
-                    self.out_rows[s].push(OutRow { pos, cell, sibling });
+                for ((&s, &row), &r) in layout.out_seqs.iter().zip(&layout.out_rows).zip(&layout.out_rank) {
+                    self.out_rows[s].push(row);
                     self.feature_row[s] = want.features.then_some(r);
                 }
                 self.next_pos = next_pos;

@@ -135,12 +135,22 @@ pub struct BaseLayout {
     /// first appearance ([`Batch::seqs`]), each one's output rows in batch
     /// order (every input in batch order with [`OutputRows::Every`]).
     pub out_seqs: Vec<SeqId>,
-    /// The rope position of each output row.
-    pub out_pos: Vec<i32>,
-    /// The cache cell of each output row, and whether it is a sibling row.
-    pub out_cells: Vec<(usize, bool)>,
+    /// Each output row's position, cell and kind.
+    pub out_rows: Vec<OutRow>,
     /// Each output row's rank among its sequence's output rows (0 for the first).
     pub out_rank: Vec<usize>,
+}
+
+/// An output row of a base forward: its rope position, the cache cell it
+/// wrote, and whether it was a sibling row of a tree of drafts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutRow {
+    /// Its rope position.
+    pub pos: i32,
+    /// The cache cell it wrote.
+    pub cell: usize,
+    /// Whether it is a sibling row ([`crate::memory::batch::Batch::push_sibling_row`]).
+    pub sibling: bool,
 }
 
 impl BaseLayout {
@@ -210,8 +220,10 @@ impl BaseLayout {
             perm,
             rows,
             feat_idx: (0..f).flat_map(|fi| slots.iter().map(move |&c| (c * f + fi) as i64)).collect(),
-            out_pos: outs.iter().map(|&i| pos[i]).collect(),
-            out_cells: outs.iter().map(|&i| (cells[i], inputs[i].sibling.is_some())).collect(),
+            out_rows: outs
+                .iter()
+                .map(|&i| OutRow { pos: pos[i], cell: cells[i], sibling: inputs[i].sibling.is_some() })
+                .collect(),
             out_seqs,
             out_rank,
         }
@@ -449,7 +461,7 @@ mod tests {
         );
         assert_eq!(l.out_seqs, [1, 0, 0, 0]);
         assert_eq!(l.out_rank, [0, 0, 1, 2]);
-        assert_eq!(l.out_pos, [3, 8, 9, 10]);
+        assert_eq!(l.out_rows.iter().map(|o| o.pos).collect::<Vec<_>>(), [3, 8, 9, 10]);
         // The forced token is no output: it goes first in graph order.
         assert_eq!(l.perm, [1, 0, 2, 3, 4]);
         // Sequence 0's rows take its feature slots 0, 1, 2 (columns (0 * 9 + r) * 2 + f).
