@@ -112,9 +112,10 @@ pub struct DraftParams {
     /// before (`ngram-simple,draft-mtp`, llama.cpp's
     /// `--spec-ngram-simple-size-n`); `None`: the micro decoder alone.
     pub ngram: Option<usize>,
-    /// Greedy decoding verifies a tree of up to this many of the micro
-    /// decoder's drafts: its chain and the likeliest alternatives to its
-    /// tokens ([`crate::decode::tree`]); 0: the chain alone.
+    /// Verify a tree of up to this many of the micro decoder's drafts: its
+    /// chain and the likeliest alternatives to its tokens
+    /// ([`crate::decode::tree`]); 0: the chain alone. Greedy or sampling;
+    /// under a grammar, a chain.
     pub tree: usize,
 }
 
@@ -191,7 +192,7 @@ pub struct DraftRule {
     /// The context drafts first, where its last `ngram` tokens occurred
     /// before ([`crate::decode::ngram`]).
     pub ngram: Option<usize>,
-    /// Greedy: the most drafts of a tree ([`DraftParams::tree`]; 0: a chain).
+    /// The most drafts of a tree ([`DraftParams::tree`]; 0: a chain).
     pub tree: usize,
 }
 

@@ -4,9 +4,18 @@
 //! more rows and no more micro steps), each row attending only its own
 //! path. The nodes are taken best-first by the micro decoder's probability
 //! of the path to each, as EAGLE-2's dynamic trees are, and an accepted
-//! sibling ends the path (nothing is drafted after it). Greedy decoding
-//! only: the base keeps the node whose token is its own, so the text is
-//! the base's.
+//! sibling ends the path (nothing is drafted after it). The check walks
+//! the chain as a chain's is checked (greedy: the base's token; sampling:
+//! speculative sampling's acceptance of the drafted token); where the
+//! chain's token is not kept, the token the base draws in its place (its
+//! own greedy token, or its draw from the residual distribution) keeps the
+//! sibling that equals it, if one does. A sibling is a fixed candidate, not
+//! a draw, so keeping it where it equals that token changes no probability:
+//! every token is distributed as the base alone would draw it. The
+//! siblings are the micro decoder's likeliest other tokens; sampling, they
+//! come after the whole chain ([`Level::new`]).
+
+use crate::sampling::TokenLogprob;
 
 /// What one micro step drafted: the chain's token's probability under the
 /// micro decoder, and the likeliest other tokens with theirs.
@@ -16,6 +25,24 @@ pub struct Level {
     pub p: f32,
     /// The next likeliest tokens and their probabilities, likeliest first.
     pub alternatives: Vec<(u32, f32)>,
+}
+
+impl Level {
+    /// The level of `token`, drafted from `logits` (the micro decoder's,
+    /// with the sampler's biases and penalties, before its truncations):
+    /// the `n` likeliest other tokens with their probabilities, and for
+    /// the token its own, or 1 where it was `drawn` (sampling), since
+    /// speculative sampling keeps a drawn token with probability
+    /// `min(1, p/q)`, on average the overlap of the base's and the micro
+    /// decoder's distributions (all of it where they are one), far more
+    /// than its own probability, while a sibling is kept only where the
+    /// drawn token is not: the tree then takes the chain whole before any
+    /// sibling.
+    pub fn new(logits: &[f32], token: u32, n: usize, drawn: bool) -> Level {
+        let lp = TokenLogprob::new(logits, token, n + 1);
+        let alternatives = lp.top.iter().filter(|&&(t, _)| t != token).take(n).map(|&(t, l)| (t, l.exp()));
+        Level { p: if drawn { 1.0 } else { lp.logprob.exp() }, alternatives: alternatives.collect() }
+    }
 }
 
 /// One drafted row of a verify forward after the last verified token's.
@@ -89,6 +116,23 @@ mod tests {
         assert_eq!(choose(&[level(0.2, &[(10, 0.5)])], 1), (0, vec![]));
         assert_eq!(choose(&levels, 1), (1, vec![]));
         assert_eq!(choose(&[], 4), (0, vec![]));
+    }
+
+    #[test]
+    fn a_level_holds_the_likeliest_other_tokens_and_a_drawn_tokens_chain_goes_first() {
+        let logits = [0.0f32, 2.0, 1.0, 3.0];
+        let e: Vec<f32> = logits.iter().map(|l| l.exp() / logits.iter().map(|l| l.exp()).sum::<f32>()).collect();
+        let close = |a: &Level, b: &Level| {
+            a.alternatives.len() == b.alternatives.len()
+                && (a.p - b.p).abs() < 1e-6
+                && a.alternatives.iter().zip(&b.alternatives).all(|(x, y)| x.0 == y.0 && (x.1 - y.1).abs() < 1e-6)
+        };
+        assert!(close(&Level::new(&logits, 1, 2, false), &level(e[1], &[(3, e[3]), (2, e[2])])));
+        assert!(close(&Level::new(&logits, 3, 8, true), &level(1.0, &[(1, e[1]), (2, e[2]), (0, e[0])])));
+        // Drawn: the chain's tokens outrank every sibling, however unlikely.
+        let levels = [Level::new(&logits, 0, 2, true), Level::new(&logits, 2, 1, true)];
+        assert_eq!(choose(&levels, 3), (2, vec![(1, 3)]));
+        assert_eq!(choose(&levels, 5), (2, vec![(1, 3), (1, 1), (2, 3)]));
     }
 
     #[test]

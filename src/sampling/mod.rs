@@ -146,15 +146,7 @@ impl Sampler {
     /// decoding compares the base's and the micro decoder's distributions
     /// in this form.
     pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
-        let mut logits = logits.to_vec();
-        for &(t, bias) in &self.logit_bias {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l += bias;
-            }
-        }
-        if self.penalizes() {
-            self.penalize(&mut logits, history);
-        }
+        let logits = self.adjusted(logits, history);
         if self.p.temp <= 0.0 {
             return vec![(argmax(&logits), 1.0)];
         }
@@ -186,6 +178,21 @@ impl Sampler {
         let e: Vec<f32> = cand.iter().map(|c| (c.1 - max).exp()).collect();
         let sum: f64 = e.iter().map(|&x| f64::from(x)).sum();
         cand.iter().zip(e).map(|(c, x)| (c.0, (f64::from(x) / sum) as f32)).collect()
+    }
+
+    /// `logits` with the logit biases and the penalties given `history`
+    /// applied: what [`Sampler::distribution`] truncates and scales.
+    pub fn adjusted(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
+        let mut logits = logits.to_vec();
+        for &(t, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += bias;
+            }
+        }
+        if self.penalizes() {
+            self.penalize(&mut logits, history);
+        }
+        logits
     }
 
     /// Draws a token from `dist` (a [`Sampler::distribution`]): the first

@@ -71,10 +71,11 @@ pub struct SpecArgs {
     /// decoder, or -md's model) ends the draft (default 0).
     #[arg(long, alias = "draft-p-min", value_parser = finite, allow_negative_numbers = true)]
     pub spec_draft_p_min: Option<f32>,
-    /// Self-verified, greedy: verify a tree of up to N drafts, the micro
-    /// decoder's chain and the likeliest alternatives to its tokens, best
-    /// first (more rows per verify forward, no more micro steps; worth it
-    /// where rows are cheap). 0: the chain alone (default).
+    /// Self-verified: verify a tree of up to N drafts, the micro decoder's
+    /// chain and the likeliest alternatives to its tokens (greedy or
+    /// sampling; a grammar drafts a chain; more rows per verify forward, no
+    /// more micro steps: worth it where rows are cheap). 0: the chain alone
+    /// (default).
     #[arg(long, value_name = "N")]
     pub spec_draft_tree: Option<usize>,
 }

@@ -191,9 +191,7 @@ fn draft_token(
         let before = sg.constraint.as_ref().map(|c| c.mark());
         sg.draft.mark = sg.draft.mark.or(before);
         let (token, q) = sg.draw(&out, true)?;
-        let tree = sg.tree_nodes(rule);
-        let lp = out.logits.as_deref().map(|l| TokenLogprob::new(l, token, tree));
-        let prob = lp.as_ref().map_or(1.0, |lp| lp.logprob.exp());
+        let prob = out.logits.as_deref().map_or(1.0, |l| TokenLogprob::new(l, token, 0).logprob.exp());
         if !rule.keeps(depth, prob) {
             sg.history.pop();
             if let (Some(c), Some(mark)) = (&mut sg.constraint, before) {
@@ -201,12 +199,15 @@ fn draft_token(
             }
             return None;
         }
+        let tree = sg.tree_nodes(rule);
+        if let Some(l) = out.logits.as_deref().filter(|_| tree > 0) {
+            // The alternatives the sampler would weigh, given the history before the token.
+            let adjusted = sg.sampler.adjusted(l, &sg.history[..sg.history.len() - 1]);
+            let drawn = sg.sampler.params().temp > 0.0;
+            sg.draft.levels.push(Level::new(&adjusted, token, tree, drawn));
+        }
         sg.draft.tokens.push(token);
         sg.draft.q.push(q);
-        if let Some(lp) = lp.filter(|_| tree > 0) {
-            let alternatives = lp.top.into_iter().filter(|&(t, _)| t != token).map(|(t, l)| (t, l.exp()));
-            sg.draft.levels.push(Level { p: prob, alternatives: alternatives.collect() });
-        }
         st.p_stop = out.p_stop;
     }
     let last = *sg.draft.tokens.last().or(st.step.tokens.last())?;

@@ -73,9 +73,10 @@ pub(super) fn check(
             None => (sg.sampler.draw(&p), false),
         };
         chain_accepted += usize::from(agreed);
-        let mut next = nodes.iter().position(|n| !n.sibling && n.depth == j + 1).filter(|_| agreed);
+        // The chain's rows come first ([`tree::rows`]): its next row is node `j`.
+        let mut next = agreed.then_some(j);
         if on_chain && !agreed {
-            // A tree (greedy): the base's token may be a sibling's, whose path ends with it.
+            // A tree: the base's token may be a sibling's, whose path ends with it.
             next = nodes.iter().position(|n| n.sibling && n.depth == j + 1 && n.token == token);
             agreed = next.is_some();
             on_chain = !agreed;
