@@ -14,6 +14,11 @@
 #   spec.md        self-verified decoding (draft-mtp), 3 drafts forced at every
 #                  verify forward and under the draft gate, on CUDA and on the
 #                  CPU at the most threads, against libllama's plain decoding;
+#   trees.md       with --shapes smollm2: the draft head on the first ShareGPT
+#                  held-out prompts, 3 drafts forced, a chain and a tree of 5
+#                  (--spec-draft-tree), on CUDA and on the CPU at the most
+#                  threads, against libllama's plain decoding of the same base,
+#                  texts compared (hamburger-eval run);
 #   gate.log       the draft gate's prices as measured (base forward by rows,
 #                  micro step), per self-verified run;
 #   cuda-graphs.log  ggml-cuda's lines about capturing and replaying CUDA graphs;
@@ -23,8 +28,8 @@
 #
 # The models are made here from the repository: --shapes 1b (default) the
 # Llama-3.2-1B shapes with random weights at Q4_0, --shapes smollm2 the
-# trained SmolLM2-HAMburger (SmolLM2 from the cache, as the tests get it) at
-# Q8_0; or give --model HAMBURGER.gguf --baseline BASE.gguf.
+# trained SmolLM2-HAMburger with its draft head (SmolLM2 from the cache, as
+# the tests get it) at Q8_0; or give --model HAMBURGER.gguf --baseline BASE.gguf.
 #
 # Usage: scripts/device-check.sh [--out DIR] [--bin DIR] [--threads 16,8,4,2,1] [--budget S]
 #          [--shapes 1b|smollm2 | --model M --baseline B] [--cpu-only] [--quick]
@@ -57,11 +62,11 @@ case "$shapes" in 1b|smollm2) ;; *) echo "device-check.sh: --shapes takes 1b or 
 if [ -n "$model$baseline" ] && { [ ! -f "$model" ] || [ ! -f "$baseline" ]; }; then
   echo "device-check.sh: --model and --baseline must both name GGUF files" >&2; exit 2
 fi
-for tool in hamburger-bench hamburger-cli hamburger-convert hamburger-quantize hamburger-testmodel; do
+for tool in hamburger-bench hamburger-cli hamburger-convert hamburger-eval hamburger-quantize hamburger-testmodel; do
   [ -x "$bin/$tool" ] || { echo "device-check.sh: $bin/$tool is missing: build first (cargo build --release --workspace)" >&2; exit 2; }
 done
 # Quick runs on a shared test machine: tiny sizes, roomier limits.
-if [ $quick = 1 ]; then pp=64 tg=16 reps=1 slack=4; else pp=512 tg=64 reps=2 slack=1; fi
+if [ $quick = 1 ]; then pp=64 tg=16 reps=1 slack=4 prompts=2; else pp=512 tg=64 reps=2 slack=1 prompts=16; fi
 max_threads=$(tr , '\n' <<<"$threads" | sort -n | tail -n 1)
 deadline=$((SECONDS + budget * slack))
 
@@ -111,7 +116,8 @@ make_models() {
       rm "$work/1b-${kind}f16.gguf"
     done
   else
-    ckpt=$("$bin/hamburger-testmodel" smollm2 --grafted models/smollm2-hamburger/grafted.safetensors --out "$work/smollm2")
+    ckpt=$("$bin/hamburger-testmodel" smollm2 --grafted models/smollm2-hamburger/grafted.safetensors \
+      --grafted models/smollm2-hamburger/draft-head.safetensors --out "$work/smollm2")
     model=$work/smollm2-q8_0.gguf baseline=$work/smollm2-base-q8_0.gguf
     [ -f "$model" ] || "$bin/hamburger-convert" "$ckpt" --outfile "$model" --outtype q8_0 >/dev/null
     [ -f "$baseline" ] || "$bin/hamburger-convert" "$ckpt" --base-only --outfile "$baseline" --outtype q8_0 >/dev/null
@@ -156,6 +162,21 @@ for device in "${devices[@]}"; do
     grep "self-verified:" "$work/spec.log" | sed "s/^/$device $mode: /" >>"$out/gate.log" || true
   done
 done
+
+# Trees of drafts against the chain on general chat, texts compared (the
+# trained model's draft head: its acceptance is the point).
+if [ "$shapes" = smollm2 ]; then
+  : >"$out/trees.md"
+  for device in "${devices[@]}"; do
+    for tree in 0 5; do
+      echo "### $device, 3 drafts forced, --spec-draft-tree $tree" >>"$out/trees.md"
+      stage "trees: tree $tree ($device)" 90 "$bin/hamburger-eval" run -m "$model" --baseline "$baseline" \
+        --prompts train/sharegpt-heldout.jsonl --limit $prompts -n $((tg * 2)) --confidence 1.01 --device $device \
+        -t "$max_threads" --spec-type draft-mtp --spec-draft-n-min 3 --spec-draft-n-max 3 --spec-draft-tree $tree \
+        >>"$out/trees.md" 2>>"$work/trees.log"
+    done
+  done
+fi
 
 # What the engine did per macro step, as hamburger-cli --json counts it.
 : >"$out/engine.json"

@@ -15,6 +15,7 @@
 //! siblings are the micro decoder's likeliest other tokens; sampling, they
 //! come after the whole chain ([`Level::new`]).
 
+use crate::engine::forward_cost::Prices;
 use crate::sampling::TokenLogprob;
 
 /// What one micro step drafted: the chain's token's probability under the
@@ -86,6 +87,40 @@ pub fn choose(levels: &[Level], nodes: usize) -> (usize, Vec<(usize, u32)>) {
     (chain, siblings)
 }
 
+/// Under the draft gate: the siblings that join the chain of `levels` (kept
+/// whole: the gate drafted it at `prices`) in a tree of at most `nodes`
+/// drafts, `(depth, token)` by depth. Best-first by path probability, a
+/// sibling joins where that probability per the price of its row beats the
+/// step's expected tokens per price so far (the verified token's 1 and
+/// each chain token's path probability, over [`Prices::step`] of the
+/// chain: micro steps and rows), which it then adds to. Where a row costs
+/// about a forward (two CPU cores) no sibling pays; where rows are nearly
+/// free (a GPU) the likely ones do.
+pub fn priced_siblings(levels: &[Level], nodes: usize, prices: &Prices) -> Vec<(usize, u32)> {
+    let chain = levels.len();
+    let (mut before, mut expected) = (1.0f32, 1.0f32);
+    let mut scored: Vec<(f32, usize, u32)> = Vec::new();
+    for (i, l) in levels.iter().enumerate() {
+        scored.extend(l.alternatives.iter().map(|&(t, q)| (before * q, i + 1, t)));
+        before *= l.p;
+        expected += before;
+    }
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let (rows, mut cost) = (prices.rows_only(), prices.step(chain));
+    let mut siblings = Vec::new();
+    for (score, depth, token) in scored.into_iter().take(nodes.saturating_sub(chain)) {
+        let n = chain + siblings.len();
+        let row = rows.step(n + 1) - rows.step(n);
+        if score * cost <= expected * row {
+            break;
+        }
+        (expected, cost) = (expected + score, cost + row);
+        siblings.push((depth, token));
+    }
+    siblings.sort_by_key(|&(d, _)| d);
+    siblings
+}
+
 /// The drafted rows of a verify forward in the order it reads them: the
 /// chain, then the siblings by depth (so the chain's rows attend their
 /// cells in the order a chain alone gives them, and round alike).
@@ -133,6 +168,20 @@ mod tests {
         let levels = [Level::new(&logits, 0, 2, true), Level::new(&logits, 2, 1, true)];
         assert_eq!(choose(&levels, 3), (2, vec![(1, 3)]));
         assert_eq!(choose(&levels, 5), (2, vec![(1, 3), (1, 1), (2, 3)]));
+    }
+
+    #[test]
+    fn under_the_gate_siblings_join_where_their_rows_pay() {
+        // A chain of 2 (0.8, then 0.5) and alternatives of 0.15 (depth 1) and 0.3 (depth 2).
+        let levels = [level(0.8, &[(10, 0.15)]), level(0.5, &[(20, 0.3)])];
+        // Rows nearly free (a GPU): both siblings, by depth.
+        let free = Prices::from_curve(&[1.0, 1.01, 1.02, 1.03, 1.04], 0.05);
+        assert_eq!(priced_siblings(&levels, 4, &free), vec![(1, 10), (2, 20)]);
+        assert_eq!(priced_siblings(&levels, 3, &free), vec![(2, 20)], "the likelier path first, within the size");
+        assert_eq!(priced_siblings(&levels, 2, &free), vec![]);
+        // A row about a forward (two CPU cores): none.
+        let dear = Prices::from_curve(&[1.0, 1.9, 2.8, 3.7, 4.6], 0.1);
+        assert_eq!(priced_siblings(&levels, 4, &dear), vec![]);
     }
 
     #[test]

@@ -126,7 +126,8 @@ fn two_row_reference(model: &Model, prompt: &[u32], flash_attn: bool) -> Vec<u32
 /// The forced and gated drafts the tests run: 1, 2 and 3 tokens at every
 /// step (`n_min` = `n_max`), and the default (gated) drafts; then 3 and
 /// gated with the context drafting first (`ngram-simple,draft-mtp`); then
-/// trees of drafts: of 5 around 3 forced, and of 8 around the gated chain.
+/// trees of drafts: of 5 around 3 forced, and of 8 around the gated chain
+/// (its siblings where their rows pay at this machine's prices).
 fn drafts() -> Vec<(&'static str, DraftParams)> {
     let forced = |k| DraftParams { n_max: Some(k), n_min: k, ..DraftParams::default() };
     let ngram = Some(hamburger::ngram::DEFAULT_SIZE);

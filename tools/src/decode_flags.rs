@@ -74,7 +74,8 @@ pub struct SpecArgs {
     /// Self-verified: verify a tree of up to N drafts, the micro decoder's
     /// chain and the likeliest alternatives to its tokens (greedy or
     /// sampling; a grammar drafts a chain; more rows per verify forward, no
-    /// more micro steps: worth it where rows are cheap). 0: the chain alone
+    /// more micro steps: worth it where rows are cheap; under the draft gate
+    /// a sibling joins only where its row pays). 0: the chain alone
     /// (default).
     #[arg(long, value_name = "N")]
     pub spec_draft_tree: Option<usize>,

@@ -3,6 +3,7 @@
 //! sequence drafts trees ([`crate::decode::tree`]), the siblings beside it.
 
 use crate::decode::tree;
+use crate::engine::forward_cost::Prices;
 
 /// The tokens a self-verified sequence drafted and the next forward checks.
 #[derive(Debug, Clone, Default)]
@@ -31,13 +32,18 @@ impl Draft {
     }
 
     /// Makes it a tree of at most `nodes` drafts from what its micro steps
-    /// offered ([`tree::choose`]): the chain is cut where the tree leaves
-    /// its tokens out.
-    pub(super) fn grow_tree(&mut self, nodes: usize) {
+    /// offered: under the draft gate (`prices`), the chain whole and the
+    /// siblings whose rows pay ([`tree::priced_siblings`]), where it fits;
+    /// else best-first ([`tree::choose`]), the chain cut where the tree
+    /// leaves its tokens out.
+    pub(super) fn grow_tree(&mut self, nodes: usize, prices: Option<&Prices>) {
         if self.levels.is_empty() {
             return;
         }
-        let (chain, siblings) = tree::choose(&self.levels, nodes);
+        let (chain, siblings) = match prices.filter(|_| nodes >= self.levels.len()) {
+            Some(prices) => (self.levels.len(), tree::priced_siblings(&self.levels, nodes, prices)),
+            None => tree::choose(&self.levels, nodes),
+        };
         self.tokens.truncate(chain);
         self.q.truncate(chain);
         self.p_stop_before.truncate(chain);

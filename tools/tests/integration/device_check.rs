@@ -1,6 +1,7 @@
 //! `scripts/device-check.sh`, the prepared check for a GPU machine, run here
 //! on its CPU part at tiny sizes (`--quick --cpu-only -t 1,2`, the trained
-//! SmolLM2-HAMburger made from the cache as the script makes it): every
+//! SmolLM2-HAMburger and its draft head made from the cache as the script
+//! makes them): every
 //! stage ends, and the folder holds its tables, at most 8 files, as the
 //! machine's way back allows.
 
@@ -40,6 +41,12 @@ fn the_device_checks_cpu_part_writes_its_tables() {
     let spec = read("spec.md");
     assert!(spec.contains("verified n=3..3") && spec.contains("### cpu, gated drafts"), "{spec}");
     assert_eq!(read("gate.log").lines().filter(|l| l.contains("base forward ms by rows")).count(), 4);
+    let trees = read("trees.md");
+    for tree in [0, 5] {
+        let heading = format!("### cpu, 3 drafts forced, --spec-draft-tree {tree}");
+        let table = trees.split(&heading).nth(1).unwrap_or_else(|| panic!("no {heading} in\n{trees}"));
+        assert!(table.contains("draft-mtp"), "{heading}: hamburger-eval's table\n{trees}");
+    }
     let engine: Vec<serde_json::Value> =
         read("engine.json").lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(engine.len(), 2, "k=1 and k=4 on the CPU");
