@@ -19,6 +19,8 @@ pub mod gbnf;
 pub mod llama_rng;
 pub mod speculative;
 
+use std::borrow::Cow;
+
 use llama_rng::LlamaRng;
 
 use crate::error::{Param, ParamError};
@@ -181,8 +183,12 @@ impl Sampler {
     }
 
     /// `logits` with the logit biases and the penalties given `history`
-    /// applied: what [`Sampler::distribution`] truncates and scales.
-    pub fn adjusted(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
+    /// applied: what [`Sampler::distribution`] truncates and scales
+    /// (`logits` themselves, not copied, where there are none).
+    pub fn adjusted<'l>(&self, logits: &'l [f32], history: &[u32]) -> Cow<'l, [f32]> {
+        if self.logit_bias.is_empty() && !self.penalizes() {
+            return Cow::Borrowed(logits);
+        }
         let mut logits = logits.to_vec();
         for &(t, bias) in &self.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
@@ -192,7 +198,7 @@ impl Sampler {
         if self.penalizes() {
             self.penalize(&mut logits, history);
         }
-        logits
+        Cow::Owned(logits)
     }
 
     /// Draws a token from `dist` (a [`Sampler::distribution`]): the first
