@@ -114,8 +114,8 @@ pub struct DraftParams {
     pub ngram: Option<usize>,
     /// Verify a tree of up to this many of the micro decoder's drafts: its
     /// chain and the likeliest alternatives to its tokens
-    /// ([`crate::decode::tree`]); 0: the chain alone. Greedy or sampling;
-    /// under a grammar, a chain.
+    /// ([`crate::decode::tree`]); 0: the chain alone. Greedy or sampling,
+    /// under a grammar too.
     pub tree: usize,
 }
 

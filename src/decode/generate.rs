@@ -312,11 +312,10 @@ impl<'a> SeqGen<'a> {
     }
 
     /// The most drafts of the tree this sequence's micro decoder drafts under
-    /// `rule` (0: a chain): under any sampler; under a constraint (whose
-    /// mask a greedy tree's siblings, read from the logits, would not see)
-    /// or with a draft model, a chain.
+    /// `rule` (0: a chain): under any sampler and constraint; with a draft
+    /// model, a chain.
     fn tree_nodes(&self, rule: &DraftRule) -> usize {
-        if self.constraint.is_none() && !rule.by_model {
+        if !rule.by_model {
             rule.tree
         } else {
             0

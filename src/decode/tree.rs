@@ -30,8 +30,9 @@ pub struct Level {
 
 impl Level {
     /// The level of `token`, drafted from `logits` (the micro decoder's,
-    /// with the sampler's biases and penalties, before its truncations):
-    /// the `n` likeliest other tokens with their probabilities, and for
+    /// with the sampler's biases and penalties and a constraint's mask,
+    /// before its truncations): the `n` likeliest other tokens a mask
+    /// allows, with their probabilities, and for
     /// the token its own, or 1 where it was `drawn` (sampling), since
     /// speculative sampling keeps a drawn token with probability
     /// `min(1, p/q)`, on average the overlap of the base's and the micro
@@ -41,7 +42,8 @@ impl Level {
     /// sibling.
     pub fn new(logits: &[f32], token: u32, n: usize, drawn: bool) -> Level {
         let lp = TokenLogprob::new(logits, token, n + 1);
-        let alternatives = lp.top.iter().filter(|&&(t, _)| t != token).take(n).map(|&(t, l)| (t, l.exp()));
+        let others = lp.top.iter().filter(|&&(t, l)| t != token && l > f32::NEG_INFINITY);
+        let alternatives = others.take(n).map(|&(t, l)| (t, l.exp()));
         Level { p: if drawn { 1.0 } else { lp.logprob.exp() }, alternatives: alternatives.collect() }
     }
 }

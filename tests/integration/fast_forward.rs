@@ -92,8 +92,10 @@ fn self_verified_outputs_obey_a_schema_on_the_trained_model() {
         .encode("<|im_start|>user\nDescribe a Python package as JSON.<|im_end|>\n<|im_start|>assistant\n", true)
         .unwrap();
     let one = StepParams { confidence: 1.01, ..Default::default() };
+    let forced = DraftParams { n_max: Some(3), n_min: 3, ..DraftParams::default() };
+    let mut rows_per_verify = Vec::new();
     for (name, draft) in
-        [("gated", DraftParams::default()), ("k=3", DraftParams { n_max: Some(3), n_min: 3, ..DraftParams::default() })]
+        [("gated", DraftParams::default()), ("k=3", forced), ("tree 5 k=3", DraftParams { tree: 5, ..forced })]
     {
         for ff in [true, false] {
             let c = grammars.compile(&spec, MicroPolicy::BestAllowed, ff).unwrap();
@@ -105,10 +107,16 @@ fn self_verified_outputs_obey_a_schema_on_the_trained_model() {
                 serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} ff={ff}: {e}: {text:?}"));
             assert!(validator.is_valid(&value), "{name} ff={ff}: {text}");
             let t = &gen.timings;
+            rows_per_verify.push((name, ff, t.drafted as f64 / t.verify_forwards.max(1) as f64));
             eprintln!(
                 "{name} ff={ff}: {} tokens in {} forwards, {} of {} drafts accepted: {text}",
                 t.gen_tokens, t.macro_steps, t.draft_accepted, t.drafted
             );
         }
+    }
+    // A tree's siblings (tokens the mask allows) are rows beyond the chain's.
+    for ff in [true, false] {
+        let of = |n: &str| rows_per_verify.iter().find(|r| r.0 == n && r.1 == ff).unwrap().2;
+        assert!(of("tree 5 k=3") > of("k=3") + 0.5, "ff={ff}: {rows_per_verify:?}");
     }
 }

@@ -73,7 +73,7 @@ pub struct SpecArgs {
     pub spec_draft_p_min: Option<f32>,
     /// Self-verified: verify a tree of up to N drafts, the micro decoder's
     /// chain and the likeliest alternatives to its tokens (greedy or
-    /// sampling; a grammar drafts a chain; more rows per verify forward, no
+    /// sampling, under a grammar too; more rows per verify forward, no
     /// more micro steps: worth it where rows are cheap; under the draft gate
     /// a sibling joins only where its row pays). 0: the chain alone
     /// (default).

@@ -2,6 +2,8 @@
 //! or a micro step's output, under its constraint's mask, or forced by the
 //! constraint after the tokens committed.
 
+use std::borrow::Cow;
+
 use super::SeqGen;
 use crate::decode::step::MacroStep;
 use crate::engine::Engine;
@@ -51,6 +53,17 @@ impl SeqGen<'_> {
             (Some(l), _) if !plain => self.sampler.distribution(l, &self.history),
             _ => vec![(out.argmax, 1.0)],
         }
+    }
+
+    /// `logits` as the sampler weighs them before drawing the next token:
+    /// its biases and penalties ([`Sampler::adjusted`]) and the
+    /// constraint's mask (`-inf` where it forbids), before truncation.
+    pub(super) fn weighed<'l>(&mut self, logits: &'l [f32]) -> Cow<'l, [f32]> {
+        let mut weighed = self.sampler.adjusted(logits, &self.history);
+        if let Some(c) = &mut self.constraint {
+            c.mask(weighed.to_mut());
+        }
+        weighed
     }
 
     /// Draws the next token from `out` (see [`SeqGen::distribution`]),

@@ -192,6 +192,9 @@ fn draft_token(
         let depth = sg.draft.tokens.len() + 1;
         let before = sg.constraint.as_ref().map(|c| c.mark());
         sg.draft.mark = sg.draft.mark.or(before);
+        let tree = sg.tree_nodes(rule);
+        // A tree's alternatives: the likeliest other tokens the sampler weighs.
+        let weighed = out.logits.as_deref().filter(|_| tree > 0).map(|l| sg.weighed(l));
         let (token, q) = sg.draw(&out, true)?;
         let prob = out.logits.as_deref().map_or(1.0, |l| TokenLogprob::new(l, token, 0).logprob.exp());
         if !rule.keeps(depth, prob) {
@@ -201,12 +204,9 @@ fn draft_token(
             }
             return None;
         }
-        let tree = sg.tree_nodes(rule);
-        if let Some(l) = out.logits.as_deref().filter(|_| tree > 0) {
-            // The alternatives the sampler would weigh, given the history before the token.
-            let adjusted = sg.sampler.adjusted(l, &sg.history[..sg.history.len() - 1]);
+        if let Some(weighed) = weighed {
             let drawn = sg.sampler.params().temp > 0.0;
-            sg.draft.levels.push(Level::new(&adjusted, token, tree, drawn));
+            sg.draft.levels.push(Level::new(&weighed, token, tree, drawn));
         }
         sg.draft.tokens.push(token);
         sg.draft.q.push(q);
