@@ -202,6 +202,12 @@ impl DraftRule {
     pub fn keeps(&self, depth: usize, prob: f32) -> bool {
         depth <= self.n_min || prob >= self.p_min
     }
+
+    /// Whether the draft gate decides some drafts (those past `n_min`), at
+    /// the engine's prices: not where every verify forward drafts `n_max`.
+    pub fn gated(&self) -> bool {
+        self.n_min < self.n_max
+    }
 }
 
 /// Buckets of the stop head's signal `1 - p_stop`: below 0.5, 0.8, 0.95, and above.

@@ -96,8 +96,7 @@ pub(super) fn run(
             // A tree's rows take cells too, as the chain's do (`draft_token`).
             let room = sg.cells_left(engine).saturating_sub(1);
             // Forced drafts grow the tree asked for; the gate prices its siblings.
-            let gated = rule.n_min < rule.n_max;
-            sg.draft.grow_tree(sg.tree_nodes(&rule).min(room), gated.then_some(prices));
+            sg.draft.grow_tree(sg.tree_nodes(&rule).min(room), rule.gated().then_some(prices));
         }
         sg.end_step(st.step, st.n_forced, cfg, engine);
     }

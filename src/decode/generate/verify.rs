@@ -130,7 +130,7 @@ pub(super) fn fix_prices(engine: &mut Engine, cfg: &DecodeConfig, seqs: &[&mut S
         return Ok(());
     }
     let new = seqs.iter().filter(|s| !s.done && s.gen.timings.reached.is_empty());
-    let gated = new.filter_map(|s| s.rule(cfg).draft).filter(|d| !d.by_model && d.n_min < d.n_max);
+    let gated = new.filter_map(|s| s.rule(cfg).draft).filter(|d| !d.by_model && d.gated());
     let (Some(n_max), Some(free)) = (
         gated.map(|d| d.n_max).max(),
         (0..engine.n_seq()).find(|&q| engine.kv().n_cells_of(q) == 0 && engine.next_pos(q) == 0),
